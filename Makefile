@@ -1,0 +1,37 @@
+# All set-up happens here: `make run` and `make test` work on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+CONFIG ?= agentwake.toml
+
+.PHONY: run test lint typecheck unit bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	LITELLM_LOCAL_MODEL_COST_MAP=True $(BIN)/agentwake run -c $(CONFIG)
+
+lint: $(STAMP)
+	$(BIN)/ruff check agentwake examples tests bench
+	$(BIN)/ruff format --check agentwake examples tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	LITELLM_LOCAL_MODEL_COST_MAP=True $(BIN)/pytest
+
+test: lint typecheck unit
+
+bench: $(STAMP)
+	$(BIN)/python bench/poll_drain.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

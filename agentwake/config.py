@@ -1,0 +1,247 @@
+"""agentwake.toml: pydantic models, ``${ENV}`` interpolation and ``load_config``.
+
+Interpolation runs on string values after TOML parsing (so a variable can never
+inject TOML): ``${NAME}`` must be set, ``${NAME:-default}`` falls back, and
+``$${`` writes a literal ``${``. Relative paths resolve against the folder that
+holds the config file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from agentwake.errors import ConfigError
+
+DEFAULT_CONFIG_PATH: Final = Path("agentwake.toml")
+DEFAULT_STORE_PATH: Final = "agentwake.db"
+DEFAULT_MAX_EVENTS: Final = 100
+MAX_EVENTS_LIMIT: Final = 10_000
+DEFAULT_POLL_FLOOR_MS: Final = 1000
+DEFAULT_CONNECT_TIMEOUT_S: Final = 30.0
+DEFAULT_REQUEST_TIMEOUT_S: Final = 60.0
+
+DeliveryChoice = Literal["auto", "poll", "push", "webhook"]
+_NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
+_ENV_PATTERN: Final = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StoreConfig(_Model):
+    path: Path = Field(default=Path(DEFAULT_STORE_PATH), description="SQLite file for cursors and the inbox")
+    synchronous: Literal["normal", "full"] = Field(
+        default="normal",
+        description="SQLite synchronous mode; 'normal' already survives a crashed process, 'full' also power loss",
+    )
+
+
+class LogConfig(_Model):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+class ServerConfig(_Model):
+    """One MCP server: a command to spawn (stdio) or a Streamable HTTP URL."""
+
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: Path | None = None
+    url: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    protocol: Literal["auto", "legacy"] = Field(
+        default="auto",
+        description="'auto' tries server/discover then falls back to initialize; 'legacy' forces initialize",
+    )
+    connect_timeout_s: float = Field(default=DEFAULT_CONNECT_TIMEOUT_S, gt=0)
+    request_timeout_s: float = Field(default=DEFAULT_REQUEST_TIMEOUT_S, gt=0)
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> ServerConfig:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("set exactly one of 'command' (stdio) or 'url' (Streamable HTTP)")
+        if self.url is not None:
+            if not re.match(r"^https?://[^/\s]+", self.url):
+                raise ValueError(f"url must be an http:// or https:// URL, got {self.url!r}")
+            if self.args or self.env or self.cwd:
+                raise ValueError("'args', 'env' and 'cwd' only apply to a stdio server ('command')")
+        elif self.headers:
+            raise ValueError("'headers' only apply to a Streamable HTTP server ('url')")
+        return self
+
+    @property
+    def transport(self) -> Literal["stdio", "http"]:
+        return "stdio" if self.command is not None else "http"
+
+
+class SubscriptionConfig(_Model):
+    name: str = Field(default="", description='unique; defaults to "<server>.<event>"')
+    server: str
+    event: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    delivery: DeliveryChoice = "auto"
+    max_age_ms: int | None = Field(default=None, ge=0)
+    max_events: int = Field(default=DEFAULT_MAX_EVENTS, ge=1, le=MAX_EVENTS_LIMIT)
+    poll_floor_ms: int = Field(default=DEFAULT_POLL_FLOOR_MS, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("name") and data.get("server") and data.get("event"):
+            data = {**data, "name": f"{data['server']}.{data['event']}"}
+        return data
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        if not re.match(_NAME_PATTERN, value):
+            raise ValueError(f"{value!r} is not a valid name (letters, digits, '.', '_', '-')")
+        return value
+
+
+class AgentwakeConfig(_Model):
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+    servers: dict[str, ServerConfig] = Field(default_factory=dict)
+    subscriptions: list[SubscriptionConfig] = Field(default_factory=list)
+
+    _source: Path | None = PrivateAttr(default=None)
+
+    @field_validator("servers")
+    @classmethod
+    def _server_names(cls, value: dict[str, ServerConfig]) -> dict[str, ServerConfig]:
+        for name in value:
+            if not re.match(_NAME_PATTERN, name):
+                raise ValueError(f"server name {name!r} is not valid (letters, digits, '.', '_', '-')")
+        return value
+
+    @model_validator(mode="after")
+    def _references(self) -> AgentwakeConfig:
+        seen: set[str] = set()
+        for index, sub in enumerate(self.subscriptions):
+            if sub.server not in self.servers:
+                known = ", ".join(sorted(self.servers)) or "none are configured"
+                raise ValueError(
+                    f"subscriptions[{index}] ({sub.name!r}) names server {sub.server!r}, "
+                    f"which is not in [servers] ({known})"
+                )
+            if sub.name in seen:
+                raise ValueError(f"subscription name {sub.name!r} is used twice; give each a unique 'name'")
+            seen.add(sub.name)
+        return self
+
+    @property
+    def source(self) -> Path | None:
+        return self._source
+
+    def subscription(self, name: str) -> SubscriptionConfig:
+        for sub in self.subscriptions:
+            if sub.name == name:
+                return sub
+        raise ConfigError(f"no subscription named {name!r}")
+
+
+def interpolate(value: Any, env: Mapping[str, str], where: str = "") -> Any:
+    """Replace ``${NAME}`` / ``${NAME:-default}`` in every string inside ``value``."""
+    if isinstance(value, str):
+
+        def replace(match: re.Match[str]) -> str:
+            if match.group(0) == "$${":
+                return "${"
+            name, default = match.group(1), match.group(2)
+            if name in env and env[name] != "":
+                return env[name]
+            if default is not None:
+                return default
+            raise ConfigError(
+                f"{where or 'a value'} uses ${{{name}}}, but {name} is not set; "
+                f"export it or write ${{{name}:-default}}"
+            )
+
+        return _ENV_PATTERN.sub(replace, value)
+    if isinstance(value, dict):
+        return {
+            key: interpolate(item, env, f"{where}.{key}" if where else key) for key, item in value.items()
+        }
+    if isinstance(value, list):
+        return [interpolate(item, env, f"{where}[{index}]") for index, item in enumerate(value)]
+    return value
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(top level)"
+
+
+def parse_config(
+    data: dict[str, Any], *, source: Path | None = None, env: Mapping[str, str] | None = None
+) -> AgentwakeConfig:
+    """Validate already-parsed TOML data; paths resolve against ``source``'s folder."""
+    label = str(source) if source else "config"
+    data = interpolate(data, os.environ if env is None else env)
+    try:
+        config = AgentwakeConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for error in exc.errors():
+            message = error["msg"].removeprefix("Value error, ")
+            if error["type"] == "extra_forbidden":
+                message = "unknown key (check the spelling; see the README for every key)"
+            lines.append(f"  {_location(error['loc'])}: {message}")
+        raise ConfigError(f"{label} is invalid:\n" + "\n".join(lines)) from None
+    base = source.parent.resolve() if source else Path.cwd()
+    config = _resolve_paths(config, base)
+    config._source = source
+    return config
+
+
+def _resolve_paths(config: AgentwakeConfig, base: Path) -> AgentwakeConfig:
+    store = config.store.model_copy(update={"path": _under(base, config.store.path)})
+    servers = {
+        name: server.model_copy(update={"cwd": _under(base, server.cwd) if server.cwd else base})
+        if server.transport == "stdio"
+        else server
+        for name, server in config.servers.items()
+    }
+    return config.model_copy(update={"store": store, "servers": servers})
+
+
+def _under(base: Path, path: Path) -> Path:
+    path = path.expanduser()
+    return path if path.is_absolute() else base / path
+
+
+def load_config(
+    path: Path | str = DEFAULT_CONFIG_PATH, *, env: Mapping[str, str] | None = None
+) -> AgentwakeConfig:
+    """Read, interpolate and validate a config file. Every failure is a ConfigError."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path} (pass -c FILE, or create agentwake.toml)") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    return parse_config(data, source=path, env=env)

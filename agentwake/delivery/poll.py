@@ -1,0 +1,130 @@
+"""The poll loop of one subscription, as the spec's Poll-Based Delivery describes.
+
+Null cursor to bootstrap, then the persisted cursor; ``hasMore`` polls again at
+once; otherwise wait ``nextPollMs`` but never less than ``poll_floor_ms``.
+``maxAgeMs`` goes with the first poll after a (re)start. Each batch and its
+cursor are stored in one transaction before the next poll is sent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Final
+
+import anyio
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_never,
+    wait_exponential_jitter,
+)
+
+from agentwake import protocol
+from agentwake.config import SubscriptionConfig
+from agentwake.errors import TransientEventsError
+from agentwake.mcp import ServerConnection
+from agentwake.store import IncomingEvent, Store, SubscriptionKey
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_NEXT_POLL_MS: Final = 5_000
+RETRY_INITIAL_S: Final = 0.5
+RETRY_MAX_S: Final = 30.0
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+def subscription_key(sub: SubscriptionConfig) -> SubscriptionKey:
+    return SubscriptionKey(sub.name, sub.server, sub.event, dict(sub.arguments))
+
+
+def next_delay_ms(result: protocol.PollResult, floor_ms: int) -> int:
+    """How long to wait before the next poll. Zero when the server has more."""
+    if result.has_more:
+        return 0
+    suggested = result.next_poll_ms if result.next_poll_ms is not None else DEFAULT_NEXT_POLL_MS
+    return max(suggested, floor_ms)
+
+
+@dataclass
+class PollLoop:
+    subscription: SubscriptionConfig
+    connection: ServerConnection
+    store: Store
+    on_new_events: Callable[[int], None] = lambda count: None
+    sleep: Sleep = anyio.sleep
+    retry_initial_s: float = RETRY_INITIAL_S
+    retry_max_s: float = RETRY_MAX_S
+    polls: int = field(default=0, init=False)
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Poll until cancelled. SubscriptionEnded and ConnectionLost propagate to the caller."""
+        sub = self.subscription
+        key = subscription_key(sub)
+        cursor = await self.store.register(key)
+        await self.store.set_state(sub.name, status="active", mode="poll")
+        resuming = cursor is not None
+        logger.info(
+            "subscription %s: polling %s on %s from %s",
+            sub.name,
+            sub.event,
+            sub.server,
+            f"cursor {cursor}" if resuming else "now (bootstrap)",
+        )
+        task_status.started()
+        while True:
+            params = protocol.PollParams(
+                name=sub.event,
+                arguments=sub.arguments or None,
+                cursor=cursor,
+                max_events=sub.max_events,
+                max_age_ms=sub.max_age_ms if resuming else None,
+            )
+            result = await self._poll_with_retry(params)
+            self.polls += 1
+            batch = [IncomingEvent(e.event_id, e.name, e.timestamp, e.data, e.meta) for e in result.events]
+            ingest = await self.store.ingest(
+                key, batch, result.cursor, truncated=result.truncated, cursor_before=cursor
+            )
+            if result.truncated:
+                logger.warning(
+                    "subscription %s: gap: the server skipped events (truncated); now at cursor %s",
+                    sub.name,
+                    result.cursor,
+                )
+            if ingest.duplicates:
+                logger.info("subscription %s: %d duplicate event(s) ignored", sub.name, ingest.duplicates)
+            if ingest.inserted:
+                logger.debug("subscription %s: %d new event(s)", sub.name, ingest.inserted)
+                self.on_new_events(ingest.inserted)
+            # Absent or null means no replay position: poll with null next time, persist nothing.
+            cursor = result.cursor
+            resuming = False
+            delay_ms = next_delay_ms(result, sub.poll_floor_ms)
+            if delay_ms:
+                await self.sleep(delay_ms / 1000)
+
+    async def _poll_with_retry(self, params: protocol.PollParams) -> protocol.PollResult:
+        sub = self.subscription
+
+        async def note_retry(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            delay = state.next_action.sleep if state.next_action else 0.0
+            logger.warning("subscription %s: %s; retrying in %.1fs", sub.name, exc, delay)
+            await self.store.record_error(sub.name, str(exc))
+
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(TransientEventsError),
+            wait=wait_exponential_jitter(initial=self.retry_initial_s, max=self.retry_max_s),
+            stop=stop_never,
+            sleep=self.sleep,
+            before_sleep=note_retry,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await self.connection.poll(params, subscription=sub.name)
+        raise AssertionError("unreachable: tenacity either returns or raises")

@@ -1,0 +1,85 @@
+"""Which delivery mode a subscription uses, and whether it can run at all. Pure functions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+import jsonschema
+
+from agentwake import protocol
+from agentwake.config import SubscriptionConfig
+from agentwake.errors import ConfigError
+
+# Modes this client implements today, in the spec's preference order (webhook > push > poll).
+CLIENT_MODES: Final[tuple[protocol.DeliveryMode, ...]] = ("poll",)
+PREFERENCE: Final[tuple[protocol.DeliveryMode, ...]] = ("webhook", "push", "poll")
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionPlan:
+    subscription: SubscriptionConfig
+    mode: protocol.DeliveryMode
+    descriptor: protocol.EventDescriptor
+
+
+def choose_mode(
+    subscription: SubscriptionConfig,
+    offered: list[str],
+    *,
+    client_modes: tuple[protocol.DeliveryMode, ...] = CLIENT_MODES,
+) -> protocol.DeliveryMode:
+    """The spec's Delivery Mode Selection: intersect, then prefer webhook, push, poll."""
+    name = subscription.name
+    if subscription.delivery != "auto":
+        forced = subscription.delivery
+        if forced not in client_modes:
+            raise ConfigError(
+                f"subscription {name!r}: delivery = {forced!r} is not supported by this version of agentwake "
+                f'(it supports {", ".join(client_modes)}); set delivery = "auto" or "poll"'
+            )
+        if forced not in offered:
+            raise ConfigError(
+                f"subscription {name!r}: event {subscription.event!r} does not offer {forced!r} delivery "
+                f'(it offers {", ".join(offered) or "nothing"}); set delivery = "auto" or one of those'
+            )
+        return forced
+    for mode in PREFERENCE:
+        if mode in client_modes and mode in offered:
+            return mode
+    raise ConfigError(
+        f"subscription {name!r}: no compatible delivery mode: event {subscription.event!r} offers "
+        f"{', '.join(offered) or 'nothing'}, agentwake supports {', '.join(client_modes)}"
+    )
+
+
+def argument_errors(schema: dict[str, Any], arguments: dict[str, Any]) -> list[str]:
+    try:
+        validator_cls = jsonschema.validators.validator_for(schema)
+        validator = validator_cls(schema)
+        errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
+    except jsonschema.SchemaError as exc:
+        return [f"the server's inputSchema is itself invalid: {exc.message}"]
+    return [f"{'/'.join(str(p) for p in e.absolute_path) or '(root)'}: {e.message}" for e in errors]
+
+
+def plan_subscription(
+    subscription: SubscriptionConfig, descriptors: dict[str, protocol.EventDescriptor]
+) -> SubscriptionPlan:
+    """Check a configured subscription against the server's events/list; one clear error if it cannot run."""
+    name = subscription.name
+    descriptor = descriptors.get(subscription.event)
+    if descriptor is None:
+        offered = ", ".join(sorted(descriptors)) or "no events at all"
+        raise ConfigError(
+            f"subscription {name!r}: server {subscription.server!r} has no event {subscription.event!r} "
+            f"(it offers: {offered}); fix 'event'"
+        )
+    errors = argument_errors(descriptor.input_schema, subscription.arguments)
+    if errors:
+        raise ConfigError(
+            f"subscription {name!r}: arguments do not match the inputSchema of {subscription.event!r}: "
+            + "; ".join(errors)
+            + "; fix 'arguments' (see 'agentwake events')"
+        )
+    return SubscriptionPlan(subscription, choose_mode(subscription, descriptor.delivery), descriptor)

@@ -1,0 +1,105 @@
+"""The one exception tree of agentwake.
+
+    AgentwakeError
+     ├── ConfigError            bad agentwake.toml, unknown event, bad arguments, unusable mode
+     ├── StoreError             the SQLite inbox could not be opened or written
+     └── DeliveryError          talking to an MCP server failed
+          ├── ConnectError      the server could not be started or reached
+          └── EventsCallError   an events/* request got a JSON-RPC error
+               ├── SubscriptionEnded   -32011 NotFound / -32012 Forbidden: stop this subscription
+               └── TransientEventsError  -32603 and other retryable answers
+
+Third-party exceptions are converted once, at the boundary that knows which
+server and which subscription they belong to.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentwake import protocol
+
+
+class AgentwakeError(Exception):
+    """Base of every error agentwake raises on purpose."""
+
+
+class ConfigError(AgentwakeError):
+    """The configuration is invalid; the message says where and how to fix it."""
+
+
+class StoreError(AgentwakeError):
+    """The SQLite store could not be opened, migrated or written."""
+
+
+class DeliveryError(AgentwakeError):
+    """Talking to an MCP server failed."""
+
+    def __init__(self, message: str, *, server: str | None = None) -> None:
+        super().__init__(message)
+        self.server = server
+
+
+class ConnectError(DeliveryError):
+    """The server process could not be started, or the URL could not be reached."""
+
+
+class ConnectionLost(DeliveryError):
+    """An established connection broke; the caller reconnects."""
+
+
+class EventsCallError(DeliveryError):
+    """An events/* request was answered with a JSON-RPC error."""
+
+    def __init__(
+        self,
+        method: str,
+        code: int,
+        message: str,
+        data: Any = None,
+        *,
+        server: str | None = None,
+        subscription: str | None = None,
+    ) -> None:
+        where = f"server {server!r}" if server else "server"
+        if subscription:
+            where = f"subscription {subscription!r} on {where}"
+        text = f"{method} on {where} failed: {protocol.error_name(code)} ({code}): {message}"
+        if data is not None:
+            text += f" {data!r}"
+        super().__init__(text, server=server)
+        self.method = method
+        self.code = code
+        self.error_message = message
+        self.data = data
+        self.subscription = subscription
+
+
+class SubscriptionEnded(EventsCallError):
+    """The server says this subscription cannot go on (unknown event, access refused)."""
+
+
+class TransientEventsError(EventsCallError):
+    """A retryable server-side failure."""
+
+
+ENDING_CODES = frozenset({protocol.NOT_FOUND, protocol.FORBIDDEN})
+TRANSIENT_CODES = frozenset({protocol.INTERNAL_ERROR, protocol.RESOURCE_EXHAUSTED})
+
+
+def events_call_error(
+    method: str,
+    code: int,
+    message: str,
+    data: Any = None,
+    *,
+    server: str | None = None,
+    subscription: str | None = None,
+) -> EventsCallError:
+    """Pick the subclass a caller branches on for this error code."""
+    cls: type[EventsCallError] = EventsCallError
+    if code in ENDING_CODES:
+        cls = SubscriptionEnded
+    elif code in TRANSIENT_CODES:
+        cls = TransientEventsError
+    return cls(method, code, message, data, server=server, subscription=subscription)

@@ -1,0 +1,271 @@
+"""Connections to MCP servers through the official SDK, and the events client calls.
+
+One ``ServerConnection`` per configured server, over stdio or Streamable HTTP.
+The SDK's errors are converted here, once, into agentwake's tree with the
+server's name attached.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from importlib.metadata import PackageNotFoundError, version
+from types import TracebackType
+from typing import Any, Final, Literal
+
+import anyio
+from mcp import Client, StdioServerParameters
+from mcp.client.extension import ClientExtension, NotificationBinding
+from mcp.client.stdio import get_default_environment, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, Implementation, Request, RequestParams
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+
+from agentwake import protocol
+from agentwake.config import ServerConfig
+from agentwake.errors import (
+    ConnectError,
+    ConnectionLost,
+    DeliveryError,
+    TransientEventsError,
+    events_call_error,
+)
+
+logger = logging.getLogger(__name__)
+
+MAX_LIST_PAGES: Final = 1000
+_RESULT: Final = TypeAdapter(dict[str, Any])
+
+
+def _agentwake_version() -> str:
+    try:
+        return version("agentwake")
+    except PackageNotFoundError:
+        return "0"
+
+
+class _Params(RequestParams):
+    model_config = ConfigDict(extra="allow")
+
+
+class _EventsRequest(Request[_Params, str]):
+    """Any events/* request: the method and params are set per call."""
+
+
+class _AnyParams(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class _EventsClientExtension(ClientExtension):
+    identifier = protocol.EXTENSION_ID
+
+    def __init__(self, on_list_changed: Callable[[], Awaitable[None]] | None) -> None:
+        self._on_list_changed = on_list_changed
+
+    def notifications(self) -> list[NotificationBinding[Any]]:
+        if self._on_list_changed is None:
+            return []
+        callback = self._on_list_changed
+
+        async def handle(_params: _AnyParams) -> None:
+            await callback()
+
+        return [
+            NotificationBinding(
+                method=protocol.NOTIFICATION_LIST_CHANGED, params_type=_AnyParams, handler=handle
+            )
+        ]
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def describe_connect_failure(name: str, config: ServerConfig, exc: BaseException) -> str:
+    exc = _unwrap(exc)
+    if config.transport == "stdio":
+        where = f"server {name!r} (command {config.command!r})"
+        if isinstance(exc, FileNotFoundError):
+            return f"{where}: command not found; check 'command' and PATH"
+        if isinstance(exc, PermissionError):
+            return f"{where}: command is not executable"
+        if isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED:
+            return f"{where}: the process exited before finishing the MCP handshake (see its stderr above)"
+    else:
+        where = f"server {name!r} at {config.url}"
+        text = str(exc) or type(exc).__name__
+        if "401" in text or "403" in text:
+            return f"{where}: the server refused our credentials ({text}); check 'headers'"
+        if isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED:
+            return f"{where}: the connection closed during the MCP handshake"
+    if isinstance(exc, TimeoutError) or (isinstance(exc, MCPError) and exc.code == REQUEST_TIMEOUT):
+        return f"{where}: no answer to the MCP handshake within {config.connect_timeout_s:g}s"
+    return f"{where}: cannot connect: {type(exc).__name__}: {exc}"
+
+
+class ServerConnection:
+    """An open MCP session to one server. Use as ``async with ServerConnection(...)``."""
+
+    def __init__(
+        self,
+        name: str,
+        config: ServerConfig,
+        *,
+        on_list_changed: Callable[[], Awaitable[None]] | None = None,
+        errlog: Any = None,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self._on_list_changed = on_list_changed
+        self._errlog = errlog if errlog is not None else sys.stderr
+        self._stack: AsyncExitStack | None = None
+        self._client: Client | None = None
+
+    def _transport(self, stack: AsyncExitStack) -> Any:
+        config = self.config
+        if config.transport == "stdio":
+            assert config.command is not None
+            params = StdioServerParameters(
+                command=config.command,
+                args=list(config.args),
+                env={**get_default_environment(), **config.env} if config.env else None,
+                cwd=config.cwd,
+            )
+            return stdio_client(params, errlog=self._errlog)
+        assert config.url is not None
+        http_client = create_mcp_http_client(headers=dict(config.headers) or None)
+        stack.push_async_callback(http_client.aclose)
+        return streamable_http_client(config.url, http_client=http_client)
+
+    async def __aenter__(self) -> ServerConnection:
+        stack = AsyncExitStack()
+        mode: Literal["auto", "legacy"] = self.config.protocol
+        try:
+            client = Client(
+                self._transport(stack),
+                mode=mode,
+                # The handshake's bound; every later request passes request_timeout_s itself.
+                read_timeout_seconds=self.config.connect_timeout_s,
+                client_info=Implementation(name="agentwake", version=_agentwake_version()),
+                extensions=[_EventsClientExtension(self._on_list_changed)],
+            )
+            self._client = await stack.enter_async_context(client)
+        except BaseException as exc:
+            await stack.aclose()
+            if isinstance(exc, anyio.get_cancelled_exc_class()):
+                raise
+            raise ConnectError(
+                describe_connect_failure(self.name, self.config, exc), server=self.name
+            ) from None
+        self._stack = stack
+        logger.info(
+            "connected to %s over %s (protocol %s)",
+            self.name,
+            self.config.transport,
+            self._client.protocol_version,
+        )
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        stack, self._stack, self._client = self._stack, None, None
+        if stack is not None:
+            # Not shielded here: the SDK's task groups must exit in the scope they were entered in.
+            try:
+                await stack.__aexit__(exc_type, exc, tb)
+            except Exception as close_exc:  # a dead peer may fail its own shutdown
+                logger.debug("closing %s: %s", self.name, close_exc)
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            raise ConnectionLost(f"server {self.name!r} is not connected", server=self.name)
+        return self._client
+
+    @property
+    def protocol_version(self) -> str:
+        return self.client.protocol_version
+
+    @property
+    def advertises_events(self) -> bool:
+        """Whether the server advertised the events capability (either spelling we can see)."""
+        caps = self.client.server_capabilities
+        return bool(
+            (caps.extensions and protocol.EXTENSION_ID in caps.extensions)
+            or (caps.experimental and protocol.EXTENSION_ID in caps.experimental)
+        )
+
+    async def request(
+        self,
+        method: str,
+        params: dict[str, Any],
+        *,
+        subscription: str | None = None,
+        read_timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        """Send one events/* request; every failure comes back as a DeliveryError."""
+        request = _EventsRequest(method=method, params=_Params.model_validate(params))
+        try:
+            return await self.client.session.send_request(  # type: ignore[type-var]
+                request, _RESULT, request_read_timeout_seconds=read_timeout_s or self.config.request_timeout_s
+            )
+        except MCPError as exc:
+            if exc.code == CONNECTION_CLOSED:
+                raise ConnectionLost(f"server {self.name!r}: connection closed", server=self.name) from None
+            if exc.code == REQUEST_TIMEOUT:
+                raise TransientEventsError(
+                    method, exc.code, "request timed out", server=self.name, subscription=subscription
+                ) from None
+            raise events_call_error(
+                method, exc.code, exc.message, exc.data, server=self.name, subscription=subscription
+            ) from None
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, OSError) as exc:
+            raise ConnectionLost(
+                f"server {self.name!r}: {type(exc).__name__}: {exc}", server=self.name
+            ) from None
+
+    async def list_events(self) -> list[protocol.EventDescriptor]:
+        """events/list, every page."""
+        descriptors: list[protocol.EventDescriptor] = []
+        cursor: str | None = None
+        seen: set[str] = set()
+        for _ in range(MAX_LIST_PAGES):
+            raw = await self.request(protocol.METHOD_LIST, {"cursor": cursor} if cursor else {})
+            try:
+                page = protocol.ListEventsResult.model_validate(raw)
+            except ValidationError as exc:
+                raise DeliveryError(
+                    f"server {self.name!r} sent a malformed events/list result: {exc}"
+                ) from None
+            descriptors.extend(page.events)
+            cursor = page.next_cursor
+            if not cursor:
+                return descriptors
+            if cursor in seen:
+                raise DeliveryError(f"server {self.name!r}: events/list repeats the page cursor {cursor!r}")
+            seen.add(cursor)
+        raise DeliveryError(f"server {self.name!r}: events/list has more than {MAX_LIST_PAGES} pages")
+
+    async def poll(
+        self, params: protocol.PollParams, *, subscription: str | None = None
+    ) -> protocol.PollResult:
+        body = params.model_dump(by_alias=True, exclude_none=True)
+        body.setdefault("cursor", None)  # an explicit null reads better in server logs
+        raw = await self.request(protocol.METHOD_POLL, body, subscription=subscription)
+        try:
+            return protocol.PollResult.model_validate(raw)
+        except ValidationError as exc:
+            raise TransientEventsError(
+                protocol.METHOD_POLL,
+                protocol.INTERNAL_ERROR,
+                f"malformed result: {exc.errors()[0]['msg']}",
+                server=self.name,
+                subscription=subscription,
+            ) from None

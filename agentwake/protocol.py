@@ -1,0 +1,111 @@
+"""Wire models of the MCP Events extension (draft design sketch).
+
+Pydantic lives here, at the edge. Field names are the wire's camelCase; the
+Python attributes are snake_case. Every model accepts unknown fields so a newer
+server never breaks an older client, and an absent ``cursor`` is the same as an
+explicit ``null`` (the spec's "absent means null").
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+EXTENSION_ID: Final = "io.modelcontextprotocol/events"
+SUBSCRIPTION_ID_META: Final = "io.modelcontextprotocol/subscriptionId"
+
+# Methods and notifications.
+METHOD_LIST: Final = "events/list"
+METHOD_POLL: Final = "events/poll"
+METHOD_STREAM: Final = "events/stream"
+METHOD_SUBSCRIBE: Final = "events/subscribe"
+METHOD_UNSUBSCRIBE: Final = "events/unsubscribe"
+NOTIFICATION_LIST_CHANGED: Final = "notifications/events/list_changed"
+
+# Error codes (JSON-RPC and the extension's general-purpose codes).
+INVALID_PARAMS: Final = -32602
+INTERNAL_ERROR: Final = -32603
+METHOD_NOT_FOUND: Final = -32601
+NOT_FOUND: Final = -32011
+FORBIDDEN: Final = -32012
+RESOURCE_EXHAUSTED: Final = -32013
+UNSUPPORTED: Final = -32014
+CALLBACK_ENDPOINT_ERROR: Final = -32015
+
+ERROR_NAMES: Final[dict[int, str]] = {
+    INVALID_PARAMS: "InvalidParams",
+    INTERNAL_ERROR: "InternalError",
+    METHOD_NOT_FOUND: "MethodNotFound",
+    NOT_FOUND: "NotFound",
+    FORBIDDEN: "Forbidden",
+    RESOURCE_EXHAUSTED: "ResourceExhausted",
+    UNSUPPORTED: "Unsupported",
+    CALLBACK_ENDPOINT_ERROR: "CallbackEndpointError",
+}
+
+DeliveryMode = Literal["poll", "push", "webhook"]
+DELIVERY_MODES: Final[tuple[DeliveryMode, ...]] = ("poll", "push", "webhook")
+
+
+class WireModel(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="allow",
+        serialize_by_alias=True,
+    )
+
+
+class EventOccurrence(WireModel):
+    event_id: str
+    name: str
+    timestamp: str
+    data: dict[str, Any]
+    cursor: str | None = None
+    meta: dict[str, Any] | None = Field(default=None, alias="_meta")
+
+
+class EventDescriptor(WireModel):
+    name: str
+    description: str | None = None
+    delivery: list[str]
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    payload_schema: dict[str, Any] | None = None
+    meta: dict[str, Any] | None = Field(default=None, alias="_meta")
+
+
+class ListEventsParams(WireModel):
+    cursor: str | None = None
+
+
+class ListEventsResult(WireModel):
+    events: list[EventDescriptor]
+    next_cursor: str | None = None
+
+
+class PollParams(WireModel):
+    name: str
+    arguments: dict[str, Any] | None = None
+    cursor: str | None = None
+    max_age_ms: int | None = Field(default=None, ge=0)
+    max_events: int | None = Field(default=None, ge=1)
+
+
+class PollResult(WireModel):
+    events: list[EventOccurrence] = Field(default_factory=list)
+    cursor: str | None = None
+    truncated: bool = False
+    has_more: bool = False
+    next_poll_ms: int | None = Field(default=None, ge=0)
+
+
+class ErrorObject(WireModel):
+    code: int
+    message: str
+    data: Any = None
+
+
+def error_name(code: int) -> str:
+    return ERROR_NAMES.get(code, f"Error{code}")

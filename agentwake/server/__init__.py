@@ -1,0 +1,35 @@
+"""The server side of MCP Events for MCP servers built on the official SDK."""
+
+from agentwake.server._buffer import DEFAULT_BUFFER_MAX_AGE, DEFAULT_BUFFER_MAX_EVENTS, EmitBuffer
+from agentwake.server._extension import (
+    DEFAULT_MAX_EVENTS,
+    DEFAULT_NEXT_POLL_MS,
+    EventsExtension,
+    EventType,
+    forbidden,
+    invalid_params,
+    not_found,
+    unsupported_mode,
+)
+from agentwake.server._leases import DEFAULT_POLL_LEASE_TTL
+from agentwake.server._types import Event, EventContext, EventResult, canonical_hash, isoformat
+
+__all__ = [
+    "DEFAULT_BUFFER_MAX_AGE",
+    "DEFAULT_BUFFER_MAX_EVENTS",
+    "DEFAULT_MAX_EVENTS",
+    "DEFAULT_NEXT_POLL_MS",
+    "DEFAULT_POLL_LEASE_TTL",
+    "EmitBuffer",
+    "Event",
+    "EventContext",
+    "EventResult",
+    "EventType",
+    "EventsExtension",
+    "canonical_hash",
+    "forbidden",
+    "invalid_params",
+    "isoformat",
+    "not_found",
+    "unsupported_mode",
+]

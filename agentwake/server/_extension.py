@@ -1,0 +1,526 @@
+"""MCP Events on the official SDK, as an ``mcp.server.extension.Extension``.
+
+    events = EventsExtension()
+
+    @events.event(name="ticket.created", input_schema={...}, payload_schema={...})
+    async def check(ctx, arguments, cursor):
+        ...
+        return EventResult(events=[...], cursor=new_cursor)
+
+    server = MCPServer("demo", extensions=[events])
+    events.install(server)   # also advertise capabilities.events on the wire
+
+Poll is served here. Push (events/stream) and webhook (events/subscribe) plug
+into the same registry: every mode reads through ``_read`` and the same
+match/transform and lease machinery.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import inspect
+import logging
+import weakref
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Final, Literal, TypeVar, cast
+
+import anyio
+import jsonschema
+from mcp.server.context import HandlerResult, ServerRequestContext
+from mcp.server.extension import Extension, MethodBinding
+from mcp.shared.exceptions import MCPError
+from mcp_types import Notification, NotificationParams, RequestParams
+from pydantic import ConfigDict, Field
+
+from agentwake import protocol
+from agentwake.server._buffer import EmitBuffer, RingBuffer
+from agentwake.server._leases import DEFAULT_POLL_LEASE_TTL, Lease, LeaseTable
+from agentwake.server._types import (
+    CheckFunction,
+    DeliveryModeName,
+    Event,
+    EventContext,
+    EventResult,
+    LifecycleHook,
+    MatchHook,
+    TransformHook,
+    utc_now,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_EVENTS: Final = 100
+MAX_EVENTS_CEILING: Final = 10_000
+DEFAULT_NEXT_POLL_MS: Final = 5_000
+DEFAULT_LIST_PAGE_SIZE: Final = 100
+LEASE_SWEEP_INTERVAL_S: Final = 5.0
+# Modes this SDK can serve today; push and webhook join when they land.
+SERVED_MODES: Final[tuple[DeliveryModeName, ...]] = ("poll",)
+
+T = TypeVar("T")
+
+
+class _Params(RequestParams):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class _ListParams(_Params):
+    cursor: str | None = None
+
+
+class _PollParams(_Params):
+    name: str
+    arguments: dict[str, Any] | None = None
+    cursor: str | None = None
+    max_age_ms: int | None = Field(default=None, alias="maxAgeMs", ge=0)
+    max_events: int | None = Field(default=None, alias="maxEvents", ge=1)
+
+
+class _ListChanged(Notification[NotificationParams | None, Literal["notifications/events/list_changed"]]):
+    method: Literal["notifications/events/list_changed"] = "notifications/events/list_changed"
+    params: NotificationParams | None = None
+
+
+@dataclass(slots=True)
+class EventType:
+    """One declared event type. Built by ``EventsExtension.event``."""
+
+    name: str
+    description: str | None
+    input_schema: dict[str, Any]
+    payload_schema: dict[str, Any] | None
+    check: CheckFunction | None = None
+    emit_only: bool = False
+    replay: bool = True
+    match: MatchHook | None = None
+    transform: TransformHook | None = None
+    delivery: tuple[DeliveryModeName, ...] | None = None
+    next_poll_ms: int | None = None
+    meta: dict[str, Any] | None = None
+    validator: Any = field(default=None, repr=False)
+    buffer: RingBuffer | None = field(default=None, repr=False)
+
+    def modes(self) -> list[str]:
+        return [m for m in SERVED_MODES if self.delivery is None or m in self.delivery]
+
+    def descriptor(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "name": self.name,
+            "delivery": self.modes(),
+            "inputSchema": self.input_schema,
+        }
+        if self.description:
+            body["description"] = self.description
+        if self.payload_schema is not None:
+            body["payloadSchema"] = self.payload_schema
+        if self.meta:
+            body["_meta"] = self.meta
+        return body
+
+
+def _error(code: int, message: str, data: Any = None) -> MCPError:
+    return MCPError(code=code, message=message, data=data)
+
+
+def invalid_params(message: str, data: Any = None) -> MCPError:
+    return _error(protocol.INVALID_PARAMS, message, data)
+
+
+def not_found(name: str) -> MCPError:
+    return _error(protocol.NOT_FOUND, "NotFound", {"kind": "event", "name": name})
+
+
+def forbidden(reason: str) -> MCPError:
+    return _error(protocol.FORBIDDEN, "Forbidden", {"reason": reason})
+
+
+def unsupported_mode(mode: str) -> MCPError:
+    return _error(protocol.UNSUPPORTED, "Unsupported", {"feature": "deliveryMode", "value": mode})
+
+
+async def _maybe_await(value: T | Any) -> T:
+    if inspect.isawaitable(value):
+        return cast(T, await value)
+    return cast(T, value)
+
+
+def _current_principal() -> str | None:
+    """The authenticated subject of this request, if the transport has auth."""
+    from mcp.server.auth.middleware.auth_context import get_access_token
+
+    token = get_access_token()
+    if token is None:
+        return None
+    return token.subject or token.client_id
+
+
+class EventsExtension(Extension):
+    """The server side of MCP Events. See the module docstring for usage."""
+
+    identifier = protocol.EXTENSION_ID
+
+    def __init__(
+        self,
+        *,
+        emit_buffer: EmitBuffer | None = None,
+        poll_lease_ttl: timedelta = DEFAULT_POLL_LEASE_TTL,
+        default_max_events: int = DEFAULT_MAX_EVENTS,
+        default_next_poll_ms: int = DEFAULT_NEXT_POLL_MS,
+        list_page_size: int = DEFAULT_LIST_PAGE_SIZE,
+        clock: Callable[[], float] | None = None,
+        now: Callable[[], datetime] = utc_now,
+    ) -> None:
+        if not 1 <= default_max_events <= MAX_EVENTS_CEILING:
+            raise ValueError(f"default_max_events must be between 1 and {MAX_EVENTS_CEILING}")
+        if list_page_size < 1:
+            raise ValueError("list_page_size must be at least 1")
+        self.emit_buffer = emit_buffer or EmitBuffer()
+        self.default_max_events = default_max_events
+        self.default_next_poll_ms = default_next_poll_ms
+        self.list_page_size = list_page_size
+        self._now = now
+        self._types: dict[str, EventType] = {}
+        self._leases = (
+            LeaseTable(poll_lease_ttl) if clock is None else LeaseTable(poll_lease_ttl, clock=clock)
+        )
+        self._on_subscribe: dict[str, list[LifecycleHook]] = {}
+        self._on_unsubscribe: dict[str, list[LifecycleHook]] = {}
+        self._sessions: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    # ---- what the SDK consumes -------------------------------------------------
+
+    def settings(self) -> dict[str, Any]:
+        return {"listChanged": True}
+
+    def methods(self) -> Sequence[MethodBinding]:
+        return (
+            MethodBinding(method=protocol.METHOD_LIST, params_type=_ListParams, handler=self._handle_list),
+            MethodBinding(method=protocol.METHOD_POLL, params_type=_PollParams, handler=self._handle_poll),
+        )
+
+    def install(self, server: Any) -> None:
+        """Advertise ``capabilities.events`` on the wire too (the spec's own spelling).
+
+        The SDK advertises extensions only under ``capabilities.extensions`` and only
+        on 2026-era connections, so handshake-era clients also get the capability
+        under ``capabilities.experimental``.
+        """
+        server.middleware.append(self._advertise_capability)
+
+    async def _advertise_capability(
+        self, ctx: ServerRequestContext[Any, Any], call_next: Any
+    ) -> HandlerResult:
+        result: HandlerResult = await call_next(ctx)
+        if ctx.method in ("initialize", "server/discover") and isinstance(result, dict):
+            capabilities = result.setdefault("capabilities", {})
+            capabilities["events"] = {"listChanged": True}
+            experimental = capabilities.get("experimental") or {}
+            experimental[protocol.EXTENSION_ID] = {"listChanged": True}
+            capabilities["experimental"] = experimental
+        return result
+
+    # ---- declaring event types ---------------------------------------------------
+
+    def event(
+        self,
+        *,
+        name: str,
+        description: str | None = None,
+        input_schema: dict[str, Any] | None = None,
+        payload_schema: dict[str, Any] | None = None,
+        emit_only: bool = False,
+        replay: bool = True,
+        match: MatchHook | None = None,
+        transform: TransformHook | None = None,
+        delivery: Sequence[DeliveryModeName] | None = None,
+        next_poll_ms: int | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> Callable[[T], T]:
+        """Declare an event type.
+
+        Decorate a check function ``check(ctx, arguments, cursor) -> EventResult``,
+        or, with ``emit_only=True``, a class that may carry static ``match`` and
+        ``transform`` hooks. ``replay=False`` declares a type whose cursor is always
+        null (no addressable history).
+        """
+
+        def register(target: T) -> T:
+            check: CheckFunction | None = None
+            match_hook, transform_hook = match, transform
+            if inspect.isclass(target):
+                match_hook = match_hook or getattr(target, "match", None)
+                transform_hook = transform_hook or getattr(target, "transform", None)
+                check = getattr(target, "check", None)
+            elif callable(target):
+                check = cast(CheckFunction, target)
+            if emit_only and check is not None:
+                raise ValueError(f"event {name!r}: emit_only types have no check function")
+            if not emit_only and check is None:
+                raise ValueError(f"event {name!r}: give a check function or set emit_only=True")
+            self.add_event_type(
+                EventType(
+                    name=name,
+                    description=description or (inspect.getdoc(target) if check is not None else None),
+                    input_schema=input_schema or {"type": "object"},
+                    payload_schema=payload_schema,
+                    check=check,
+                    emit_only=emit_only,
+                    replay=replay,
+                    match=match_hook,
+                    transform=transform_hook,
+                    delivery=tuple(delivery) if delivery is not None else None,
+                    next_poll_ms=next_poll_ms,
+                    meta=meta,
+                )
+            )
+            return target
+
+        return register
+
+    def add_event_type(self, event_type: EventType) -> None:
+        if event_type.name in self._types:
+            raise ValueError(f"event type {event_type.name!r} is already declared")
+        if event_type.delivery is not None:
+            unknown = set(event_type.delivery) - set(protocol.DELIVERY_MODES)
+            if unknown or not event_type.delivery:
+                raise ValueError(
+                    f"event {event_type.name!r}: delivery must be a non-empty subset of poll/push/webhook"
+                )
+        try:
+            validator_cls = jsonschema.validators.validator_for(event_type.input_schema)
+            validator_cls.check_schema(event_type.input_schema)
+        except jsonschema.SchemaError as exc:
+            raise ValueError(
+                f"event {event_type.name!r}: inputSchema is not a valid JSON Schema: {exc.message}"
+            ) from exc
+        event_type.validator = validator_cls(event_type.input_schema)
+        if event_type.emit_only:
+            event_type.buffer = RingBuffer(self.emit_buffer, now=self._now)
+        self._types[event_type.name] = event_type
+
+    def remove_event_type(self, name: str) -> None:
+        self._types.pop(name, None)
+
+    def event_types(self) -> list[EventType]:
+        return list(self._types.values())
+
+    def on_subscribe(self, name: str) -> Callable[[T], T]:
+        """Register ``hook(ctx, arguments, subscription_id)`` run when a subscription first appears."""
+
+        def register(hook: T) -> T:
+            self._on_subscribe.setdefault(name, []).append(cast(LifecycleHook, hook))
+            return hook
+
+        return register
+
+    def on_unsubscribe(self, name: str) -> Callable[[T], T]:
+        """Register ``hook(ctx, arguments, subscription_id)`` run when a subscription goes away."""
+
+        def register(hook: T) -> T:
+            self._on_unsubscribe.setdefault(name, []).append(cast(LifecycleHook, hook))
+            return hook
+
+        return register
+
+    async def notify_list_changed(self) -> None:
+        """Tell every connected client that has used events/* to re-list."""
+        for session in list(self._sessions):
+            try:
+                await session.send_notification(_ListChanged())
+            except Exception as exc:  # a closed session must not stop the others
+                logger.debug("list_changed not delivered: %s", exc)
+
+    # ---- emitting --------------------------------------------------------------
+
+    def emit(self, event: Event) -> None:
+        """Record an upstream occurrence for emit-only event types."""
+        event_type = self._types.get(event.name)
+        if event_type is None:
+            raise ValueError(f"emit: unknown event type {event.name!r}")
+        if event_type.buffer is not None:
+            event_type.buffer.append(event)
+
+    # ---- lifecycle -------------------------------------------------------------
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Run background upkeep (expiring poll leases) for the server's lifetime."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._sweep_forever)
+            try:
+                yield
+            finally:
+                tg.cancel_scope.cancel()
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await anyio.sleep(LEASE_SWEEP_INTERVAL_S)
+            await self.sweep_leases()
+
+    async def sweep_leases(self) -> int:
+        """Expire unrenewed poll leases, firing on_unsubscribe; returns how many ended."""
+        ended = self._leases.expired()
+        for lease in ended:
+            await self._fire(self._on_unsubscribe, lease, request=None)
+        return len(ended)
+
+    async def _fire(self, hooks: dict[str, list[LifecycleHook]], lease: Lease, *, request: Any) -> None:
+        ctx = EventContext(lease.name, lease.principal, "poll", self.default_max_events, request=request)
+        for hook in hooks.get(lease.name, ()):
+            await _maybe_await(hook(ctx, lease.arguments, lease.subscription_id))
+
+    # ---- request handlers ------------------------------------------------------
+
+    async def _handle_list(self, ctx: ServerRequestContext[Any, Any], params: _ListParams) -> dict[str, Any]:
+        self._sessions.add(ctx.session)
+        offset = self._decode_page_cursor(params.cursor)
+        types = list(self._types.values())
+        page = types[offset : offset + self.list_page_size]
+        result: dict[str, Any] = {"events": [t.descriptor() for t in page]}
+        if offset + self.list_page_size < len(types):
+            result["nextCursor"] = self._encode_page_cursor(offset + self.list_page_size)
+        return result
+
+    @staticmethod
+    def _encode_page_cursor(offset: int) -> str:
+        return base64.urlsafe_b64encode(f"events:{offset}".encode()).decode()
+
+    @staticmethod
+    def _decode_page_cursor(cursor: str | None) -> int:
+        if cursor is None:
+            return 0
+        try:
+            text = base64.urlsafe_b64decode(cursor.encode()).decode()
+        except (binascii.Error, UnicodeDecodeError, ValueError):
+            raise invalid_params("events/list: unknown pagination cursor") from None
+        prefix, _, number = text.partition(":")
+        if prefix != "events" or not number.isdigit():
+            raise invalid_params("events/list: unknown pagination cursor")
+        return int(number)
+
+    def _resolve(self, name: str, arguments: dict[str, Any] | None, mode: DeliveryModeName) -> EventType:
+        event_type = self._types.get(name)
+        if event_type is None:
+            raise not_found(name)
+        if mode not in event_type.modes():
+            raise unsupported_mode(mode)
+        errors = sorted(event_type.validator.iter_errors(arguments or {}), key=lambda e: list(e.path))
+        if errors:
+            details = [
+                {"path": "/".join(str(p) for p in error.absolute_path) or "(root)", "message": error.message}
+                for error in errors
+            ]
+            summary = "; ".join(f"{d['path']}: {d['message']}" for d in details)
+            raise invalid_params(
+                f"arguments do not match the inputSchema of {name!r}: {summary}", {"errors": details}
+            )
+        return event_type
+
+    async def _handle_poll(self, ctx: ServerRequestContext[Any, Any], params: _PollParams) -> dict[str, Any]:
+        self._sessions.add(ctx.session)
+        arguments = params.arguments or {}
+        event_type = self._resolve(params.name, arguments, "poll")
+        principal = _current_principal()
+        lease, is_new = self._leases.touch(principal, event_type.name, arguments)
+        if is_new:
+            try:
+                await self._fire(self._on_subscribe, lease, request=ctx)
+            except BaseException:
+                self._leases.drop(principal, event_type.name, arguments)
+                raise
+        max_events = min(params.max_events or self.default_max_events, MAX_EVENTS_CEILING)
+        not_before = None
+        if params.max_age_ms is not None and params.cursor is not None:
+            not_before = self._now() - timedelta(milliseconds=params.max_age_ms)
+        event_ctx = EventContext(
+            event_name=event_type.name,
+            principal=principal,
+            mode="poll",
+            max_events=max_events,
+            max_age_ms=params.max_age_ms,
+            not_before=not_before,
+            request=ctx,
+        )
+        result = await self._read(event_type, event_ctx, arguments, params.cursor, lease)
+        return {
+            "events": [event.to_wire() for event in result.events],
+            "cursor": result.cursor if event_type.replay else None,
+            "truncated": result.truncated if event_type.replay else False,
+            "hasMore": result.has_more,
+            "nextPollMs": result.next_poll_ms or event_type.next_poll_ms or self.default_next_poll_ms,
+        }
+
+    async def _read(
+        self,
+        event_type: EventType,
+        ctx: EventContext,
+        arguments: dict[str, Any],
+        cursor: str | None,
+        lease: Lease | None,
+    ) -> EventResult:
+        if event_type.buffer is not None:
+            return self._read_buffer(event_type, event_type.buffer, ctx, arguments, cursor, lease)
+        assert event_type.check is not None
+        try:
+            result: EventResult = await _maybe_await(event_type.check(ctx, arguments, cursor))
+        except MCPError:
+            raise
+        except Exception as exc:
+            logger.exception("check function for %s failed", event_type.name)
+            raise _error(protocol.INTERNAL_ERROR, "UpstreamError", {"reason": type(exc).__name__}) from exc
+        if cursor is None:
+            # Null cursor means "start from now": a fresh position and nothing else.
+            return EventResult(events=[], cursor=result.cursor, next_poll_ms=result.next_poll_ms)
+        events = list(result.events)
+        truncated = result.truncated
+        if ctx.not_before is not None:
+            kept = [e for e in events if e.timestamp >= ctx.not_before]
+            truncated = truncated or len(kept) < len(events)
+            events = kept
+        new_cursor, has_more = result.cursor, result.has_more
+        if len(events) > ctx.max_events:
+            cut = events[ctx.max_events - 1].cursor
+            if cut is not None:
+                events, new_cursor, has_more = events[: ctx.max_events], cut, True
+        return EventResult(
+            events, new_cursor, has_more=has_more, truncated=truncated, next_poll_ms=result.next_poll_ms
+        )
+
+    def _read_buffer(
+        self,
+        event_type: EventType,
+        buffer: RingBuffer,
+        ctx: EventContext,
+        arguments: dict[str, Any],
+        cursor: str | None,
+        lease: Lease | None,
+    ) -> EventResult:
+        def accept(event: Event) -> Event | None:
+            if event_type.match is not None and not event_type.match(ctx, event, arguments):
+                return None
+            return event_type.transform(ctx, event, arguments) if event_type.transform is not None else event
+
+        if not event_type.replay:
+            # No cursor on the wire: the lease remembers where this poller is.
+            if lease is None or lease.position is None:
+                if lease is not None:
+                    lease.position = buffer.head
+                return EventResult(events=[], cursor=None)
+            read = buffer.read(lease.position, ctx.max_events, accept=accept)
+            lease.position = read.position
+            return EventResult(read.events, None, has_more=read.has_more)
+
+        if cursor is None:
+            return EventResult(events=[], cursor=buffer.cursor_for(buffer.head))
+        position = buffer.parse_cursor(cursor)
+        if position is None:
+            # A cursor from another process lifetime: the events in between are gone.
+            return EventResult(events=[], cursor=buffer.cursor_for(buffer.head), truncated=True)
+        read = buffer.read(position, ctx.max_events, not_before=ctx.not_before, accept=accept)
+        return EventResult(
+            read.events, buffer.cursor_for(read.position), has_more=read.has_more, truncated=read.truncated
+        )

@@ -1,0 +1,108 @@
+"""Plain data types a server author works with."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+DeliveryModeName = Literal["poll", "push", "webhook"]
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def isoformat(moment: datetime) -> str:
+    """ISO 8601 in UTC with a trailing Z, the form the spec's examples use."""
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_timestamp(value: str) -> datetime | None:
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def canonical_hash(arguments: Mapping[str, Any] | None) -> str:
+    """A stable hash of subscription arguments, equal for canonically equal JSON."""
+    return hashlib.sha256(canonical_json(dict(arguments or {})).encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One occurrence. ``event_id`` should be the upstream's stable id; one is generated otherwise.
+
+    ``cursor`` is the position just after this event. A check function that sets it
+    lets the SDK cut a large batch at ``maxEvents`` and still hand out a valid
+    intermediate cursor.
+    """
+
+    name: str
+    data: dict[str, Any]
+    event_id: str = field(default_factory=lambda: f"evt_{uuid.uuid4().hex}")
+    timestamp: datetime = field(default_factory=utc_now)
+    cursor: str | None = None
+    meta: dict[str, Any] | None = None
+
+    def replace(self, **changes: Any) -> Event:
+        return dataclasses.replace(self, **changes)
+
+    def to_wire(self, *, with_cursor: bool = False) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "eventId": self.event_id,
+            "name": self.name,
+            "timestamp": isoformat(self.timestamp),
+            "data": self.data,
+        }
+        if with_cursor:
+            body["cursor"] = self.cursor
+        if self.meta:
+            body["_meta"] = self.meta
+        return body
+
+
+@dataclass(frozen=True, slots=True)
+class EventResult:
+    """What a check function returns: the events after ``cursor`` and the new position.
+
+    Set ``truncated`` when the check itself skipped events (for example the cursor
+    fell out of the upstream's retention window), and ``has_more`` when it stopped
+    early on purpose.
+    """
+
+    events: Sequence[Event]
+    cursor: str | None
+    has_more: bool = False
+    truncated: bool = False
+    next_poll_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EventContext:
+    """Handed to check functions and to the match/transform hooks."""
+
+    event_name: str
+    principal: str | None
+    mode: DeliveryModeName
+    max_events: int
+    max_age_ms: int | None = None
+    not_before: datetime | None = None
+    request: Any = None  # the SDK's ServerRequestContext, when there is one
+
+
+CheckFunction = Callable[[EventContext, dict[str, Any], str | None], Awaitable[EventResult] | EventResult]
+MatchHook = Callable[[EventContext, Event, dict[str, Any]], bool]
+TransformHook = Callable[[EventContext, Event, dict[str, Any]], Event]
+LifecycleHook = Callable[[EventContext, dict[str, Any], str], Awaitable[None] | None]

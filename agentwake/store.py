@@ -1,0 +1,456 @@
+"""The SQLite store: subscriptions with their cursors, the event inbox, gaps.
+
+This is the only module that writes SQL. sqlite-utils is synchronous, so every
+public coroutine runs its work in one worker thread at a time (one writer);
+the event loop never blocks on disk. A batch of events and the cursor that
+follows it are written in one transaction, so a crash either keeps both or
+neither, and the upstream replays what was not kept.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import stat
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+from typing import Any, Final, Literal, ParamSpec, TypeVar
+
+import anyio
+import sqlite_utils
+from sqlite_utils.migrations import Migrations
+
+from agentwake.errors import StoreError
+
+logger = logging.getLogger(__name__)
+
+BUSY_TIMEOUT_MS: Final = 10_000
+EventState = Literal["pending", "processing", "done", "failed", "ignored"]
+EVENT_STATES: Final[tuple[EventState, ...]] = ("pending", "processing", "done", "failed", "ignored")
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+migrations = Migrations("agentwake")
+
+
+@migrations(name="0001_initial")
+def _initial(db: sqlite_utils.Database) -> None:
+    db.execute(
+        """
+        CREATE TABLE subscriptions (
+            name TEXT PRIMARY KEY,
+            server TEXT NOT NULL,
+            event TEXT NOT NULL,
+            arguments TEXT NOT NULL,
+            mode TEXT,
+            cursor TEXT,
+            cursor_updated_at TEXT,
+            last_poll_at TEXT,
+            events_received INTEGER NOT NULL DEFAULT 0,
+            duplicates INTEGER NOT NULL DEFAULT 0,
+            gaps INTEGER NOT NULL DEFAULT 0,
+            status TEXT NOT NULL DEFAULT 'new',
+            last_error TEXT,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL
+        )
+        """
+    )
+    db.execute(
+        """
+        CREATE TABLE events (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            server TEXT NOT NULL,
+            subscription TEXT NOT NULL,
+            name TEXT NOT NULL,
+            event_id TEXT NOT NULL,
+            timestamp TEXT NOT NULL,
+            data TEXT NOT NULL,
+            meta TEXT,
+            received_at TEXT NOT NULL,
+            state TEXT NOT NULL DEFAULT 'pending',
+            attempts INTEGER NOT NULL DEFAULT 0,
+            priority INTEGER NOT NULL DEFAULT 0,
+            state_changed_at TEXT NOT NULL,
+            last_error TEXT
+        )
+        """
+    )
+    db.execute("CREATE UNIQUE INDEX events_dedup ON events (server, name, event_id)")
+    db.execute("CREATE INDEX events_pending ON events (state, priority, id)")
+    db.execute(
+        """
+        CREATE TABLE gaps (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            subscription TEXT NOT NULL,
+            server TEXT NOT NULL,
+            event TEXT NOT NULL,
+            detected_at TEXT NOT NULL,
+            cursor_before TEXT,
+            cursor_after TEXT
+        )
+        """
+    )
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionKey:
+    name: str
+    server: str
+    event: str
+    arguments: dict[str, Any]
+
+    @property
+    def arguments_json(self) -> str:
+        return json.dumps(self.arguments, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True, slots=True)
+class IncomingEvent:
+    event_id: str
+    name: str
+    timestamp: str
+    data: dict[str, Any]
+    meta: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IngestResult:
+    inserted: int
+    duplicates: int
+
+
+@dataclass(frozen=True, slots=True)
+class InboxEvent:
+    id: int
+    server: str
+    subscription: str
+    name: str
+    event_id: str
+    timestamp: str
+    data: dict[str, Any]
+    attempts: int
+
+
+class Store:
+    """Open with ``await Store.open(path)``; close with ``await store.close()``."""
+
+    def __init__(self, db: sqlite_utils.Database, path: Path) -> None:
+        self._db = db
+        self.path = path
+        self._limiter = anyio.CapacityLimiter(1)
+
+    # ---- opening ---------------------------------------------------------------
+
+    @classmethod
+    def open_sync(cls, path: Path, *, synchronous: str = "normal") -> Store:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if not path.exists():
+                # Created private: the store will hold cursors and, later, webhook secrets.
+                os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+            elif stat.S_IMODE(path.stat().st_mode) & 0o077:
+                os.chmod(path, 0o600)
+            conn = sqlite3.connect(path, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000)
+            db = sqlite_utils.Database(conn)
+            with db.ensure_autocommit_on():
+                db.execute("PRAGMA journal_mode=WAL")
+            db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            db.execute(f"PRAGMA synchronous={synchronous.upper()}")
+            db.execute("PRAGMA foreign_keys=ON")
+            migrations.apply(db)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"cannot open the store {path}: {exc}") from exc
+        except OSError as exc:
+            raise StoreError(f"cannot create the store {path}: {exc.strerror}") from exc
+        return cls(db, path)
+
+    @classmethod
+    async def open(cls, path: Path, *, synchronous: str = "normal") -> Store:
+        return await anyio.to_thread.run_sync(partial(cls.open_sync, path, synchronous=synchronous))
+
+    @classmethod
+    def open_existing(cls, path: Path) -> Store:
+        """Open for reading by the CLI; a missing store is an error, not a new file."""
+        if not path.exists():
+            raise StoreError(f"no store at {path} yet: run 'agentwake run' first")
+        return cls.open_sync(path)
+
+    async def close(self) -> None:
+        await self._run(self._db.close)
+
+    def close_sync(self) -> None:
+        self._db.close()
+
+    async def _run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await anyio.to_thread.run_sync(partial(fn, *args, **kwargs), limiter=self._limiter)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"store {self.path}: {exc}") from exc
+
+    # ---- subscriptions -----------------------------------------------------------
+
+    def register_sync(self, key: SubscriptionKey) -> str | None:
+        """Record a configured subscription; returns its persisted cursor.
+
+        If the server, event or arguments changed since the cursor was stored, that
+        cursor belongs to a different subscription and is dropped.
+        """
+        now = now_iso()
+        with self._db.atomic():
+            row = self._db.execute(
+                "SELECT server, event, arguments, cursor FROM subscriptions WHERE name = ?", [key.name]
+            ).fetchone()
+            if row is None:
+                self._db.execute(
+                    "INSERT INTO subscriptions (name, server, event, arguments, created_at, updated_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    [key.name, key.server, key.event, key.arguments_json, now, now],
+                )
+                return None
+            if (row[0], row[1], row[2]) != (key.server, key.event, key.arguments_json):
+                logger.warning(
+                    "subscription %s changed (server, event or arguments): its stored cursor is dropped",
+                    key.name,
+                )
+                self._db.execute(
+                    "UPDATE subscriptions SET server = ?, event = ?, arguments = ?, cursor = NULL,"
+                    " cursor_updated_at = NULL, updated_at = ? WHERE name = ?",
+                    [key.server, key.event, key.arguments_json, now, key.name],
+                )
+                return None
+            return str(row[3]) if row[3] is not None else None
+
+    async def register(self, key: SubscriptionKey) -> str | None:
+        return await self._run(self.register_sync, key)
+
+    def cursor_sync(self, name: str) -> str | None:
+        row = self._db.execute("SELECT cursor FROM subscriptions WHERE name = ?", [name]).fetchone()
+        return None if row is None or row[0] is None else str(row[0])
+
+    async def cursor(self, name: str) -> str | None:
+        return await self._run(self.cursor_sync, name)
+
+    def set_state_sync(
+        self, name: str, *, status: str, mode: str | None = None, error: str | None = None
+    ) -> None:
+        with self._db.atomic():
+            self._db.execute(
+                "UPDATE subscriptions SET status = ?, mode = coalesce(?, mode), last_error = ?, updated_at = ?"
+                " WHERE name = ?",
+                [status, mode, error, now_iso(), name],
+            )
+
+    async def set_state(
+        self, name: str, *, status: str, mode: str | None = None, error: str | None = None
+    ) -> None:
+        await self._run(partial(self.set_state_sync, name, status=status, mode=mode, error=error))
+
+    def record_error_sync(self, name: str, error: str) -> None:
+        with self._db.atomic():
+            self._db.execute(
+                "UPDATE subscriptions SET last_error = ?, updated_at = ? WHERE name = ?",
+                [error, now_iso(), name],
+            )
+
+    async def record_error(self, name: str, error: str) -> None:
+        await self._run(self.record_error_sync, name, error)
+
+    # ---- the inbox ---------------------------------------------------------------
+
+    def ingest_sync(
+        self,
+        key: SubscriptionKey,
+        events: Sequence[IncomingEvent],
+        cursor: str | None,
+        *,
+        truncated: bool = False,
+        cursor_before: str | None = None,
+    ) -> IngestResult:
+        """Insert a batch and advance the cursor in one transaction.
+
+        A null cursor is never persisted (the stored one stays). A duplicate
+        (server, event name, eventId) is counted, not stored again.
+        """
+        now = now_iso()
+        rows = [
+            (
+                key.server,
+                key.name,
+                event.name,
+                event.event_id,
+                event.timestamp,
+                json.dumps(event.data, separators=(",", ":"), ensure_ascii=False),
+                json.dumps(event.meta, separators=(",", ":")) if event.meta else None,
+                now,
+                now,
+            )
+            for event in events
+        ]
+        conn = self._db.conn
+        with self._db.atomic():
+            before = conn.total_changes
+            if rows:
+                conn.executemany(
+                    "INSERT OR IGNORE INTO events (server, subscription, name, event_id, timestamp, data, meta,"
+                    " received_at, state_changed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    rows,
+                )
+            inserted = conn.total_changes - before
+            duplicates = len(rows) - inserted
+            conn.execute(
+                "UPDATE subscriptions SET"
+                " cursor = coalesce(?, cursor),"
+                " cursor_updated_at = CASE WHEN ? IS NULL THEN cursor_updated_at ELSE ? END,"
+                " last_poll_at = ?, events_received = events_received + ?, duplicates = duplicates + ?,"
+                " gaps = gaps + ?, status = 'active', last_error = NULL, updated_at = ?"
+                " WHERE name = ?",
+                [cursor, cursor, now, now, inserted, duplicates, int(truncated), now, key.name],
+            )
+            if truncated:
+                conn.execute(
+                    "INSERT INTO gaps (subscription, server, event, detected_at, cursor_before, cursor_after)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    [key.name, key.server, key.event, now, cursor_before, cursor],
+                )
+        return IngestResult(inserted, duplicates)
+
+    async def ingest(
+        self,
+        key: SubscriptionKey,
+        events: Sequence[IncomingEvent],
+        cursor: str | None,
+        *,
+        truncated: bool = False,
+        cursor_before: str | None = None,
+    ) -> IngestResult:
+        return await self._run(
+            partial(self.ingest_sync, key, events, cursor, truncated=truncated, cursor_before=cursor_before)
+        )
+
+    def requeue_interrupted_sync(self) -> int:
+        """Events left 'processing' by a crash go back to 'pending'."""
+        with self._db.atomic():
+            cur = self._db.execute(
+                "UPDATE events SET state = 'pending', state_changed_at = ? WHERE state = 'processing'",
+                [now_iso()],
+            )
+            return cur.rowcount
+
+    async def requeue_interrupted(self) -> int:
+        return await self._run(self.requeue_interrupted_sync)
+
+    def claim_sync(self, limit: int) -> list[InboxEvent]:
+        """Move up to ``limit`` pending events to 'processing' and return them, oldest first."""
+        with self._db.atomic():
+            rows = self._db.execute(
+                "UPDATE events SET state = 'processing', attempts = attempts + 1, state_changed_at = ?"
+                " WHERE id IN (SELECT id FROM events WHERE state = 'pending' ORDER BY priority DESC, id LIMIT ?)"
+                " RETURNING id, server, subscription, name, event_id, timestamp, data, attempts",
+                [now_iso(), limit],
+            ).fetchall()
+        rows.sort(key=lambda row: row[0])
+        return [InboxEvent(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]), r[7]) for r in rows]
+
+    async def claim(self, limit: int) -> list[InboxEvent]:
+        return await self._run(self.claim_sync, limit)
+
+    def finish_sync(self, ids: Iterable[int], state: EventState, error: str | None = None) -> None:
+        now = now_iso()
+        with self._db.atomic():
+            self._db.conn.executemany(
+                "UPDATE events SET state = ?, state_changed_at = ?, last_error = ? WHERE id = ?",
+                [(state, now, error, event_id) for event_id in ids],
+            )
+
+    async def finish(self, ids: Iterable[int], state: EventState, error: str | None = None) -> None:
+        await self._run(self.finish_sync, list(ids), state, error)
+
+    # ---- reading, for the CLI and tests -------------------------------------------
+
+    def subscriptions_sync(self) -> list[dict[str, Any]]:
+        rows = self._db.execute(
+            "SELECT name, server, event, arguments, mode, cursor, last_poll_at, events_received, duplicates,"
+            " gaps, status, last_error, cursor_updated_at FROM subscriptions ORDER BY name"
+        ).fetchall()
+        return [
+            {
+                "subscription": r[0],
+                "server": r[1],
+                "event": r[2],
+                "arguments": json.loads(r[3]),
+                "mode": r[4],
+                "cursor": r[5],
+                "last_poll_at": r[6],
+                "events_received": r[7],
+                "duplicates": r[8],
+                "gaps": r[9],
+                "status": r[10],
+                "last_error": r[11],
+                "cursor_updated_at": r[12],
+            }
+            for r in rows
+        ]
+
+    def inbox_sync(self, limit: int, *, state: str | None = None) -> list[dict[str, Any]]:
+        where, args = "", []
+        if state is not None:
+            where, args = "WHERE state = ?", [state]
+        rows = self._db.execute(
+            "SELECT id, server, subscription, name, event_id, timestamp, received_at, state, attempts, data,"
+            f" last_error FROM events {where} ORDER BY id DESC LIMIT ?",
+            [*args, limit],
+        ).fetchall()
+        return [
+            {
+                "id": r[0],
+                "server": r[1],
+                "subscription": r[2],
+                "event": r[3],
+                "event_id": r[4],
+                "timestamp": r[5],
+                "received_at": r[6],
+                "state": r[7],
+                "attempts": r[8],
+                "data": json.loads(r[9]),
+                "last_error": r[10],
+            }
+            for r in rows
+        ]
+
+    def gaps_sync(self, subscription: str | None = None) -> list[dict[str, Any]]:
+        where, args = "", []
+        if subscription is not None:
+            where, args = "WHERE subscription = ?", [subscription]
+        rows = self._db.execute(
+            f"SELECT subscription, server, event, detected_at, cursor_before, cursor_after FROM gaps {where}"
+            " ORDER BY id",
+            args,
+        ).fetchall()
+        keys = ("subscription", "server", "event", "detected_at", "cursor_before", "cursor_after")
+        return [dict(zip(keys, r, strict=True)) for r in rows]
+
+    def event_ids_sync(self, subscription: str | None = None) -> list[str]:
+        where, args = "", []
+        if subscription is not None:
+            where, args = "WHERE subscription = ?", [subscription]
+        return [
+            r[0]
+            for r in self._db.execute(f"SELECT event_id FROM events {where} ORDER BY id", args).fetchall()
+        ]
+
+    def state_counts_sync(self) -> dict[str, int]:
+        counts: dict[str, int] = dict.fromkeys(EVENT_STATES, 0)
+        for state, count in self._db.execute("SELECT state, count(*) FROM events GROUP BY state").fetchall():
+            counts[state] = count
+        return counts

@@ -1,0 +1,189 @@
+"""Wiring: one task per server (connect, discover, run its subscriptions' loops), and the processing stage.
+
+Everything runs in one anyio task group; cancelling it is the only way anything
+stops. A server that cannot be reached, or whose connection breaks, is retried
+with exponential backoff and jitter; it never takes the others down. A
+subscription the server refuses (unknown event, Forbidden) ends alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final
+
+import anyio
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_never,
+    wait_exponential_jitter,
+)
+
+from agentwake import protocol
+from agentwake.config import AgentwakeConfig, SubscriptionConfig
+from agentwake.delivery.poll import PollLoop, Sleep, subscription_key
+from agentwake.delivery.select import plan_subscription
+from agentwake.errors import (
+    AgentwakeError,
+    ConfigError,
+    ConnectError,
+    ConnectionLost,
+    DeliveryError,
+    SubscriptionEnded,
+)
+from agentwake.mcp import ServerConnection
+from agentwake.store import InboxEvent, Store
+
+logger = logging.getLogger(__name__)
+
+RECONNECT_INITIAL_S: Final = 1.0
+RECONNECT_MAX_S: Final = 60.0
+CLAIM_BATCH: Final = 100
+IDLE_RECHECK_S: Final = 5.0
+
+Processor = Callable[[InboxEvent], None]
+
+
+def log_event(event: InboxEvent) -> None:
+    """The processing stage of this release: record that the event arrived. The agent replaces it."""
+    logger.info(
+        "event %s %s from %s (subscription %s): %s",
+        event.name,
+        event.event_id,
+        event.server,
+        event.subscription,
+        _preview(event.data),
+    )
+
+
+def _preview(data: dict[str, object], limit: int = 160) -> str:
+    text = ", ".join(f"{k}={v!r}" for k, v in data.items())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@dataclass
+class Supervisor:
+    config: AgentwakeConfig
+    store: Store
+    process: Processor = log_event
+    sleep: Sleep = anyio.sleep
+    reconnect_initial_s: float = RECONNECT_INITIAL_S
+    reconnect_max_s: float = RECONNECT_MAX_S
+    processing: bool = True
+    _wake: anyio.Event = field(default_factory=anyio.Event, init=False)
+    _ended: set[str] = field(default_factory=set, init=False)
+
+    def subscriptions_of(self, server: str) -> list[SubscriptionConfig]:
+        return [s for s in self.config.subscriptions if s.server == server and s.name not in self._ended]
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        for sub in self.config.subscriptions:
+            await self.store.register(subscription_key(sub))
+        async with anyio.create_task_group() as tg:
+            for server in self.config.servers:
+                if self.subscriptions_of(server):
+                    tg.start_soon(self._server_forever, server, name=f"server:{server}")
+            if self.processing:
+                tg.start_soon(self._process_forever, name="processing")
+            task_status.started()
+
+    # ---- delivery --------------------------------------------------------------
+
+    async def _server_forever(self, server: str) -> None:
+        def note(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            delay = state.next_action.sleep if state.next_action else 0.0
+            logger.warning("%s; reconnecting in %.1fs", exc, delay)
+
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(DeliveryError),
+            wait=wait_exponential_jitter(initial=self.reconnect_initial_s, max=self.reconnect_max_s),
+            stop=stop_never,
+            sleep=self.sleep,
+            before_sleep=note,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                await self._serve_connection(server)
+                if not self.subscriptions_of(server):
+                    logger.warning("server %s: no subscription left running", server)
+                    return
+                # The connection ended without an error (the server closed its side): reconnect.
+                raise ConnectionLost(f"server {server!r}: connection ended", server=server)
+
+    async def _serve_connection(self, server: str) -> None:
+        relist = anyio.Event()
+        holder = {"relist": relist}
+
+        async def on_list_changed() -> None:
+            holder["relist"].set()
+
+        async with ServerConnection(
+            server, self.config.servers[server], on_list_changed=on_list_changed
+        ) as conn:
+            while True:
+                descriptors = {d.name: d for d in await conn.list_events()}
+                async with anyio.create_task_group() as tg:
+                    running = 0
+                    for sub in self.subscriptions_of(server):
+                        try:
+                            plan = plan_subscription(sub, descriptors)
+                        except ConfigError as exc:
+                            await self._end(sub, str(exc))
+                            continue
+                        loop = PollLoop(
+                            sub, conn, self.store, on_new_events=self._notify_new, sleep=self.sleep
+                        )
+                        tg.start_soon(self._run_loop, loop, plan.mode, name=f"poll:{sub.name}")
+                        running += 1
+                    if not running:
+                        return
+                    await holder["relist"].wait()
+                    logger.info("server %s: event types changed; listing them again", server)
+                    holder["relist"] = anyio.Event()
+                    tg.cancel_scope.cancel()
+
+    async def _run_loop(self, loop: PollLoop, mode: protocol.DeliveryMode) -> None:
+        try:
+            await loop.run()
+        except SubscriptionEnded as exc:
+            await self._end(loop.subscription, str(exc))
+
+    async def _end(self, sub: SubscriptionConfig, reason: str) -> None:
+        logger.error("subscription %s stopped: %s", sub.name, reason)
+        self._ended.add(sub.name)
+        await self.store.set_state(sub.name, status="ended", error=reason)
+
+    # ---- processing --------------------------------------------------------------
+
+    def _notify_new(self, count: int) -> None:
+        self._wake.set()
+
+    async def _process_forever(self) -> None:
+        requeued = await self.store.requeue_interrupted()
+        if requeued:
+            logger.info("processing: %d event(s) interrupted by a previous stop go again", requeued)
+        while True:
+            batch = await self.store.claim(CLAIM_BATCH)
+            if not batch:
+                with anyio.move_on_after(IDLE_RECHECK_S):
+                    await self._wake.wait()
+                self._wake = anyio.Event()
+                continue
+            done: list[int] = []
+            for event in batch:
+                try:
+                    self.process(event)
+                except AgentwakeError as exc:
+                    logger.error("event %s failed: %s", event.event_id, exc)
+                    await self.store.finish([event.id], "failed", str(exc))
+                    continue
+                done.append(event.id)
+            await self.store.finish(done, "done")
+
+
+__all__ = ["ConnectError", "Supervisor", "log_event"]

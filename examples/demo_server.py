@@ -1,0 +1,597 @@
+"""A demo MCP Events server: a small help desk with tickets, alerts and a load gauge.
+
+    python -m examples.demo_server                       # stdio
+    python -m examples.demo_server --http 127.0.0.1:8765 # Streamable HTTP at /mcp
+
+Event types:
+  ticket.created  replayable; backed by a durable SQLite file, cursor = ticket sequence number
+  alert.fired     emit-only; generated on a timer, served from the ring buffer
+  system.load     emit-only with no replay (cursor is always null)
+
+Tools let an agent act: list_tickets, get_ticket, create_ticket, add_comment,
+close_ticket, get_alert, acknowledge_alert.
+
+Settings come from flags or the environment (flags win):
+  DEMO_DB              SQLite file for tickets (default demo.db)
+  DEMO_RATE            new tickets per second, 0 = none (default 0.5)
+  DEMO_BACKLOG         tickets to create at start-up (default 0)
+  DEMO_ALERT_INTERVAL  seconds between alerts, 0 = none (default 5)
+  DEMO_LOAD_INTERVAL   seconds between load samples, 0 = none (default 3)
+  DEMO_NEXT_POLL_MS    nextPollMs the server recommends (default 1000)
+  DEMO_TOKEN           when set, HTTP requests need "Authorization: Bearer <token>"
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import secrets
+import sqlite3
+import sys
+import threading
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp.server.mcpserver import MCPServer
+
+from agentwake.server import (
+    EmitBuffer,
+    Event,
+    EventContext,
+    EventResult,
+    EventsExtension,
+    isoformat,
+)
+
+logger = logging.getLogger("examples.demo_server")
+
+QUEUES = ("support", "billing", "ops")
+PRIORITIES = ("P1", "P2", "P3", "P4")
+SERVICES = ("api", "db", "web", "queue")
+TITLES = (
+    "Cannot log in after password reset",
+    "Invoice shows the wrong amount",
+    "Disk almost full on build runner",
+    "Export to CSV times out",
+    "Webhook deliveries delayed",
+    "Refund not received",
+)
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    db: Path = Path("demo.db")
+    rate: float = 0.5
+    backlog: int = 0
+    alert_interval: float = 5.0
+    load_interval: float = 3.0
+    next_poll_ms: int = 1000
+    token: str | None = None
+
+    @classmethod
+    def from_env(cls, env: MutableMapping[str, str] | None = None) -> DemoSettings:
+        env = os.environ if env is None else env
+        return cls(
+            db=Path(env.get("DEMO_DB", "demo.db")),
+            rate=float(env.get("DEMO_RATE", "0.5")),
+            backlog=int(env.get("DEMO_BACKLOG", "0")),
+            alert_interval=float(env.get("DEMO_ALERT_INTERVAL", "5")),
+            load_interval=float(env.get("DEMO_LOAD_INTERVAL", "3")),
+            next_poll_ms=int(env.get("DEMO_NEXT_POLL_MS", "1000")),
+            token=env.get("DEMO_TOKEN") or None,
+        )
+
+
+class TicketStore:
+    """The durable upstream: tickets with stable ids and a monotonically growing sequence."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.executescript(
+            """
+            CREATE TABLE IF NOT EXISTS tickets (
+                seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                id TEXT UNIQUE,
+                queue TEXT NOT NULL,
+                priority TEXT NOT NULL,
+                title TEXT NOT NULL,
+                body TEXT NOT NULL,
+                reporter TEXT NOT NULL,
+                status TEXT NOT NULL DEFAULT 'open',
+                created_at TEXT NOT NULL
+            );
+            CREATE INDEX IF NOT EXISTS tickets_created ON tickets(created_at);
+            CREATE TABLE IF NOT EXISTS comments (
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                ticket_id TEXT NOT NULL,
+                body TEXT NOT NULL,
+                created_at TEXT NOT NULL
+            );
+            CREATE TABLE IF NOT EXISTS alert_acks (
+                alert_id TEXT PRIMARY KEY,
+                note TEXT,
+                acked_at TEXT NOT NULL
+            );
+            """
+        )
+
+    def create(
+        self, rows: list[tuple[str, str, str, str, str]], *, created_at: datetime | None = None
+    ) -> list[str]:
+        """Insert tickets (queue, priority, title, body, reporter) in one transaction; returns ids."""
+        stamp = isoformat(created_at or datetime.now(UTC))
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            start = self._db.execute("SELECT coalesce(max(seq), 0) FROM tickets").fetchone()[0]
+            self._db.executemany(
+                "INSERT INTO tickets (id, queue, priority, title, body, reporter, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(f"T-{start + i + 1:06d}", *row, stamp) for i, row in enumerate(rows)],
+            )
+            self._db.execute("COMMIT")
+        return [f"T-{start + i + 1:06d}" for i in range(len(rows))]
+
+    def head(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT coalesce(max(seq), 0) FROM tickets").fetchone()[0])
+
+    def after(
+        self, seq: int, head: int, limit: int, queue: str | None, priority: str | None, not_before: str | None
+    ) -> tuple[list[tuple[Any, ...]], bool]:
+        """Matching tickets in (seq, head], at most ``limit``; the flag says rows before the floor were skipped."""
+        where: list[str] = ["seq > ?", "seq <= ?"]
+        args: list[Any] = [seq, head]
+        if queue:
+            where.append("queue = ?")
+            args.append(queue)
+        if priority:
+            where.append("priority = ?")
+            args.append(priority)
+        skipped = False
+        with self._lock:
+            if not_before is not None:
+                skipped = (
+                    self._db.execute(
+                        f"SELECT 1 FROM tickets WHERE {' AND '.join(where)} AND created_at < ? LIMIT 1",
+                        [*args, not_before],
+                    ).fetchone()
+                    is not None
+                )
+                where.append("created_at >= ?")
+                args.append(not_before)
+            rows = self._db.execute(
+                "SELECT seq, id, queue, priority, title, reporter, created_at FROM tickets"
+                f" WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?",
+                [*args, limit],
+            ).fetchall()
+        return rows, skipped
+
+    def get(self, ticket_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT id, queue, priority, title, body, reporter, status, created_at FROM tickets WHERE id = ?",
+                (ticket_id,),
+            ).fetchone()
+            if row is None:
+                return None
+            comments = self._db.execute(
+                "SELECT body, created_at FROM comments WHERE ticket_id = ? ORDER BY id", (ticket_id,)
+            ).fetchall()
+        keys = ("id", "queue", "priority", "title", "body", "reporter", "status", "created_at")
+        ticket = dict(zip(keys, row, strict=True))
+        ticket["comments"] = [{"body": b, "created_at": c} for b, c in comments]
+        return ticket
+
+    def list(self, queue: str | None, status: str | None, limit: int) -> list[dict[str, Any]]:
+        where: list[str] = ["1=1"]
+        args: list[Any] = []
+        if queue:
+            where.append("queue = ?")
+            args.append(queue)
+        if status:
+            where.append("status = ?")
+            args.append(status)
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT id, queue, priority, title, status FROM tickets WHERE {' AND '.join(where)}"
+                " ORDER BY seq DESC LIMIT ?",
+                [*args, limit],
+            ).fetchall()
+        return [dict(zip(("id", "queue", "priority", "title", "status"), r, strict=True)) for r in rows]
+
+    def comment(self, ticket_id: str, body: str) -> int:
+        with self._lock:
+            cur = self._db.execute(
+                "INSERT INTO comments (ticket_id, body, created_at) VALUES (?, ?, ?)",
+                (ticket_id, body, isoformat(datetime.now(UTC))),
+            )
+            return int(cur.lastrowid or 0)
+
+    def set_status(self, ticket_id: str, status: str) -> bool:
+        with self._lock:
+            cur = self._db.execute("UPDATE tickets SET status = ? WHERE id = ?", (status, ticket_id))
+            return cur.rowcount > 0
+
+    def ack(self, alert_id: str, note: str | None) -> bool:
+        with self._lock:
+            cur = self._db.execute(
+                "INSERT OR IGNORE INTO alert_acks (alert_id, note, acked_at) VALUES (?, ?, ?)",
+                (alert_id, note, isoformat(datetime.now(UTC))),
+            )
+            return cur.rowcount > 0
+
+    def acked(self, alert_id: str) -> bool:
+        with self._lock:
+            return (
+                self._db.execute("SELECT 1 FROM alert_acks WHERE alert_id = ?", (alert_id,)).fetchone()
+                is not None
+            )
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def random_ticket(rng: random.Random) -> tuple[str, str, str, str, str]:
+    title = rng.choice(TITLES)
+    return (
+        rng.choice(QUEUES),
+        rng.choice(PRIORITIES),
+        title,
+        f"Customer reports: {title.lower()}.",
+        f"user{rng.randint(1, 999)}@example.com",
+    )
+
+
+TICKET_INPUT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "queue": {"type": "string", "enum": list(QUEUES), "description": "Only tickets in this queue"},
+        "priority": {
+            "type": "string",
+            "enum": list(PRIORITIES),
+            "description": "Only tickets of this priority",
+        },
+    },
+    "additionalProperties": False,
+}
+TICKET_PAYLOAD_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "ticketId": {"type": "string"},
+        "queue": {"type": "string"},
+        "priority": {"type": "string"},
+        "title": {"type": "string"},
+        "reporter": {"type": "string"},
+    },
+}
+ALERT_INPUT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "severity": {"type": "string", "enum": list(PRIORITIES)},
+        "service": {"type": "string", "enum": list(SERVICES)},
+        "include_summary": {"type": "boolean", "default": True},
+    },
+    "additionalProperties": False,
+}
+
+
+class DemoServer:
+    """The MCP server, its events and its background generators."""
+
+    def __init__(self, settings: DemoSettings) -> None:
+        self.settings = settings
+        self.store = TicketStore(settings.db)
+        self.rng = random.Random()
+        self.alerts: dict[str, dict[str, Any]] = {}
+        self.events = EventsExtension(
+            emit_buffer=EmitBuffer(max_events=10_000),
+            default_next_poll_ms=settings.next_poll_ms,
+        )
+        self._declare_events()
+        self.mcp: MCPServer[Any] = MCPServer(
+            "agentwake-demo",
+            instructions="A demo help desk: tickets, alerts and a load gauge.",
+            extensions=[self.events],
+            log_level="WARNING",
+        )
+        self.events.install(self.mcp)
+        self._declare_tools()
+
+    def _declare_events(self) -> None:
+        store = self.store
+
+        @self.events.event(
+            name="ticket.created",
+            description="A ticket was opened in the help desk.",
+            input_schema=TICKET_INPUT_SCHEMA,
+            payload_schema=TICKET_PAYLOAD_SCHEMA,
+        )
+        async def ticket_created(
+            ctx: EventContext, arguments: dict[str, Any], cursor: str | None
+        ) -> EventResult:
+            head = await anyio.to_thread.run_sync(store.head)
+            if cursor is None:
+                return EventResult(events=[], cursor=str(head))
+            if not cursor.isdigit() or int(cursor) > head:
+                # Not a position this store ever handed out (or the store was reset).
+                return EventResult(events=[], cursor=str(head), truncated=True)
+            not_before = isoformat(ctx.not_before) if ctx.not_before else None
+            rows, skipped = await anyio.to_thread.run_sync(
+                store.after,
+                int(cursor),
+                head,
+                ctx.max_events + 1,
+                arguments.get("queue"),
+                arguments.get("priority"),
+                not_before,
+            )
+            events = [
+                Event(
+                    name="ticket.created",
+                    event_id=ticket_id,
+                    timestamp=datetime.fromisoformat(created.replace("Z", "+00:00")),
+                    data={"ticketId": ticket_id, "queue": q, "priority": p, "title": t, "reporter": r},
+                    cursor=str(seq),
+                )
+                for seq, ticket_id, q, p, t, r, created in rows
+            ]
+            if len(events) > ctx.max_events:
+                events = events[: ctx.max_events]
+                return EventResult(events, cursor=events[-1].cursor, has_more=True, truncated=skipped)
+            return EventResult(events, cursor=str(head), truncated=skipped)
+
+        class AlertFired:
+            """An alert fired on one of the monitored services."""
+
+            @staticmethod
+            def match(ctx: EventContext, event: Event, arguments: dict[str, Any]) -> bool:
+                return all(arguments.get(key) in (None, event.data[key]) for key in ("severity", "service"))
+
+            @staticmethod
+            def transform(ctx: EventContext, event: Event, arguments: dict[str, Any]) -> Event:
+                if arguments.get("include_summary", True):
+                    return event
+                return event.replace(data={k: v for k, v in event.data.items() if k != "summary"})
+
+        self.events.event(
+            name="alert.fired",
+            description="An alert fired on a monitored service (emit-only, kept for ten minutes).",
+            emit_only=True,
+            input_schema=ALERT_INPUT_SCHEMA,
+            payload_schema={
+                "type": "object",
+                "properties": {
+                    "alertId": {"type": "string"},
+                    "severity": {"type": "string"},
+                    "service": {"type": "string"},
+                    "summary": {"type": "string"},
+                },
+            },
+        )(AlertFired)
+
+        class SystemLoad:
+            """A load sample; there is no history to replay, so the cursor is always null."""
+
+        self.events.event(
+            name="system.load",
+            description="A periodic load sample of the help desk (no replay: cursor is always null).",
+            emit_only=True,
+            replay=False,
+            payload_schema={
+                "type": "object",
+                "properties": {"load1": {"type": "number"}, "openTickets": {"type": "integer"}},
+            },
+        )(SystemLoad)
+
+    def _declare_tools(self) -> None:
+        store, alerts = self.store, self.alerts
+
+        @self.mcp.tool()
+        def list_tickets(
+            queue: str | None = None, status: str | None = None, limit: int = 20
+        ) -> list[dict[str, Any]]:
+            """List recent tickets, newest first, optionally by queue and status."""
+            return store.list(queue, status, max(1, min(limit, 200)))
+
+        @self.mcp.tool()
+        def get_ticket(ticket_id: str) -> dict[str, Any]:
+            """Read one ticket with its body and comments."""
+            ticket = store.get(ticket_id)
+            if ticket is None:
+                raise ValueError(f"no ticket {ticket_id!r}")
+            return ticket
+
+        @self.mcp.tool()
+        def create_ticket(
+            queue: str, priority: str, title: str, body: str = "", reporter: str = "agent"
+        ) -> str:
+            """Open a ticket; returns its id. This fires ticket.created."""
+            if queue not in QUEUES or priority not in PRIORITIES:
+                raise ValueError(f"queue must be one of {QUEUES} and priority one of {PRIORITIES}")
+            return store.create([(queue, priority, title, body, reporter)])[0]
+
+        @self.mcp.tool()
+        def add_comment(ticket_id: str, body: str) -> str:
+            """Add a comment to a ticket."""
+            if store.get(ticket_id) is None:
+                raise ValueError(f"no ticket {ticket_id!r}")
+            store.comment(ticket_id, body)
+            return f"comment added to {ticket_id}"
+
+        @self.mcp.tool()
+        def close_ticket(ticket_id: str) -> str:
+            """Mark a ticket closed."""
+            if not store.set_status(ticket_id, "closed"):
+                raise ValueError(f"no ticket {ticket_id!r}")
+            return f"{ticket_id} closed"
+
+        @self.mcp.tool()
+        def get_alert(alert_id: str) -> dict[str, Any]:
+            """Read an alert and whether it has been acknowledged."""
+            alert = alerts.get(alert_id)
+            if alert is None:
+                raise ValueError(f"no recent alert {alert_id!r}")
+            return {**alert, "acknowledged": store.acked(alert_id)}
+
+        @self.mcp.tool()
+        def acknowledge_alert(alert_id: str, note: str | None = None) -> str:
+            """Acknowledge an alert so nobody else is paged for it."""
+            if alert_id not in alerts:
+                raise ValueError(f"no recent alert {alert_id!r}")
+            return (
+                f"{alert_id} acknowledged"
+                if store.ack(alert_id, note)
+                else f"{alert_id} was already acknowledged"
+            )
+
+    # ---- background generators -------------------------------------------------
+
+    def seed_backlog(self) -> None:
+        remaining = self.settings.backlog
+        while remaining > 0:
+            batch = min(remaining, 10_000)
+            self.store.create([random_ticket(self.rng) for _ in range(batch)])
+            remaining -= batch
+
+    def fire_alert(self) -> Event:
+        alert_id = f"A-{secrets.token_hex(4)}"
+        data = {
+            "alertId": alert_id,
+            "severity": self.rng.choice(PRIORITIES),
+            "service": self.rng.choice(SERVICES),
+            "summary": f"{self.rng.choice(('latency', 'error rate', 'saturation'))} above threshold",
+        }
+        self.alerts[alert_id] = data
+        while len(self.alerts) > 10_000:
+            self.alerts.pop(next(iter(self.alerts)))
+        event = Event(name="alert.fired", event_id=alert_id, data=data)
+        self.events.emit(event)
+        return event
+
+    def sample_load(self) -> None:
+        open_tickets = len(self.store.list(None, "open", 200))
+        self.events.emit(
+            Event(
+                name="system.load",
+                data={"load1": round(self.rng.uniform(0.1, 4.0), 2), "openTickets": open_tickets},
+            )
+        )
+
+    async def _every(self, interval: float, action: Callable[[], Any]) -> None:
+        while True:
+            await anyio.sleep(interval)
+            result = action()
+            if isinstance(result, Awaitable):
+                await result
+
+    async def _tickets_forever(self) -> None:
+        await self._every(1.0 / self.settings.rate, lambda: self.store.create([random_ticket(self.rng)]))
+
+    async def serve(self, run_transport: Callable[[], Awaitable[None]]) -> None:
+        self.seed_backlog()
+        async with anyio.create_task_group() as tg, self.events.running():
+            if self.settings.rate > 0:
+                tg.start_soon(self._tickets_forever)
+            if self.settings.alert_interval > 0:
+                tg.start_soon(self._every, self.settings.alert_interval, self.fire_alert)
+            if self.settings.load_interval > 0:
+                tg.start_soon(self._every, self.settings.load_interval, self.sample_load)
+            await run_transport()
+            tg.cancel_scope.cancel()
+
+    async def serve_stdio(self) -> None:
+        await self.serve(self.mcp.run_stdio_async)
+
+    async def serve_http(self, host: str, port: int) -> None:
+        import uvicorn
+
+        app: Any = self.mcp.streamable_http_app()
+        if self.settings.token:
+            app = _require_bearer(app, self.settings.token)
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
+        await self.serve(server.serve)
+
+
+def _require_bearer(app: Any, token: str) -> Any:
+    """A tiny ASGI guard: every HTTP request needs the bearer token."""
+    expected = f"Bearer {token}".encode()
+
+    async def guarded(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope.get("headers") or [])
+            if not secrets.compare_digest(headers.get(b"authorization", b""), expected):
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [(b"content-type", b"text/plain")],
+                    }
+                )
+                await send({"type": "http.response.body", "body": b"missing or wrong bearer token"})
+                return
+        await app(scope, receive, send)
+
+    return guarded
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, DemoSettings]:
+    env = DemoSettings.from_env()
+    parser = argparse.ArgumentParser(
+        prog="python -m examples.demo_server", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--http", metavar="HOST:PORT", help="serve Streamable HTTP at http://HOST:PORT/mcp")
+    parser.add_argument("--db", type=Path, default=env.db, help="SQLite file for tickets")
+    parser.add_argument("--rate", type=float, default=env.rate, help="new tickets per second (0 = none)")
+    parser.add_argument("--backlog", type=int, default=env.backlog, help="tickets to create at start-up")
+    parser.add_argument(
+        "--alert-interval", type=float, default=env.alert_interval, help="seconds between alerts"
+    )
+    parser.add_argument(
+        "--load-interval", type=float, default=env.load_interval, help="seconds between load samples"
+    )
+    parser.add_argument(
+        "--next-poll-ms", type=int, default=env.next_poll_ms, help="recommended poll interval"
+    )
+    args = parser.parse_args(argv)
+    settings = DemoSettings(
+        db=args.db,
+        rate=args.rate,
+        backlog=args.backlog,
+        alert_interval=args.alert_interval,
+        load_interval=args.load_interval,
+        next_poll_ms=args.next_poll_ms,
+        token=env.token,
+    )
+    return args, settings
+
+
+def main(argv: list[str] | None = None) -> None:
+    args, settings = parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING, stream=sys.stderr, format="demo_server %(levelname)s %(message)s"
+    )
+    demo = DemoServer(settings)
+    try:
+        if args.http:
+            host, _, port = args.http.rpartition(":")
+            anyio.run(demo.serve_http, host or "127.0.0.1", int(port))
+        else:
+            anyio.run(demo.serve_stdio)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        demo.store.close()
+
+
+if __name__ == "__main__":
+    main()
