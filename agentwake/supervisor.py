@@ -100,7 +100,9 @@ class Supervisor:
 
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(DeliveryError),
-            wait=wait_exponential_jitter(initial=self.reconnect_initial_s, max=self.reconnect_max_s),
+            wait=wait_exponential_jitter(
+                multiplier=self.reconnect_initial_s, max=self.reconnect_max_s, jitter=self.reconnect_initial_s
+            ),
             stop=stop_never,
             sleep=self.sleep,
             before_sleep=note,

@@ -14,7 +14,7 @@ close_ticket, get_alert, acknowledge_alert.
 Settings come from flags or the environment (flags win):
   DEMO_DB              SQLite file for tickets (default demo.db)
   DEMO_RATE            new tickets per second, 0 = none (default 0.5)
-  DEMO_BACKLOG         tickets to create at start-up (default 0)
+  DEMO_BACKLOG         tickets the store holds at least, created at start-up (default 0)
   DEMO_ALERT_INTERVAL  seconds between alerts, 0 = none (default 5)
   DEMO_LOAD_INTERVAL   seconds between load samples, 0 = none (default 3)
   DEMO_NEXT_POLL_MS    nextPollMs the server recommends (default 1000)
@@ -28,6 +28,7 @@ import logging
 import os
 import random
 import secrets
+import socket
 import sqlite3
 import sys
 import threading
@@ -457,7 +458,8 @@ class DemoServer:
     # ---- background generators -------------------------------------------------
 
     def seed_backlog(self) -> None:
-        remaining = self.settings.backlog
+        """Top the store up to ``backlog`` tickets, so a restart does not add another backlog."""
+        remaining = self.settings.backlog - self.store.head()
         while remaining > 0:
             batch = min(remaining, 10_000)
             self.store.create([random_ticket(self.rng) for _ in range(batch)])
@@ -519,7 +521,11 @@ class DemoServer:
         if self.settings.token:
             app = _require_bearer(app, self.settings.token)
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
-        await self.serve(server.serve)
+        # Bind first, so port 0 works and the address can be announced before serving.
+        sock = socket.create_server((host, port), backlog=128)
+        bound_host, bound_port = sock.getsockname()[:2]
+        print(f"demo_server: listening on http://{bound_host}:{bound_port}/mcp", file=sys.stderr, flush=True)
+        await self.serve(lambda: server.serve(sockets=[sock]))
 
 
 def _require_bearer(app: Any, token: str) -> Any:
@@ -552,7 +558,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, DemoS
     parser.add_argument("--http", metavar="HOST:PORT", help="serve Streamable HTTP at http://HOST:PORT/mcp")
     parser.add_argument("--db", type=Path, default=env.db, help="SQLite file for tickets")
     parser.add_argument("--rate", type=float, default=env.rate, help="new tickets per second (0 = none)")
-    parser.add_argument("--backlog", type=int, default=env.backlog, help="tickets to create at start-up")
+    parser.add_argument(
+        "--backlog",
+        type=int,
+        default=env.backlog,
+        help="create tickets at start-up until the store holds this many",
+    )
     parser.add_argument(
         "--alert-interval", type=float, default=env.alert_interval, help="seconds between alerts"
     )

@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_NEXT_POLL_MS: Final = 5_000
 RETRY_INITIAL_S: Final = 0.5
 RETRY_MAX_S: Final = 30.0
+PROGRESS_EVERY: Final = 10_000
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -59,6 +60,7 @@ class PollLoop:
     retry_initial_s: float = RETRY_INITIAL_S
     retry_max_s: float = RETRY_MAX_S
     polls: int = field(default=0, init=False)
+    _drained: int = field(default=0, init=False)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Poll until cancelled. SubscriptionEnded and ConnectionLost propagate to the caller."""
@@ -100,12 +102,32 @@ class PollLoop:
             if ingest.inserted:
                 logger.debug("subscription %s: %d new event(s)", sub.name, ingest.inserted)
                 self.on_new_events(ingest.inserted)
+            self._report_progress(ingest.inserted + ingest.duplicates, result.has_more)
             # Absent or null means no replay position: poll with null next time, persist nothing.
             cursor = result.cursor
             resuming = False
             delay_ms = next_delay_ms(result, sub.poll_floor_ms)
             if delay_ms:
                 await self.sleep(delay_ms / 1000)
+
+    def _report_progress(self, received: int, has_more: bool) -> None:
+        """Log a long backlog drain as it goes, and once when it has caught up."""
+        if has_more:
+            before = self._drained
+            self._drained += received
+            if self._drained // PROGRESS_EVERY > before // PROGRESS_EVERY:
+                logger.info(
+                    "subscription %s: draining backlog, %d events so far",
+                    self.subscription.name,
+                    self._drained,
+                )
+        elif self._drained:
+            logger.info(
+                "subscription %s: caught up after draining %d events",
+                self.subscription.name,
+                self._drained + received,
+            )
+            self._drained = 0
 
     async def _poll_with_retry(self, params: protocol.PollParams) -> protocol.PollResult:
         sub = self.subscription
@@ -118,7 +140,9 @@ class PollLoop:
 
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(TransientEventsError),
-            wait=wait_exponential_jitter(initial=self.retry_initial_s, max=self.retry_max_s),
+            wait=wait_exponential_jitter(
+                multiplier=self.retry_initial_s, max=self.retry_max_s, jitter=self.retry_initial_s
+            ),
             stop=stop_never,
             sleep=self.sleep,
             before_sleep=note_retry,

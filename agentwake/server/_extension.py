@@ -26,14 +26,14 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Final, Literal, TypeVar, cast
+from typing import Any, Final, TypeVar, cast
 
 import anyio
 import jsonschema
 from mcp.server.context import HandlerResult, ServerRequestContext
 from mcp.server.extension import Extension, MethodBinding
 from mcp.shared.exceptions import MCPError
-from mcp_types import Notification, NotificationParams, RequestParams
+from mcp_types import RequestParams
 from pydantic import ConfigDict, Field
 
 from agentwake import protocol
@@ -78,11 +78,6 @@ class _PollParams(_Params):
     cursor: str | None = None
     max_age_ms: int | None = Field(default=None, alias="maxAgeMs", ge=0)
     max_events: int | None = Field(default=None, alias="maxEvents", ge=1)
-
-
-class _ListChanged(Notification[NotificationParams | None, Literal["notifications/events/list_changed"]]):
-    method: Literal["notifications/events/list_changed"] = "notifications/events/list_changed"
-    params: NotificationParams | None = None
 
 
 @dataclass(slots=True)
@@ -189,7 +184,9 @@ class EventsExtension(Extension):
         )
         self._on_subscribe: dict[str, list[LifecycleHook]] = {}
         self._on_unsubscribe: dict[str, list[LifecycleHook]] = {}
-        self._sessions: weakref.WeakSet[Any] = weakref.WeakSet()
+        # The SDK's Connection objects, not ctx.session: a ServerSession is a per-request
+        # proxy that is collected as soon as the request returns.
+        self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
 
     # ---- what the SDK consumes -------------------------------------------------
 
@@ -328,11 +325,16 @@ class EventsExtension(Extension):
 
     async def notify_list_changed(self) -> None:
         """Tell every connected client that has used events/* to re-list."""
-        for session in list(self._sessions):
+        for connection in list(self._connections):
             try:
-                await session.send_notification(_ListChanged())
-            except Exception as exc:  # a closed session must not stop the others
+                await connection.notify(protocol.NOTIFICATION_LIST_CHANGED, None)
+            except Exception as exc:  # a closed connection must not stop the others
                 logger.debug("list_changed not delivered: %s", exc)
+
+    def _remember_connection(self, ctx: ServerRequestContext[Any, Any]) -> None:
+        connection = getattr(ctx.session, "_connection", None)
+        if connection is not None:
+            self._connections.add(connection)
 
     # ---- emitting --------------------------------------------------------------
 
@@ -376,7 +378,7 @@ class EventsExtension(Extension):
     # ---- request handlers ------------------------------------------------------
 
     async def _handle_list(self, ctx: ServerRequestContext[Any, Any], params: _ListParams) -> dict[str, Any]:
-        self._sessions.add(ctx.session)
+        self._remember_connection(ctx)
         offset = self._decode_page_cursor(params.cursor)
         types = list(self._types.values())
         page = types[offset : offset + self.list_page_size]
@@ -421,7 +423,7 @@ class EventsExtension(Extension):
         return event_type
 
     async def _handle_poll(self, ctx: ServerRequestContext[Any, Any], params: _PollParams) -> dict[str, Any]:
-        self._sessions.add(ctx.session)
+        self._remember_connection(ctx)
         arguments = params.arguments or {}
         event_type = self._resolve(params.name, arguments, "poll")
         principal = _current_principal()

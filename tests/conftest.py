@@ -1,0 +1,108 @@
+"""Shared fixtures: real demo servers (stdio and HTTP subprocesses), real SQLite stores."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import pytest
+
+from agentwake.config import ServerConfig
+from agentwake.store import Store
+
+REPO = Path(__file__).resolve().parent.parent
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+QUIET_DEMO = {"DEMO_RATE": "0", "DEMO_ALERT_INTERVAL": "0", "DEMO_LOAD_INTERVAL": "0"}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def demo_stdio(db: Path, **env: str) -> ServerConfig:
+    """A ServerConfig that spawns the demo server over stdio with a quiet default."""
+    return ServerConfig(
+        command=sys.executable,
+        args=["-m", "examples.demo_server"],
+        env={**QUIET_DEMO, "DEMO_DB": str(db), **env},
+        cwd=REPO,
+    )
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    opened = await Store.open(tmp_path / "agentwake.db")
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+@dataclass
+class DemoHTTP:
+    """A demo server running as a real subprocess over Streamable HTTP on loopback."""
+
+    db: Path
+    env: dict[str, str]
+    port: int = 0
+    process: anyio.abc.Process | None = None
+    stderr_lines: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def config(self, **overrides: Any) -> ServerConfig:
+        return ServerConfig(url=self.url, **overrides)
+
+    async def start(self) -> None:
+        env = {**os.environ, **QUIET_DEMO, "DEMO_DB": str(self.db), **self.env}
+        self.process = await anyio.open_process(
+            [sys.executable, "-m", "examples.demo_server", "--http", f"127.0.0.1:{self.port}"],
+            cwd=REPO,
+            env=env,
+        )
+        assert self.process.stderr is not None
+        buffered = b""
+        with anyio.fail_after(20):
+            async for chunk in self.process.stderr:
+                buffered += chunk
+                if b"listening on http://" in buffered:
+                    break
+        line = next(x for x in buffered.decode().splitlines() if "listening on http://" in x)
+        self.port = int(line.rsplit(":", 1)[1].split("/")[0])
+
+    async def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            with anyio.CancelScope(shield=True):
+                await self.process.wait()
+                await self.process.aclose()
+            self.process = None
+
+
+@asynccontextmanager
+async def running_demo_http(db: Path, **env: str) -> AsyncIterator[DemoHTTP]:
+    demo = DemoHTTP(db=db, env=env)
+    await demo.start()
+    try:
+        yield demo
+    finally:
+        await demo.stop()
+
+
+@pytest.fixture
+def demo_http_factory(tmp_path: Path) -> Callable[..., Any]:
+    def factory(**env: str) -> Any:
+        return running_demo_http(tmp_path / "demo-http.db", **env)
+
+    return factory
