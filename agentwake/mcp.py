@@ -87,7 +87,9 @@ def _unwrap(exc: BaseException) -> BaseException:
     return exc
 
 
-def describe_connect_failure(name: str, config: ServerConfig, exc: BaseException) -> str:
+def describe_connect_failure(
+    name: str, config: ServerConfig, exc: BaseException, *, http_status: int | None = None
+) -> str:
     exc = _unwrap(exc)
     if config.transport == "stdio":
         where = f"server {name!r} (command {config.command!r})"
@@ -99,9 +101,10 @@ def describe_connect_failure(name: str, config: ServerConfig, exc: BaseException
             return f"{where}: the process exited before finishing the MCP handshake (see its stderr above)"
     else:
         where = f"server {name!r} at {config.url}"
-        text = str(exc) or type(exc).__name__
-        if "401" in text or "403" in text:
-            return f"{where}: the server refused our credentials ({text}); check 'headers'"
+        if http_status in (401, 403):
+            return f"{where}: the server refused our credentials (HTTP {http_status}); check 'headers'"
+        if http_status is not None:
+            return f"{where}: the server answered HTTP {http_status}; check 'url'"
         if isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED:
             return f"{where}: the connection closed during the MCP handshake"
     if isinstance(exc, TimeoutError) or (isinstance(exc, MCPError) and exc.code == REQUEST_TIMEOUT):
@@ -126,6 +129,12 @@ class ServerConnection:
         self._errlog = errlog if errlog is not None else sys.stderr
         self._stack: AsyncExitStack | None = None
         self._client: Client | None = None
+        self.last_http_error: int | None = None
+
+    async def _note_http_status(self, response: Any) -> None:
+        # The SDK folds HTTP failures into a generic error; keep the status for the message.
+        if response.status_code >= 400:
+            self.last_http_error = response.status_code
 
     def _transport(self, stack: AsyncExitStack) -> Any:
         config = self.config
@@ -140,6 +149,7 @@ class ServerConnection:
             return stdio_client(params, errlog=self._errlog)
         assert config.url is not None
         http_client = create_mcp_http_client(headers=dict(config.headers) or None)
+        http_client.event_hooks["response"].append(self._note_http_status)
         stack.push_async_callback(http_client.aclose)
         return streamable_http_client(config.url, http_client=http_client)
 
@@ -160,9 +170,8 @@ class ServerConnection:
             await stack.aclose()
             if isinstance(exc, anyio.get_cancelled_exc_class()):
                 raise
-            raise ConnectError(
-                describe_connect_failure(self.name, self.config, exc), server=self.name
-            ) from None
+            message = describe_connect_failure(self.name, self.config, exc, http_status=self.last_http_error)
+            raise ConnectError(message, server=self.name) from None
         self._stack = stack
         logger.info(
             "connected to %s over %s (protocol %s)",
