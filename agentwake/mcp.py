@@ -81,6 +81,15 @@ class _EventsClientExtension(ClientExtension):
         ]
 
 
+def _real_stderr() -> Any:
+    """Where a stdio server's stderr goes: ours, unless it was swapped for a stream without a file."""
+    try:
+        sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return sys.__stderr__
+    return sys.stderr
+
+
 def _unwrap(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
@@ -126,7 +135,7 @@ class ServerConnection:
         self.name = name
         self.config = config
         self._on_list_changed = on_list_changed
-        self._errlog = errlog if errlog is not None else sys.stderr
+        self._errlog = errlog if errlog is not None else _real_stderr()
         self._stack: AsyncExitStack | None = None
         self._client: Client | None = None
         self.last_http_error: int | None = None

@@ -93,10 +93,12 @@ class Supervisor:
     # ---- delivery --------------------------------------------------------------
 
     async def _server_forever(self, server: str) -> None:
-        def note(state: RetryCallState) -> None:
+        async def note(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
             delay = state.next_action.sleep if state.next_action else 0.0
             logger.warning("%s; reconnecting in %.1fs", exc, delay)
+            for sub in self.subscriptions_of(server):
+                await self.store.record_error(sub.name, str(exc))
 
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(DeliveryError),

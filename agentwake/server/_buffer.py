@@ -64,7 +64,7 @@ class RingBuffer:
     def parse_cursor(self, cursor: str) -> int | None:
         """The position a cursor names, or None if it is not one of this process's cursors."""
         epoch, sep, seq = cursor.rpartition("-")
-        if not sep or epoch != self.epoch or not seq.isdigit():
+        if not sep or epoch != self.epoch or not (seq.isascii() and seq.isdigit()):
             return None
         position = int(seq)
         return position if position <= self._head else None

@@ -367,7 +367,10 @@ class EventsExtension(Extension):
         """Expire unrenewed poll leases, firing on_unsubscribe; returns how many ended."""
         ended = self._leases.expired()
         for lease in ended:
-            await self._fire(self._on_unsubscribe, lease, request=None)
+            try:
+                await self._fire(self._on_unsubscribe, lease, request=None)
+            except Exception:  # one failed teardown must not skip the rest or stop the sweeper
+                logger.exception("on_unsubscribe for %s failed", lease.name)
         return len(ended)
 
     async def _fire(self, hooks: dict[str, list[LifecycleHook]], lease: Lease, *, request: Any) -> None:
@@ -400,7 +403,7 @@ class EventsExtension(Extension):
         except (binascii.Error, UnicodeDecodeError, ValueError):
             raise invalid_params("events/list: unknown pagination cursor") from None
         prefix, _, number = text.partition(":")
-        if prefix != "events" or not number.isdigit():
+        if prefix != "events" or not (number.isascii() and number.isdigit()):
             raise invalid_params("events/list: unknown pagination cursor")
         return int(number)
 

@@ -1,0 +1,161 @@
+"""The command line: help on every command, check, events, status and inbox."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import QUIET_DEMO, REPO
+from typer.testing import CliRunner
+
+from agentwake.cli import app
+from agentwake.store import IncomingEvent, Store, SubscriptionKey
+
+runner = CliRunner()
+COMMANDS = ["run", "check", "events", "status", "inbox"]
+
+
+def demo_config(tmp_path: Path, subscriptions: str = "", **env: str) -> Path:
+    env_toml = ", ".join(f'{k} = "{v}"' for k, v in {**QUIET_DEMO, "DEMO_DB": "demo.db", **env}.items())
+    text = f"""
+[store]
+path = "aw.db"
+
+[servers.demo]
+command = "{sys.executable}"
+args = ["-m", "examples.demo_server"]
+cwd = "{REPO}"
+env = {{ {env_toml} }}
+{subscriptions}
+"""
+    path = tmp_path / "agentwake.toml"
+    path.write_text(text)
+    return path
+
+
+TICKETS = """
+[[subscriptions]]
+name = "tickets"
+server = "demo"
+event = "ticket.created"
+arguments = { queue = "support" }
+"""
+
+
+def test_the_top_level_help_lists_every_command() -> None:
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    for command in COMMANDS:
+        assert command in result.output
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help_text(command: str) -> None:
+    result = runner.invoke(app, [command, "--help"])
+    assert result.exit_code == 0
+    assert "--config" in result.output
+    registered = {c.name or c.callback.__name__: c for c in app.registered_commands if c.callback}
+    doc = (registered[command].callback.__doc__ or "").strip()
+    assert doc, f"{command} has no docstring"
+    assert doc.split("\n")[0][:40] in " ".join(result.output.split())
+
+
+def test_help_does_not_import_litellm() -> None:
+    code = "import sys, agentwake.cli; sys.exit(1 if 'litellm' in sys.modules else 0)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_check_shows_each_subscription_with_its_mode(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["check", "-c", str(demo_config(tmp_path, TICKETS))])
+    assert result.exit_code == 0, result.output
+    assert "tickets" in result.output and "poll" in result.output and "config OK" in result.output
+
+
+def test_check_names_an_unknown_event_and_the_fix(tmp_path: Path) -> None:
+    bad = TICKETS.replace("ticket.created", "ticket.exploded")
+    result = runner.invoke(app, ["check", "-c", str(demo_config(tmp_path, bad))])
+    assert result.exit_code == 1
+    text = " ".join(result.output.split())
+    assert "subscription 'tickets'" in text and "no event 'ticket.exploded'" in text and "fix 'event'" in text
+
+
+def test_check_names_arguments_that_fail_the_input_schema(tmp_path: Path) -> None:
+    bad = TICKETS.replace('queue = "support"', 'queue = "nowhere"')
+    result = runner.invoke(app, ["check", "-c", str(demo_config(tmp_path, bad))])
+    assert result.exit_code == 1
+    text = " ".join(result.output.split())
+    assert "arguments do not match the inputSchema" in text and "queue" in text and "fix 'arguments'" in text
+
+
+def test_check_reports_an_unreachable_server(tmp_path: Path) -> None:
+    path = tmp_path / "agentwake.toml"
+    path.write_text('[servers.gone]\ncommand = "/nonexistent/server"\n[[subscriptions]]\nserver = "gone"\nevent = "x"\n')
+    result = runner.invoke(app, ["check", "-c", str(path)])
+    assert result.exit_code == 1
+    assert "command not found" in " ".join(result.output.split())
+
+
+def test_check_rejects_bad_config_before_connecting(tmp_path: Path) -> None:
+    path = tmp_path / "agentwake.toml"
+    path.write_text('[servers.a]\ncommand = "x"\nport = 3\n')
+    result = runner.invoke(app, ["check", "-c", str(path)])
+    assert result.exit_code == 2
+    assert "servers.a.port: unknown key" in result.output
+
+
+def test_a_forced_mode_the_client_lacks_is_a_clear_error(tmp_path: Path) -> None:
+    forced = TICKETS + 'delivery = "webhook"\n'
+    result = runner.invoke(app, ["check", "-c", str(demo_config(tmp_path, forced))])
+    assert result.exit_code == 1
+    assert "delivery = 'webhook' is not supported" in " ".join(result.output.split())
+
+
+def test_events_lists_types_with_modes_and_arguments(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["events", "demo", "--json", "-c", str(demo_config(tmp_path))])
+    assert result.exit_code == 0, result.output
+    listing = {e["name"]: e for e in json.loads(result.output)}
+    assert set(listing) == {"ticket.created", "alert.fired", "system.load"}
+    assert listing["ticket.created"]["delivery"] == ["poll"]
+    assert "queue" in listing["ticket.created"]["inputSchema"]["properties"]
+    table = runner.invoke(app, ["events", "-c", str(demo_config(tmp_path))])
+    assert "ticket.created" in table.output
+
+
+def seeded_store(config: Path) -> None:
+    store = Store.open_sync(config.parent / "aw.db")
+    key = SubscriptionKey("tickets", "demo", "ticket.created", {"queue": "support"})
+    store.register_sync(key)
+    event = IncomingEvent("T-000001", "ticket.created", "2026-01-01T00:00:00Z", {"ticketId": "T-000001"})
+    store.ingest_sync(key, [event, event], "1")
+    store.close_sync()
+
+
+def test_status_json_has_the_documented_fields(tmp_path: Path) -> None:
+    config = demo_config(tmp_path, TICKETS)
+    seeded_store(config)
+    result = runner.invoke(app, ["status", "--json", "-c", str(config)])
+    assert result.exit_code == 0, result.output
+    [row] = json.loads(result.output)
+    for field in ("subscription", "server", "event", "mode", "cursor", "events_received", "duplicates", "gaps", "last_error"):
+        assert field in row
+    assert (row["subscription"], row["cursor"], row["events_received"], row["duplicates"]) == ("tickets", "1", 1, 1)
+
+
+def test_inbox_json_has_the_documented_fields(tmp_path: Path) -> None:
+    config = demo_config(tmp_path, TICKETS)
+    seeded_store(config)
+    result = runner.invoke(app, ["inbox", "--json", "--limit", "5", "-c", str(config)])
+    assert result.exit_code == 0, result.output
+    [row] = json.loads(result.output)
+    for field in ("server", "subscription", "event", "event_id", "timestamp", "received_at", "state", "data"):
+        assert field in row
+    assert row["data"] == {"ticketId": "T-000001"} and row["state"] == "pending"
+
+
+def test_status_before_any_run_says_what_to_do(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["status", "-c", str(demo_config(tmp_path, TICKETS))])
+    assert result.exit_code == 1
+    assert "run 'agentwake run' first" in " ".join(result.output.split())
