@@ -27,9 +27,9 @@ class SteppedSleep:
         while self._released < mine:
             await self._changed.wait()
 
-    async def next(self, timeout: float = 20) -> float:
+    async def next(self, limit_s: float = 20) -> float:
         """Wait until the loop asks to sleep; returns the delay it asked for."""
-        with anyio.fail_after(timeout):
+        with anyio.fail_after(limit_s):
             while len(self.delays) <= self._taken:
                 await self._changed.wait()
         self._taken += 1

@@ -92,7 +92,9 @@ def test_check_names_arguments_that_fail_the_input_schema(tmp_path: Path) -> Non
 
 def test_check_reports_an_unreachable_server(tmp_path: Path) -> None:
     path = tmp_path / "agentwake.toml"
-    path.write_text('[servers.gone]\ncommand = "/nonexistent/server"\n[[subscriptions]]\nserver = "gone"\nevent = "x"\n')
+    path.write_text(
+        '[servers.gone]\ncommand = "/nonexistent/server"\n[[subscriptions]]\nserver = "gone"\nevent = "x"\n'
+    )
     result = runner.invoke(app, ["check", "-c", str(path)])
     assert result.exit_code == 1
     assert "command not found" in " ".join(result.output.split())
@@ -139,9 +141,24 @@ def test_status_json_has_the_documented_fields(tmp_path: Path) -> None:
     result = runner.invoke(app, ["status", "--json", "-c", str(config)])
     assert result.exit_code == 0, result.output
     [row] = json.loads(result.output)
-    for field in ("subscription", "server", "event", "mode", "cursor", "events_received", "duplicates", "gaps", "last_error"):
+    for field in (
+        "subscription",
+        "server",
+        "event",
+        "mode",
+        "cursor",
+        "events_received",
+        "duplicates",
+        "gaps",
+        "last_error",
+    ):
         assert field in row
-    assert (row["subscription"], row["cursor"], row["events_received"], row["duplicates"]) == ("tickets", "1", 1, 1)
+    assert (row["subscription"], row["cursor"], row["events_received"], row["duplicates"]) == (
+        "tickets",
+        "1",
+        1,
+        1,
+    )
 
 
 def test_inbox_json_has_the_documented_fields(tmp_path: Path) -> None:

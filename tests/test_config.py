@@ -78,13 +78,22 @@ def test_an_unset_variable_without_default_names_the_key(tmp_path: Path) -> None
         ("[servers.a]\n", "set exactly one of 'command'"),
         ('[servers.a]\nurl = "ftp://h"', "must be an http:// or https:// URL"),
         ('[servers.a]\ncommand = "x"\nheaders = { A = "b" }', "'headers' only apply"),
-        ('[servers.a]\ncommand = "x"\n[[subscriptions]]\nserver = "b"\nevent = "e"', "names server 'b', which is not in"),
+        (
+            '[servers.a]\ncommand = "x"\n[[subscriptions]]\nserver = "b"\nevent = "e"',
+            "names server 'b', which is not in",
+        ),
         (
             '[servers.a]\ncommand = "x"\n[[subscriptions]]\nserver = "a"\nevent = "e"\n[[subscriptions]]\nserver = "a"\nevent = "e"',
             "is used twice",
         ),
-        ('[servers.a]\ncommand = "x"\n[[subscriptions]]\nserver = "a"\nevent = "e"\nmax_events = 0', "subscriptions[0].max_events"),
-        ('[servers.a]\ncommand = "x"\n[[subscriptions]]\nserver = "a"\nevent = "e"\ndelivery = "carrier-pigeon"', "subscriptions[0].delivery"),
+        (
+            '[servers.a]\ncommand = "x"\n[[subscriptions]]\nserver = "a"\nevent = "e"\nmax_events = 0',
+            "subscriptions[0].max_events",
+        ),
+        (
+            '[servers.a]\ncommand = "x"\n[[subscriptions]]\nserver = "a"\nevent = "e"\ndelivery = "carrier-pigeon"',
+            "subscriptions[0].delivery",
+        ),
         ('[servers.a]\ncommand = "x"\ncomand = "y"', "servers.a.comand: unknown key"),
         ("[store]\npath = ", "is not valid TOML"),
     ],
@@ -96,5 +105,5 @@ def test_bad_config_gives_one_clear_error(tmp_path: Path, snippet: str, message:
 
 
 def test_a_missing_config_file_says_how_to_fix_it(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="config file not found.*pass -c FILE"):
+    with pytest.raises(ConfigError, match=r"config file not found.*pass -c FILE"):
         load_config(tmp_path / "nope.toml")

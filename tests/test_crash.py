@@ -21,7 +21,9 @@ BACKLOG = 30_000
 
 
 def write_config(tmp_path: Path) -> Path:
-    env = ", ".join(f'{k} = "{v}"' for k, v in {**QUIET_DEMO, "DEMO_DB": "demo.db", "DEMO_BACKLOG": str(BACKLOG)}.items())
+    env = ", ".join(
+        f'{k} = "{v}"' for k, v in {**QUIET_DEMO, "DEMO_DB": "demo.db", "DEMO_BACKLOG": str(BACKLOG)}.items()
+    )
     path = tmp_path / "agentwake.toml"
     path.write_text(
         f"""

@@ -61,11 +61,13 @@ async def test_first_poll_bootstraps_with_a_null_cursor_and_replays_nothing(
     tmp_path: Path, store: Store
 ) -> None:
     sleep = SteppedSleep()
-    async with ServerConnection("demo", demo_stdio(tmp_path / "demo.db", DEMO_BACKLOG="40")) as conn:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(PollLoop(tickets(), conn, store, sleep=sleep).run)
-            await sleep.next()
-            tg.cancel_scope.cancel()
+    async with (
+        ServerConnection("demo", demo_stdio(tmp_path / "demo.db", DEMO_BACKLOG="40")) as conn,
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(PollLoop(tickets(), conn, store, sleep=sleep).run)
+        await sleep.next()
+        tg.cancel_scope.cancel()
     assert store.event_ids_sync() == []
     assert store.cursor_sync("tickets") == "40"
 
@@ -104,11 +106,13 @@ async def test_a_stale_cursor_is_recorded_as_a_gap(tmp_path: Path, store: Store)
     sub = tickets()
     await set_cursor(store, subscription_key(sub), "999999")
     sleep = SteppedSleep()
-    async with ServerConnection("demo", demo_stdio(tmp_path / "demo.db", DEMO_BACKLOG="5")) as conn:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(PollLoop(sub, conn, store, sleep=sleep).run)
-            await sleep.next()
-            tg.cancel_scope.cancel()
+    async with (
+        ServerConnection("demo", demo_stdio(tmp_path / "demo.db", DEMO_BACKLOG="5")) as conn,
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(PollLoop(sub, conn, store, sleep=sleep).run)
+        await sleep.next()
+        tg.cancel_scope.cancel()
     [status] = store.subscriptions_sync()
     assert status["gaps"] == 1
     assert status["cursor"] == "5"
@@ -122,11 +126,13 @@ async def test_max_age_floor_on_resume_skips_old_events_and_records_the_gap(
     sub = tickets(max_age_ms=1)
     await set_cursor(store, subscription_key(sub), "0")
     sleep = SteppedSleep()
-    async with ServerConnection("demo", demo_stdio(tmp_path / "demo.db", DEMO_BACKLOG="10")) as conn:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(PollLoop(sub, conn, store, sleep=sleep).run)
-            await sleep.next()
-            tg.cancel_scope.cancel()
+    async with (
+        ServerConnection("demo", demo_stdio(tmp_path / "demo.db", DEMO_BACKLOG="10")) as conn,
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(PollLoop(sub, conn, store, sleep=sleep).run)
+        await sleep.next()
+        tg.cancel_scope.cancel()
     assert store.event_ids_sync() == []
     assert store.subscriptions_sync()[0]["gaps"] == 1
 

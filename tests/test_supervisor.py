@@ -15,7 +15,9 @@ from agentwake.supervisor import Supervisor
 pytestmark = pytest.mark.anyio
 
 
-async def test_a_bad_subscription_and_a_dead_server_do_not_stop_the_good_one(tmp_path: Path, store: Store) -> None:
+async def test_a_bad_subscription_and_a_dead_server_do_not_stop_the_good_one(
+    tmp_path: Path, store: Store
+) -> None:
     config = AgentwakeConfig.model_validate(
         {
             "servers": {
