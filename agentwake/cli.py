@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import signal
@@ -84,6 +85,9 @@ def run(config: ConfigOption = DEFAULT_CONFIG_PATH) -> None:
 
 async def _run_service(cfg: AgentwakeConfig) -> None:
     store = await Store.open(cfg.store.path, synchronous=cfg.store.synchronous)
+    # The SDK's import leaves a large heap of long-lived objects; keep the collector from rescanning it.
+    gc.collect()
+    gc.freeze()
     logger.info(
         "agentwake starting: %d server(s), %d subscription(s), store %s",
         len(cfg.servers),

@@ -99,6 +99,10 @@ def _initial(db: sqlite_utils.Database) -> None:
     )
 
 
+# One encoder for the hot path: json.dumps with options builds a new encoder per call.
+_encode_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -290,8 +294,8 @@ class Store:
                 event.name,
                 event.event_id,
                 event.timestamp,
-                json.dumps(event.data, separators=(",", ":"), ensure_ascii=False),
-                json.dumps(event.meta, separators=(",", ":")) if event.meta else None,
+                _encode_json(event.data),
+                _encode_json(event.meta) if event.meta else None,
                 now,
                 now,
             )

@@ -14,6 +14,7 @@ Seeding the upstream database is not measured.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import sqlite3
@@ -140,6 +141,9 @@ async def drain(tmp: Path, demo_db: Path, expected: int) -> tuple[float, int, li
                 await anyio.sleep_forever()
 
             loop = PollLoop(sub, conn, store, sleep=sleep_when_drained)
+            # As `agentwake run` does after start-up (agentwake/cli.py).
+            gc.collect()
+            gc.freeze()
             async with anyio.create_task_group() as tg:
                 start = time.perf_counter()
                 tg.start_soon(loop.run)
