@@ -287,6 +287,11 @@ class EventsExtension(Extension):
                 raise ValueError(
                     f"event {event_type.name!r}: delivery must be a non-empty subset of poll/push/webhook"
                 )
+        if not event_type.modes():
+            raise ValueError(
+                f"event {event_type.name!r}: none of its delivery modes {list(event_type.delivery or ())} "
+                f"is served yet (this SDK serves {', '.join(SERVED_MODES)})"
+            )
         try:
             validator_cls = jsonschema.validators.validator_for(event_type.input_schema)
             validator_cls.check_schema(event_type.input_schema)
@@ -456,7 +461,11 @@ class EventsExtension(Extension):
             "cursor": result.cursor if event_type.replay else None,
             "truncated": result.truncated if event_type.replay else False,
             "hasMore": result.has_more,
-            "nextPollMs": result.next_poll_ms or event_type.next_poll_ms or self.default_next_poll_ms,
+            "nextPollMs": next(
+                ms
+                for ms in (result.next_poll_ms, event_type.next_poll_ms, self.default_next_poll_ms)
+                if ms is not None
+            ),
         }
 
     async def _read(
