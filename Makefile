@@ -15,8 +15,9 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# The venv goes first on PATH so the bundled config's `command = "python"` finds the installed demo server.
 run: $(STAMP)
-	LITELLM_LOCAL_MODEL_COST_MAP=True $(BIN)/agentwake run -c $(CONFIG)
+	PATH="$(CURDIR)/$(BIN):$$PATH" LITELLM_LOCAL_MODEL_COST_MAP=True $(BIN)/agentwake run -c $(CONFIG)
 
 lint: $(STAMP)
 	$(BIN)/ruff check agentwake examples tests bench
