@@ -38,6 +38,11 @@ T = TypeVar("T")
 
 migrations = Migrations("agentwake")
 
+INSERT_EVENT_SQL: Final = (
+    "INSERT OR IGNORE INTO events (server, subscription, name, event_id, timestamp, data, meta,"
+    " received_at, state_changed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
 
 @migrations(name="0001_initial")
 def _initial(db: sqlite_utils.Database) -> None:
@@ -305,11 +310,7 @@ class Store:
         with self._db.atomic():
             before = conn.total_changes
             if rows:
-                conn.executemany(
-                    "INSERT OR IGNORE INTO events (server, subscription, name, event_id, timestamp, data, meta,"
-                    " received_at, state_changed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    rows,
-                )
+                conn.executemany(INSERT_EVENT_SQL, rows)
             inserted = conn.total_changes - before
             duplicates = len(rows) - inserted
             conn.execute(

@@ -26,11 +26,12 @@ from pathlib import Path
 from typing import Any, Final
 
 import anyio
+import sqlite_utils
 
 from agentwake.config import ServerConfig, SubscriptionConfig
 from agentwake.delivery.poll import PollLoop, subscription_key
 from agentwake.mcp import ServerConnection
-from agentwake.store import IncomingEvent, Store, now_iso
+from agentwake.store import INSERT_EVENT_SQL, IncomingEvent, Store, migrations, now_iso
 from examples.demo_server import TicketStore, random_ticket
 
 REPO_ROOT: Final = Path(__file__).resolve().parent.parent
@@ -40,34 +41,6 @@ MAX_EVENTS: Final = 1000
 SEED: Final = 20240601
 TARGET_EVENTS_PER_S: Final = 10_000.0
 TARGET_RATIO: Final = 0.3
-
-# The events table and indexes exactly as agentwake/store.py's 0001_initial migration creates them.
-EVENTS_DDL: Final = (
-    """
-    CREATE TABLE events (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        server TEXT NOT NULL,
-        subscription TEXT NOT NULL,
-        name TEXT NOT NULL,
-        event_id TEXT NOT NULL,
-        timestamp TEXT NOT NULL,
-        data TEXT NOT NULL,
-        meta TEXT,
-        received_at TEXT NOT NULL,
-        state TEXT NOT NULL DEFAULT 'pending',
-        attempts INTEGER NOT NULL DEFAULT 0,
-        priority INTEGER NOT NULL DEFAULT 0,
-        state_changed_at TEXT NOT NULL,
-        last_error TEXT
-    )
-    """,
-    "CREATE UNIQUE INDEX events_dedup ON events (server, name, event_id)",
-    "CREATE INDEX events_pending ON events (state, priority, id)",
-)
-INSERT_SQL: Final = (
-    "INSERT OR IGNORE INTO events (server, subscription, name, event_id, timestamp, data, meta,"
-    " received_at, state_changed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
 
 
 class BenchFailure(Exception):
@@ -212,12 +185,12 @@ def baseline_sqlite(path: Path, events: list[IncomingEvent]) -> float:
     try:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
-        for statement in EVENTS_DDL:
-            db.execute(statement)
+        # The very schema the store creates, from its own migrations.
+        migrations.apply(sqlite_utils.Database(db))
         start = time.perf_counter()
         for i in range(0, len(rows), MAX_EVENTS):
             db.execute("BEGIN")
-            db.executemany(INSERT_SQL, rows[i : i + MAX_EVENTS])
+            db.executemany(INSERT_EVENT_SQL, rows[i : i + MAX_EVENTS])
             db.execute("COMMIT")
         seconds = time.perf_counter() - start
         count = int(db.execute("SELECT count(*) FROM events").fetchone()[0])
