@@ -340,7 +340,7 @@ class DemoServer:
                 Event(
                     name="ticket.created",
                     event_id=ticket_id,
-                    timestamp=datetime.fromisoformat(created.replace("Z", "+00:00")),
+                    timestamp=created,  # stored in wire form by isoformat()
                     data={"ticketId": ticket_id, "queue": q, "priority": p, "title": t, "reporter": r},
                     cursor=str(seq),
                 )

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import anyio
 import pytest
 from _support import SteppedSleep, set_cursor
-from conftest import demo_stdio
+from conftest import REPO, demo_stdio
 
-from agentwake.config import SubscriptionConfig
+from agentwake.config import ServerConfig, SubscriptionConfig
 from agentwake.delivery.poll import PollLoop, subscription_key
 from agentwake.errors import SubscriptionEnded
 from agentwake.mcp import ServerConnection
@@ -179,3 +180,45 @@ async def test_an_unknown_event_ends_the_subscription_with_not_found(tmp_path: P
             await PollLoop(sub, conn, store, sleep=SteppedSleep()).run()
     assert caught.value.code == -32011
     assert "ticket.deleted" in str(caught.value)
+
+
+def feed_server(**env: str) -> ServerConfig:
+    return ServerConfig(command=sys.executable, args=["tests/feed_server.py"], env=env, cwd=REPO)
+
+
+async def test_an_error_on_the_poll_sent_ahead_comes_after_the_batch_before_it_is_stored(
+    tmp_path: Path, store: Store
+) -> None:
+    # Polls after hasMore go out while the previous batch commits; the revocation
+    # answering the poll at cursor 6 must not cost the batch that ended at 6.
+    sub = SubscriptionConfig(name="feed", server="feed", event="feed.item", max_events=3)
+    key = subscription_key(sub)
+    await store.register(key)
+    await set_cursor(store, key, "0")
+    async with ServerConnection("feed", feed_server(FEED_ITEMS="20", FEED_REVOKE_AT="6")) as conn:
+        with pytest.raises(SubscriptionEnded) as caught:
+            await PollLoop(sub, conn, store, sleep=SteppedSleep()).run()
+    assert caught.value.code == -32012
+    assert store.event_ids_sync("feed") == [f"item-{n}" for n in range(1, 7)]
+    assert store.subscriptions_sync()[0]["cursor"] == "6"
+
+
+async def test_a_pipelined_drain_stores_every_batch_in_order_with_its_cursor(
+    tmp_path: Path, store: Store
+) -> None:
+    sub = SubscriptionConfig(name="feed", server="feed", event="feed.item", max_events=4)
+    key = subscription_key(sub)
+    await store.register(key)
+    await set_cursor(store, key, "0")
+    sleep = SteppedSleep()
+    async with (
+        ServerConnection("feed", feed_server(FEED_ITEMS="50")) as conn,
+        anyio.create_task_group() as tg,
+    ):
+        loop = PollLoop(sub, conn, store, sleep=sleep)
+        tg.start_soon(loop.run)
+        await sleep.next()
+        tg.cancel_scope.cancel()
+    assert store.event_ids_sync("feed") == [f"item-{n}" for n in range(1, 51)]
+    assert store.subscriptions_sync()[0]["cursor"] == "50"
+    assert loop.polls == 13

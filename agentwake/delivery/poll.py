@@ -3,7 +3,8 @@
 Null cursor to bootstrap, then the persisted cursor; ``hasMore`` polls again at
 once; otherwise wait ``nextPollMs`` but never less than ``poll_floor_ms``.
 ``maxAgeMs`` goes with the first poll after a (re)start. Each batch and its
-cursor are stored in one transaction before the next poll is sent.
+cursor are stored in one transaction, in order; while a batch commits, the next
+poll (after ``hasMore``) is already on its way.
 """
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ def next_delay_ms(result: protocol.PollResult, floor_ms: int) -> int:
 
 
 @dataclass
+class _Prefetch:
+    result: protocol.PollResult | None = None
+    error: Exception | None = None
+
+
+@dataclass
 class PollLoop:
     subscription: SubscriptionConfig
     connection: ServerConnection
@@ -77,38 +84,73 @@ class PollLoop:
             f"cursor {cursor}" if resuming else "now (bootstrap)",
         )
         task_status.started()
+        result = await self._poll_with_retry(self._params(cursor, resuming=resuming))
         while True:
-            params = protocol.PollParams(
-                name=sub.event,
-                arguments=sub.arguments or None,
-                cursor=cursor,
-                max_events=sub.max_events,
-                max_age_ms=sub.max_age_ms if resuming else None,
-            )
-            result = await self._poll_with_retry(params)
             self.polls += 1
-            batch = [IncomingEvent(e.event_id, e.name, e.timestamp, e.data, e.meta) for e in result.events]
-            ingest = await self.store.ingest(
-                key, batch, result.cursor, truncated=result.truncated, cursor_before=cursor
-            )
-            if result.truncated:
-                logger.warning(
-                    "subscription %s: gap: the server skipped events (truncated); now at cursor %s",
-                    sub.name,
-                    result.cursor,
-                )
-            if ingest.duplicates:
-                logger.info("subscription %s: %d duplicate event(s) ignored", sub.name, ingest.duplicates)
-            if ingest.inserted:
-                logger.debug("subscription %s: %d new event(s)", sub.name, ingest.inserted)
-                self.on_new_events(ingest.inserted)
-            self._report_progress(ingest.inserted + ingest.duplicates, result.has_more)
+            # With hasMore the next poll goes out now, so the server reads the next
+            # batch while this one commits. Batches are still stored strictly in order,
+            # and the next result (or its error) is only taken after this commit.
+            prefetch = _Prefetch() if result.has_more else None
+            failure: Exception | None = None
+            async with anyio.create_task_group() as tg:
+                if prefetch is not None:
+                    tg.start_soon(self._prefetch, self._params(result.cursor, resuming=False), prefetch)
+                try:
+                    await self._store_batch(key, result, cursor)
+                except Exception as exc:  # re-raised outside the task group, unwrapped
+                    failure = exc
+                    tg.cancel_scope.cancel()
+            if failure is not None:
+                raise failure
             # Absent or null means no replay position: poll with null next time, persist nothing.
             cursor = result.cursor
-            resuming = False
+            if prefetch is not None:
+                if prefetch.error is not None:
+                    raise prefetch.error
+                assert prefetch.result is not None
+                result = prefetch.result
+                continue
             delay_ms = next_delay_ms(result, sub.poll_floor_ms)
             if delay_ms:
                 await self.sleep(delay_ms / 1000)
+            result = await self._poll_with_retry(self._params(cursor, resuming=False))
+
+    def _params(self, cursor: str | None, *, resuming: bool) -> protocol.PollParams:
+        sub = self.subscription
+        return protocol.PollParams(
+            name=sub.event,
+            arguments=sub.arguments or None,
+            cursor=cursor,
+            max_events=sub.max_events,
+            max_age_ms=sub.max_age_ms if resuming else None,
+        )
+
+    async def _prefetch(self, params: protocol.PollParams, slot: _Prefetch) -> None:
+        try:
+            slot.result = await self._poll_with_retry(params)
+        except Exception as exc:  # handed to the loop in order, after the batch before it is stored
+            slot.error = exc
+
+    async def _store_batch(
+        self, key: SubscriptionKey, result: protocol.PollResult, cursor: str | None
+    ) -> None:
+        sub = self.subscription
+        batch = [IncomingEvent(e.event_id, e.name, e.timestamp, e.data, e.meta) for e in result.events]
+        ingest = await self.store.ingest(
+            key, batch, result.cursor, truncated=result.truncated, cursor_before=cursor
+        )
+        if result.truncated:
+            logger.warning(
+                "subscription %s: gap: the server skipped events (truncated); now at cursor %s",
+                sub.name,
+                result.cursor,
+            )
+        if ingest.duplicates:
+            logger.info("subscription %s: %d duplicate event(s) ignored", sub.name, ingest.duplicates)
+        if ingest.inserted:
+            logger.debug("subscription %s: %d new event(s)", sub.name, ingest.inserted)
+            self.on_new_events(ingest.inserted)
+        self._report_progress(ingest.inserted + ingest.duplicates, result.has_more)
 
     def _report_progress(self, received: int, has_more: bool) -> None:
         """Log a long backlog drain as it goes, and once when it has caught up."""

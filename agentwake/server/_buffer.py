@@ -105,7 +105,7 @@ class RingBuffer:
                 has_more = True
                 break
             position = seq
-            if not_before is not None and event.timestamp < not_before:
+            if not_before is not None and event.moment < not_before:
                 truncated = True
                 continue
             shaped = accept(event)

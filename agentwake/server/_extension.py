@@ -492,7 +492,7 @@ class EventsExtension(Extension):
         events = list(result.events)
         truncated = result.truncated
         if ctx.not_before is not None:
-            kept = [e for e in events if e.timestamp >= ctx.not_before]
+            kept = [e for e in events if e.moment >= ctx.not_before]
             truncated = truncated or len(kept) < len(events)
             events = kept
         new_cursor, has_more = result.cursor, result.has_more

@@ -1,0 +1,47 @@
+"""A small stdio events server for poll-loop edge cases.
+
+One replayable type, "feed.item", cursor = item number. Each poll returns up to
+``maxEvents`` items after the cursor with ``hasMore`` until FEED_ITEMS is reached.
+A poll whose cursor is at least FEED_REVOKE_AT answers -32012 (access revoked).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import anyio
+from mcp.server.mcpserver import MCPServer
+
+from agentwake.server import Event, EventContext, EventResult, EventsExtension, forbidden
+
+ITEMS = int(os.environ.get("FEED_ITEMS", "10"))
+REVOKE_AT = int(os.environ.get("FEED_REVOKE_AT", "0")) or None
+
+events = EventsExtension()
+server = MCPServer("feed", extensions=[events])
+events.install(server)
+
+
+@events.event(name="feed.item", description="An item in a numbered feed.")
+def feed_item(ctx: EventContext, arguments: dict[str, Any], cursor: str | None) -> EventResult:
+    if cursor is None:
+        return EventResult(events=[], cursor="0")
+    start = int(cursor)
+    if REVOKE_AT is not None and start >= REVOKE_AT:
+        raise forbidden("access revoked")
+    end = min(start + ctx.max_events, ITEMS)
+    items = [
+        Event(name="feed.item", data={"n": n}, event_id=f"item-{n}", cursor=str(n))
+        for n in range(start + 1, end + 1)
+    ]
+    return EventResult(items, cursor=str(end), has_more=end < ITEMS)
+
+
+async def main() -> None:
+    async with events.running():
+        await server.run_stdio_async()
+
+
+if __name__ == "__main__":
+    anyio.run(main)
