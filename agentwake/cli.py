@@ -63,7 +63,7 @@ def _setup_logging(level: str) -> None:
         datefmt="%Y-%m-%d %H:%M:%S",
     )
     # The SDK and HTTP clients are chatty at INFO; their problems reach us as errors anyway.
-    for noisy in ("mcp", "httpx", "httpx2", "httpcore"):
+    for noisy in ("mcp", "httpx", "httpx2", "httpcore", "LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, getattr(logging, level)))
 
 
@@ -83,8 +83,30 @@ def run(config: ConfigOption = DEFAULT_CONFIG_PATH) -> None:
         raise _fail(exc) from None
 
 
+def _agent_for(cfg: AgentwakeConfig, store: Store) -> tuple[Any, Any]:
+    """The agent runner and its connection pool, or (None, None) without an [agent] section.
+
+    Imports stay inside: ``agentwake --help`` and the read-only commands never load the agent.
+    """
+    if cfg.agent is None:
+        return None, None
+    from agentwake.agent.prompts import PromptRenderer
+    from agentwake.agent.runner import AgentRunner
+    from agentwake.agent.tools import ConnectionPool
+
+    renderer = PromptRenderer(cfg.agent)
+    renderer.check([renderer.template_for(s, s.event) for s in cfg.subscriptions if s.agent])
+    pool = ConnectionPool(call_timeout_s=cfg.agent.request_timeout_s)
+    return AgentRunner(cfg, cfg.agent, store, pool, renderer), pool
+
+
 async def _run_service(cfg: AgentwakeConfig) -> None:
     store = await Store.open(cfg.store.path, synchronous=cfg.store.synchronous)
+    try:
+        runner, pool = _agent_for(cfg, store)
+    except AgentwakeError:
+        await store.close()
+        raise
     # The SDK's import leaves a large heap of long-lived objects; keep the collector from rescanning it.
     gc.collect()
     gc.freeze()
@@ -96,6 +118,14 @@ async def _run_service(cfg: AgentwakeConfig) -> None:
     )
     if not cfg.subscriptions:
         logger.warning("no [[subscriptions]] configured: nothing to do until you add one")
+    if runner is None:
+        logger.warning("no [agent] section: events are logged and marked done, no agent runs")
+    else:
+        logger.info(
+            "agent: model %s, up to %d run(s) at a time",
+            cfg.agent.model if cfg.agent else "-",
+            runner.agent.concurrency,
+        )
     try:
         async with anyio.create_task_group() as tg:
 
@@ -107,7 +137,7 @@ async def _run_service(cfg: AgentwakeConfig) -> None:
                         return
 
             tg.start_soon(stop_on_signal)
-            await tg.start(Supervisor(cfg, store).run)
+            await tg.start(Supervisor(cfg, store, agent=runner, pool=pool).run)
     finally:
         with anyio.CancelScope(shield=True):
             await store.close()
@@ -228,16 +258,23 @@ def _open_store(cfg: AgentwakeConfig) -> Store:
 
 @app.command()
 def status(config: ConfigOption = DEFAULT_CONFIG_PATH, as_json: JsonOption = False) -> None:
-    """Show each subscription: server, event, mode, cursor, last poll, counts, gaps and last error."""
+    """Show each subscription: server, event, mode, cursor, last poll, counts, gaps, failed events and last error."""
     cfg = _load(config)
     store = _open_store(cfg)
     try:
         rows = store.subscriptions_sync()
+        counts = store.run_counts_sync()
     finally:
         store.close_sync()
     configured = {s.name for s in cfg.subscriptions}
     for row in rows:
         row["configured"] = row["subscription"] in configured
+        mine = counts.get(row["subscription"], {})
+        for state in ("pending", "processing", "done", "failed", "ignored"):
+            row[f"events_{state}"] = mine.get(f"events_{state}", 0)
+        for run_status in ("completed", "failed", "interrupted", "running"):
+            row[f"runs_{run_status}"] = mine.get(f"runs_{run_status}", 0)
+        row["last_failure"] = mine.get("last_failure")
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
@@ -253,6 +290,8 @@ def status(config: ConfigOption = DEFAULT_CONFIG_PATH, as_json: JsonOption = Fal
         "received",
         "dups",
         "gaps",
+        "done",
+        "failed",
     )
     for column in columns:
         table.add_column(column, overflow="fold")
@@ -269,7 +308,9 @@ def status(config: ConfigOption = DEFAULT_CONFIG_PATH, as_json: JsonOption = Fal
             str(r["events_received"]),
             str(r["duplicates"]),
             str(r["gaps"]),
-            r["last_error"] or "",
+            str(r["events_done"]),
+            str(r["events_failed"]),
+            r["last_error"] or r["last_failure"] or "",
         )
     out.print(table)
 
@@ -307,6 +348,226 @@ def inbox(
             data if len(data) <= 120 else data[:119] + "…",
         )
     out.print(table)
+
+
+@app.command()
+def actions(
+    config: ConfigOption = DEFAULT_CONFIG_PATH,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many runs, newest first.")] = 20,
+    as_json: JsonOption = False,
+) -> None:
+    """Show the action log: the most recent agent runs, with their tool calls and outcome."""
+    cfg = _load(config)
+    store = _open_store(cfg)
+    try:
+        rows = store.actions_sync(limit)
+    finally:
+        store.close_sync()
+    if as_json:
+        sys.stdout.write(json.dumps(rows, indent=2, ensure_ascii=False) + "\n")
+        return
+    table = Table(title=f"Agent runs (newest {limit})")
+    for column in (
+        "run",
+        "started",
+        "subscription",
+        "event id",
+        "kind",
+        "try",
+        "status",
+        "tools",
+        "tokens",
+        "ms",
+    ):
+        table.add_column(column, overflow="fold")
+    table.add_column("reason", overflow="fold", style="red")
+    for r in rows:
+        tools = ", ".join(r["tools"]) or "-"
+        if r["refused"]:
+            tools += f" ({r['refused']} refused)"
+        table.add_row(
+            str(r["run_id"]),
+            r["started_at"],
+            r["subscription"],
+            r["event_id"],
+            r["kind"],
+            str(r["attempt"]),
+            r["status"],
+            tools,
+            str(r["prompt_tokens"] + r["completion_tokens"]),
+            str(r["duration_ms"] if r["duration_ms"] is not None else "-"),
+            r["reason"] or "",
+        )
+    out.print(table)
+
+
+ServerOption = Annotated[
+    str | None,
+    typer.Option("--server", "-s", help="The server the event came from, if the id is on several."),
+]
+
+
+def _find_event(store: Store, event_id: str, server: str | None) -> dict[str, Any]:
+    found = store.find_events_sync(event_id, server)
+    if not found:
+        raise _fail(
+            AgentwakeError(
+                f"no event with id {event_id!r} in the inbox" + (f" from {server!r}" if server else "")
+            )
+        )
+    if len(found) > 1:
+        servers = ", ".join(e["server"] for e in found)
+        raise _fail(
+            AgentwakeError(f"event id {event_id!r} is on several servers ({servers}); pass --server"), 2
+        )
+    return found[0]
+
+
+@app.command()
+def show(
+    event_id: Annotated[
+        str, typer.Argument(help="The eventId, as in 'agentwake inbox' or 'agentwake actions'.")
+    ],
+    config: ConfigOption = DEFAULT_CONFIG_PATH,
+    server: ServerOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Show one event: its data, the decision taken, and the full transcript of every agent run."""
+    cfg = _load(config)
+    store = _open_store(cfg)
+    try:
+        event = _find_event(store, event_id, server)
+    finally:
+        store.close_sync()
+    if as_json:
+        sys.stdout.write(json.dumps(event, indent=2, ensure_ascii=False) + "\n")
+        return
+    out.rule(f"event {event['event_id']}")
+    out.print(
+        f"{event['event']} from {event['server']} (subscription {event['subscription']}), "
+        f"at {event['timestamp']}, received {event['received_at']}",
+        highlight=False,
+    )
+    out.print(
+        f"state: {event['state']}, attempts: {event['attempts']}"
+        + (f", error: {event['last_error']}" if event["last_error"] else ""),
+        highlight=False,
+    )
+    out.print_json(json.dumps(event["data"], ensure_ascii=False))
+    if not event["runs"]:
+        out.print("no agent run yet")
+    for run in event["runs"]:
+        _print_run(run)
+
+
+def _print_run(run: dict[str, Any]) -> None:
+    out.rule(f"run {run['run_id']} ({run['kind']}, attempt {run['attempt']}): {run['status']}")
+    decision = run["decision"]
+    out.print(f"decision: {decision.get('action')}: {decision.get('why')}", highlight=False)
+    out.print(
+        f"model: {run['model']}; allowed tools: {', '.join(decision.get('tools') or []) or 'none'}",
+        highlight=False,
+    )
+    cost = f", cost ${run['cost_usd']:.6f}" if run.get("cost_usd") is not None else ""
+    out.print(
+        f"steps: {run['steps']}, tokens: {run['prompt_tokens']} in / {run['completion_tokens']} out{cost}, "
+        f"duration: {run['duration_ms'] if run['duration_ms'] is not None else '-'} ms",
+        highlight=False,
+    )
+    if run["reason"]:
+        out.print(f"[red]reason:[/red] {run['reason']}", highlight=False)
+    for message in run["messages"]:
+        role = message.get("role", "?")
+        out.print(
+            f"[bold]{role}[/bold]" + (f" ({message['tool_call_id']})" if message.get("tool_call_id") else "")
+        )
+        if message.get("content"):
+            out.print(message["content"], markup=False, highlight=False)
+        for call in message.get("tool_calls") or []:
+            function = call.get("function", {})
+            out.print(
+                f"  -> {function.get('name')}({function.get('arguments')})  [{call.get('id')}]",
+                markup=False,
+                highlight=False,
+            )
+    if run["tool_calls"]:
+        table = Table(title="tool calls")
+        for column in ("step", "tool", "status", "arguments", "result", "ms"):
+            table.add_column(column, overflow="fold")
+        for call in run["tool_calls"]:
+            result = call["result"] or ""
+            table.add_row(
+                str(call["step"]),
+                call["tool"],
+                call["status"],
+                json.dumps(call["arguments"], ensure_ascii=False),
+                result if len(result) <= 200 else result[:199] + "…",
+                str(call["duration_ms"] if call["duration_ms"] is not None else "-"),
+            )
+        out.print(table)
+
+
+@app.command()
+def replay(
+    event_id: Annotated[str, typer.Argument(help="The eventId of a stored event.")],
+    config: ConfigOption = DEFAULT_CONFIG_PATH,
+    server: ServerOption = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run", help="Call the LLM but send no tool call to any server; print the planned calls."
+        ),
+    ] = False,
+) -> None:
+    """Run the agent again on a stored event and print the transcript; recorded in the action log.
+
+    The event's state is not changed. With --dry-run every tool call the model
+    asks for is recorded as planned and answered "not sent"; nothing reaches a server.
+    """
+    cfg = _load(config)
+    _setup_logging(cfg.log.level if cfg.log.level != "INFO" else "WARNING")
+    if cfg.agent is None:
+        raise _fail(ConfigError(f"{config} has no [agent] section; add one with at least 'model'"), 2)
+    store = _open_store(cfg)
+    try:
+        row = _find_event(store, event_id, server)
+    except typer.Exit:
+        store.close_sync()
+        raise
+    store.close_sync()
+    try:
+        result = anyio.run(_replay, cfg, row["id"], dry_run)
+    except AgentwakeError as exc:
+        raise _fail(exc) from None
+    _print_run(result)
+    if dry_run:
+        planned = [c for c in result["tool_calls"] if c["status"] == "planned"]
+        out.print(f"dry run: {len(planned)} planned tool call(s), none sent:")
+        for call in planned:
+            out.print(
+                f"  {call['tool']}({json.dumps(call['arguments'], ensure_ascii=False)})",
+                markup=False,
+                highlight=False,
+            )
+    if result["status"] != "completed":
+        raise typer.Exit(1)
+
+
+async def _replay(cfg: AgentwakeConfig, row_id: int, dry_run: bool) -> dict[str, Any]:
+    from agentwake.agent.replay import replay as replay_event
+
+    store = await Store.open(cfg.store.path, synchronous=cfg.store.synchronous)
+    try:
+        result = await replay_event(cfg, store, row_id, dry_run=dry_run)
+        run: dict[str, Any] = next(
+            r
+            for e in store.find_events_sync_by_row(row_id)
+            for r in e["runs"]
+            if r["run_id"] == result.run_id
+        )
+    finally:
+        await store.close()
+    return run
 
 
 def main() -> None:

@@ -34,6 +34,8 @@ MAX_EVENTS_LIMIT: Final = 10_000
 DEFAULT_POLL_FLOOR_MS: Final = 1000
 DEFAULT_CONNECT_TIMEOUT_S: Final = 30.0
 DEFAULT_REQUEST_TIMEOUT_S: Final = 60.0
+OFFLINE_MODEL: Final = "agentwake/offline"
+OFFLINE_NOTICE: Final = f"{OFFLINE_MODEL} is a deterministic stand-in for a real model; no LLM is called"
 
 DeliveryChoice = Literal["auto", "poll", "push", "webhook"]
 _NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
@@ -99,6 +101,29 @@ class SubscriptionConfig(_Model):
     max_age_ms: int | None = Field(default=None, ge=0)
     max_events: int = Field(default=DEFAULT_MAX_EVENTS, ge=1, le=MAX_EVENTS_LIMIT)
     poll_floor_ms: int = Field(default=DEFAULT_POLL_FLOOR_MS, ge=1)
+    agent: bool = Field(default=True, description="wake the agent for this subscription's events")
+    tools: list[str] = Field(
+        default_factory=list,
+        description='globs of the tools the agent may use for these events, e.g. "demo__get_*"; default none',
+    )
+    model: str | None = Field(
+        default=None, description="litellm model for these events; default [agent] model"
+    )
+    prompt: str | None = Field(
+        default=None, description="prompt template in the prompts folder for these events"
+    )
+
+    @field_validator("tools")
+    @classmethod
+    def _valid_tool_globs(cls, value: list[str]) -> list[str]:
+        for glob in value:
+            if not glob.strip():
+                raise ValueError("a tool glob must not be empty")
+            if "__" not in glob and glob != "*":
+                raise ValueError(
+                    f"tool glob {glob!r} has no server part; tools are named '<server>__<tool>', e.g. 'demo__get_*'"
+                )
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -115,9 +140,57 @@ class SubscriptionConfig(_Model):
         return value
 
 
+class AgentConfig(_Model):
+    """[agent]: the LLM woken for each event, and the bounds of one run."""
+
+    model: str = Field(
+        description='any litellm model string, e.g. "openai/gpt-4o-mini", or "agentwake/offline"'
+    )
+    api_base: str | None = Field(
+        default=None, description="base URL of the model's API (Ollama, a proxy, ...)"
+    )
+    api_key_env: str | None = Field(
+        default=None,
+        description="name of the environment variable that holds the API key (default: litellm's per provider)",
+    )
+    max_steps: int = Field(default=8, ge=1, le=100, description="LLM calls per event, at most")
+    timeout_s: float = Field(default=120.0, gt=0, description="wall-clock bound of one agent run")
+    max_tokens: int = Field(default=1024, ge=1, description="completion tokens per LLM call")
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    max_attempts: int = Field(default=3, ge=1, description="runs of one event before it is marked failed")
+    concurrency: int = Field(default=4, ge=1, le=256, description="agent runs at the same time")
+    llm_retries: int = Field(default=4, ge=0, description="retries of a transient LLM error within one run")
+    retry_initial_s: float = Field(default=1.0, gt=0)
+    retry_max_s: float = Field(default=30.0, gt=0)
+    request_timeout_s: float = Field(default=60.0, gt=0, description="bound of one LLM call")
+    prompts: Path = Field(default=Path("prompts"), description="folder of prompt templates")
+    system_prompt: str = Field(
+        default="system.md.j2", description="system prompt template in the prompts folder"
+    )
+    event_data_max_chars: int = Field(default=16_000, ge=256, description="event data in the prompt, at most")
+    tool_result_max_chars: int = Field(
+        default=8_000, ge=256, description="one tool result in the prompt, at most"
+    )
+
+    @field_validator("model")
+    @classmethod
+    def _model_has_provider(cls, value: str) -> str:
+        if "/" not in value.strip("/"):
+            raise ValueError(
+                f"model {value!r} names no provider; write it as litellm does, e.g. 'openai/gpt-4o-mini',"
+                f" 'anthropic/claude-3-5-haiku-latest', 'ollama/llama3.1' or '{OFFLINE_MODEL}'"
+            )
+        return value
+
+    @property
+    def offline(self) -> bool:
+        return self.model == OFFLINE_MODEL
+
+
 class AgentwakeConfig(_Model):
     store: StoreConfig = Field(default_factory=StoreConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+    agent: AgentConfig | None = None
     servers: dict[str, ServerConfig] = Field(default_factory=dict)
     subscriptions: list[SubscriptionConfig] = Field(default_factory=list)
 
@@ -144,6 +217,11 @@ class AgentwakeConfig(_Model):
             if sub.name in seen:
                 raise ValueError(f"subscription name {sub.name!r} is used twice; give each a unique 'name'")
             seen.add(sub.name)
+            if self.agent is None and (sub.tools or sub.model or sub.prompt):
+                raise ValueError(
+                    f"subscriptions[{index}] ({sub.name!r}) sets tools, model or prompt, but there is no"
+                    " [agent] section; add one with at least 'model'"
+                )
         return self
 
     @property
@@ -221,7 +299,10 @@ def _resolve_paths(config: AgentwakeConfig, base: Path) -> AgentwakeConfig:
         else server
         for name, server in config.servers.items()
     }
-    return config.model_copy(update={"store": store, "servers": servers})
+    agent = config.agent
+    if agent is not None:
+        agent = agent.model_copy(update={"prompts": _under(base, agent.prompts)})
+    return config.model_copy(update={"store": store, "servers": servers, "agent": agent})
 
 
 def _under(base: Path, path: Path) -> Path:

@@ -22,7 +22,15 @@ from mcp.client.stdio import get_default_environment, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
-from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, Implementation, Request, RequestParams
+from mcp_types import (
+    CONNECTION_CLOSED,
+    REQUEST_TIMEOUT,
+    CallToolResult,
+    Implementation,
+    Request,
+    RequestParams,
+    Tool,
+)
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from agentwake import protocol
@@ -38,6 +46,7 @@ from agentwake.errors import (
 logger = logging.getLogger(__name__)
 
 MAX_LIST_PAGES: Final = 1000
+TOOLS_LIST_CHANGED: Final = "notifications/tools/list_changed"
 _RESULT: Final = TypeAdapter(dict[str, Any])
 
 
@@ -130,15 +139,22 @@ class ServerConnection:
         config: ServerConfig,
         *,
         on_list_changed: Callable[[], Awaitable[None]] | None = None,
+        on_tools_changed: Callable[[], Awaitable[None]] | None = None,
         errlog: Any = None,
     ) -> None:
         self.name = name
         self.config = config
         self._on_list_changed = on_list_changed
+        self._on_tools_changed = on_tools_changed
         self._errlog = errlog if errlog is not None else _real_stderr()
         self._stack: AsyncExitStack | None = None
         self._client: Client | None = None
         self.last_http_error: int | None = None
+
+    async def _on_message(self, message: Any) -> None:
+        # Handshake-era servers announce tool changes as a plain notification.
+        if getattr(message, "method", None) == TOOLS_LIST_CHANGED and self._on_tools_changed is not None:
+            await self._on_tools_changed()
 
     async def _note_http_status(self, response: Any) -> None:
         # The SDK folds HTTP failures into a generic error; keep the status for the message.
@@ -173,6 +189,7 @@ class ServerConnection:
                 read_timeout_seconds=self.config.connect_timeout_s,
                 client_info=Implementation(name="agentwake", version=_agentwake_version()),
                 extensions=[_EventsClientExtension(self._on_list_changed)],
+                message_handler=self._on_message,
             )
             self._client = await stack.enter_async_context(client)
         except BaseException as exc:
@@ -286,4 +303,40 @@ class ServerConnection:
                 f"malformed result: {exc.errors()[0]['msg']}",
                 server=self.name,
                 subscription=subscription,
+            ) from None
+
+    async def list_tools(self) -> list[Tool]:
+        """tools/list, every page."""
+        tools: list[Tool] = []
+        cursor: str | None = None
+        seen: set[str] = set()
+        for _ in range(MAX_LIST_PAGES):
+            try:
+                page = await self.client.list_tools(cursor=cursor, cache_mode="refresh")
+            except MCPError as exc:
+                if exc.code == CONNECTION_CLOSED:
+                    raise ConnectionLost(
+                        f"server {self.name!r}: connection closed", server=self.name
+                    ) from None
+                raise DeliveryError(f"server {self.name!r}: tools/list failed: {exc.message}") from None
+            tools.extend(page.tools)
+            cursor = page.next_cursor
+            if not cursor:
+                return tools
+            if cursor in seen:
+                raise DeliveryError(f"server {self.name!r}: tools/list repeats the page cursor {cursor!r}")
+            seen.add(cursor)
+        raise DeliveryError(f"server {self.name!r}: tools/list has more than {MAX_LIST_PAGES} pages")
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], *, timeout_s: float) -> CallToolResult:
+        """tools/call through the SDK; protocol errors come back as MCPError, a dead peer as ConnectionLost."""
+        try:
+            return await self.client.call_tool(name, arguments, read_timeout_seconds=timeout_s)
+        except MCPError as exc:
+            if exc.code == CONNECTION_CLOSED:
+                raise ConnectionLost(f"server {self.name!r}: connection closed", server=self.name) from None
+            raise
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, OSError) as exc:
+            raise ConnectionLost(
+                f"server {self.name!r}: {type(exc).__name__}: {exc}", server=self.name
             ) from None

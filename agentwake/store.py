@@ -104,6 +104,57 @@ def _initial(db: sqlite_utils.Database) -> None:
     )
 
 
+@migrations(name="0002_agent_runs")
+def _agent_runs(db: sqlite_utils.Database) -> None:
+    # A pending event is not claimed again before available_at (backoff between attempts).
+    db.execute("ALTER TABLE events ADD COLUMN available_at TEXT")
+    db.execute(
+        """
+        CREATE TABLE runs (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            event_row INTEGER NOT NULL REFERENCES events(id),
+            kind TEXT NOT NULL,
+            attempt INTEGER NOT NULL,
+            model TEXT NOT NULL,
+            status TEXT NOT NULL,
+            reason TEXT,
+            decision TEXT NOT NULL,
+            system_prompt TEXT,
+            user_prompt TEXT,
+            messages TEXT NOT NULL DEFAULT '[]',
+            steps INTEGER NOT NULL DEFAULT 0,
+            prompt_tokens INTEGER NOT NULL DEFAULT 0,
+            completion_tokens INTEGER NOT NULL DEFAULT 0,
+            cost_usd REAL,
+            started_at TEXT NOT NULL,
+            finished_at TEXT,
+            duration_ms INTEGER
+        )
+        """
+    )
+    db.execute("CREATE INDEX runs_event ON runs (event_row, id)")
+    db.execute("CREATE INDEX runs_status ON runs (status)")
+    db.execute(
+        """
+        CREATE TABLE tool_calls (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            run_id INTEGER NOT NULL REFERENCES runs(id),
+            step INTEGER NOT NULL,
+            call_id TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            server TEXT,
+            name TEXT,
+            arguments TEXT,
+            status TEXT NOT NULL,
+            result TEXT,
+            duration_ms INTEGER,
+            at TEXT NOT NULL
+        )
+        """
+    )
+    db.execute("CREATE INDEX tool_calls_run ON tool_calls (run_id, id)")
+
+
 # One encoder for the hot path: json.dumps with options builds a new encoder per call.
 _encode_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -149,6 +200,44 @@ class InboxEvent:
     timestamp: str
     data: dict[str, Any]
     attempts: int
+
+
+RunKind = Literal["agent", "replay", "dry_run"]
+RunStatus = Literal["running", "completed", "failed", "interrupted"]
+ToolCallStatus = Literal["ok", "error", "refused", "planned"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallRecord:
+    step: int
+    call_id: str
+    tool: str
+    server: str | None
+    name: str | None
+    arguments: Any
+    status: ToolCallStatus
+    result: str | None
+    duration_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunProgress:
+    """A run's transcript and counters so far; stored after every step."""
+
+    messages: list[dict[str, Any]]
+    steps: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class EventVerdict:
+    """What a finished run does to its event: done, failed, or pending again after ``retry_at``."""
+
+    state: EventState
+    error: str | None = None
+    retry_at: str | None = None
 
 
 class Store:
@@ -344,11 +433,22 @@ class Store:
         )
 
     def requeue_interrupted_sync(self) -> int:
-        """Events left 'processing' by a crash go back to 'pending'."""
+        """Events left 'processing' by a crash go back to 'pending'; their unfinished runs are marked.
+
+        A run only completes in the same transaction that marks its event done, so
+        an event found here never had a completed run, and running it again is the
+        one retry the crash costs.
+        """
+        now = now_iso()
         with self._db.atomic():
+            self._db.execute(
+                "UPDATE runs SET status = 'interrupted', reason = 'the service stopped during the run',"
+                " finished_at = ? WHERE status = 'running'",
+                [now],
+            )
             cur = self._db.execute(
                 "UPDATE events SET state = 'pending', state_changed_at = ? WHERE state = 'processing'",
-                [now_iso()],
+                [now],
             )
             return cur.rowcount
 
@@ -357,12 +457,14 @@ class Store:
 
     def claim_sync(self, limit: int) -> list[InboxEvent]:
         """Move up to ``limit`` pending events to 'processing' and return them, oldest first."""
+        now = now_iso()
         with self._db.atomic():
             rows = self._db.execute(
                 "UPDATE events SET state = 'processing', attempts = attempts + 1, state_changed_at = ?"
-                " WHERE id IN (SELECT id FROM events WHERE state = 'pending' ORDER BY priority DESC, id LIMIT ?)"
+                " WHERE id IN (SELECT id FROM events WHERE state = 'pending'"
+                " AND (available_at IS NULL OR available_at <= ?) ORDER BY priority DESC, id LIMIT ?)"
                 " RETURNING id, server, subscription, name, event_id, timestamp, data, attempts",
-                [now_iso(), limit],
+                [now, now, limit],
             ).fetchall()
         rows.sort(key=lambda row: row[0])
         return [InboxEvent(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]), r[7]) for r in rows]
@@ -380,6 +482,309 @@ class Store:
 
     async def finish(self, ids: Iterable[int], state: EventState, error: str | None = None) -> None:
         await self._run(self.finish_sync, list(ids), state, error)
+
+    # ---- agent runs (the action log) -------------------------------------------------
+
+    def start_run_sync(
+        self,
+        event_row: int,
+        *,
+        kind: RunKind,
+        attempt: int,
+        model: str,
+        decision: dict[str, Any],
+        system_prompt: str | None,
+        user_prompt: str | None,
+    ) -> int:
+        with self._db.atomic():
+            cur = self._db.execute(
+                "INSERT INTO runs (event_row, kind, attempt, model, status, decision, system_prompt, user_prompt,"
+                " started_at) VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?)",
+                [
+                    event_row,
+                    kind,
+                    attempt,
+                    model,
+                    _encode_json(decision),
+                    system_prompt,
+                    user_prompt,
+                    now_iso(),
+                ],
+            )
+            return int(cur.lastrowid or 0)
+
+    async def start_run(
+        self,
+        event_row: int,
+        *,
+        kind: RunKind,
+        attempt: int,
+        model: str,
+        decision: dict[str, Any],
+        system_prompt: str | None,
+        user_prompt: str | None,
+    ) -> int:
+        return await self._run(
+            partial(
+                self.start_run_sync,
+                event_row,
+                kind=kind,
+                attempt=attempt,
+                model=model,
+                decision=decision,
+                system_prompt=system_prompt,
+                user_prompt=user_prompt,
+            )
+        )
+
+    def _write_progress(self, run_id: int, progress: RunProgress) -> None:
+        self._db.execute(
+            "UPDATE runs SET messages = ?, steps = ?, prompt_tokens = ?, completion_tokens = ?, cost_usd = ?"
+            " WHERE id = ?",
+            [
+                _encode_json(progress.messages),
+                progress.steps,
+                progress.prompt_tokens,
+                progress.completion_tokens,
+                progress.cost_usd,
+                run_id,
+            ],
+        )
+
+    def record_progress_sync(
+        self, run_id: int, progress: RunProgress, calls: Sequence[ToolCallRecord]
+    ) -> None:
+        with self._db.atomic():
+            self._write_progress(run_id, progress)
+            now = now_iso()
+            self._db.conn.executemany(
+                "INSERT INTO tool_calls (run_id, step, call_id, tool, server, name, arguments, status, result,"
+                " duration_ms, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        run_id,
+                        c.step,
+                        c.call_id,
+                        c.tool,
+                        c.server,
+                        c.name,
+                        _encode_json(c.arguments),
+                        c.status,
+                        c.result,
+                        c.duration_ms,
+                        now,
+                    )
+                    for c in calls
+                ],
+            )
+
+    async def record_progress(
+        self, run_id: int, progress: RunProgress, calls: Sequence[ToolCallRecord]
+    ) -> None:
+        await self._run(self.record_progress_sync, run_id, progress, list(calls))
+
+    def finish_run_sync(
+        self,
+        run_id: int,
+        *,
+        status: RunStatus,
+        reason: str | None,
+        progress: RunProgress,
+        duration_ms: int,
+        verdict: EventVerdict | None,
+    ) -> None:
+        """Close a run and, in the same transaction, move its event (exactly-once: done iff completed)."""
+        now = now_iso()
+        with self._db.atomic():
+            self._write_progress(run_id, progress)
+            self._db.execute(
+                "UPDATE runs SET status = ?, reason = ?, finished_at = ?, duration_ms = ? WHERE id = ?",
+                [status, reason, now, duration_ms, run_id],
+            )
+            if verdict is not None:
+                self._db.execute(
+                    "UPDATE events SET state = ?, last_error = ?, available_at = ?, state_changed_at = ?"
+                    " WHERE id = (SELECT event_row FROM runs WHERE id = ?)",
+                    [verdict.state, verdict.error, verdict.retry_at, now, run_id],
+                )
+
+    async def finish_run(
+        self,
+        run_id: int,
+        *,
+        status: RunStatus,
+        reason: str | None,
+        progress: RunProgress,
+        duration_ms: int,
+        verdict: EventVerdict | None,
+    ) -> None:
+        await self._run(
+            partial(
+                self.finish_run_sync,
+                run_id,
+                status=status,
+                reason=reason,
+                progress=progress,
+                duration_ms=duration_ms,
+                verdict=verdict,
+            )
+        )
+
+    def actions_sync(self, limit: int) -> list[dict[str, Any]]:
+        """The most recent runs, newest first, one summary each."""
+        rows = self._db.execute(
+            "SELECT r.id, e.event_id, e.server, e.subscription, e.name, r.kind, r.attempt, r.model, r.status,"
+            " r.reason, r.steps, r.prompt_tokens, r.completion_tokens, r.cost_usd, r.started_at, r.duration_ms,"
+            " (SELECT count(*) FROM tool_calls t WHERE t.run_id = r.id),"
+            " (SELECT count(*) FROM tool_calls t WHERE t.run_id = r.id AND t.status = 'refused'),"
+            " (SELECT group_concat(t.tool, ' ') FROM tool_calls t WHERE t.run_id = r.id)"
+            " FROM runs r JOIN events e ON e.id = r.event_row ORDER BY r.id DESC LIMIT ?",
+            [limit],
+        ).fetchall()
+        keys = (
+            "run_id",
+            "event_id",
+            "server",
+            "subscription",
+            "event",
+            "kind",
+            "attempt",
+            "model",
+            "status",
+            "reason",
+            "steps",
+            "prompt_tokens",
+            "completion_tokens",
+            "cost_usd",
+            "started_at",
+            "duration_ms",
+            "tool_calls",
+            "refused",
+            "tools",
+        )
+        actions = [dict(zip(keys, r, strict=True)) for r in rows]
+        for action in actions:
+            action["tools"] = action["tools"].split(" ") if action["tools"] else []
+        return actions
+
+    def find_events_sync_by_row(self, row_id: int) -> list[dict[str, Any]]:
+        return self._find_events("id = ?", [row_id])
+
+    def find_events_sync(self, event_id: str, server: str | None = None) -> list[dict[str, Any]]:
+        """Stored events with this eventId (one per server at most), with their runs and tool calls."""
+        where, args = "event_id = ?", [event_id]
+        if server is not None:
+            where, args = where + " AND server = ?", [*args, server]
+        return self._find_events(where, args)
+
+    def _find_events(self, where: str, args: list[Any]) -> list[dict[str, Any]]:
+        rows = self._db.execute(
+            "SELECT id, server, subscription, name, event_id, timestamp, received_at, state, attempts, data,"
+            f" meta, last_error FROM events WHERE {where} ORDER BY id",
+            args,
+        ).fetchall()
+        keys = (
+            "id",
+            "server",
+            "subscription",
+            "event",
+            "event_id",
+            "timestamp",
+            "received_at",
+            "state",
+            "attempts",
+            "data",
+            "meta",
+            "last_error",
+        )
+        events = [dict(zip(keys, r, strict=True)) for r in rows]
+        for event in events:
+            event["data"] = json.loads(event["data"])
+            event["meta"] = json.loads(event["meta"]) if event["meta"] else None
+            event["runs"] = self._runs_of(event["id"])
+        return events
+
+    def _runs_of(self, event_row: int) -> list[dict[str, Any]]:
+        rows = self._db.execute(
+            "SELECT id, kind, attempt, model, status, reason, decision, system_prompt, user_prompt, messages, steps,"
+            " prompt_tokens, completion_tokens, cost_usd, started_at, finished_at, duration_ms"
+            " FROM runs WHERE event_row = ? ORDER BY id",
+            [event_row],
+        ).fetchall()
+        keys = (
+            "run_id",
+            "kind",
+            "attempt",
+            "model",
+            "status",
+            "reason",
+            "decision",
+            "system_prompt",
+            "user_prompt",
+            "messages",
+            "steps",
+            "prompt_tokens",
+            "completion_tokens",
+            "cost_usd",
+            "started_at",
+            "finished_at",
+            "duration_ms",
+        )
+        runs = [dict(zip(keys, r, strict=True)) for r in rows]
+        call_keys = (
+            "step",
+            "call_id",
+            "tool",
+            "server",
+            "name",
+            "arguments",
+            "status",
+            "result",
+            "duration_ms",
+        )
+        for run in runs:
+            run["decision"] = json.loads(run["decision"])
+            run["messages"] = json.loads(run["messages"])
+            calls = self._db.execute(
+                "SELECT step, call_id, tool, server, name, arguments, status, result, duration_ms"
+                " FROM tool_calls WHERE run_id = ? ORDER BY id",
+                [run["run_id"]],
+            ).fetchall()
+            run["tool_calls"] = [dict(zip(call_keys, c, strict=True)) for c in calls]
+            for call in run["tool_calls"]:
+                call["arguments"] = json.loads(call["arguments"]) if call["arguments"] else None
+        return runs
+
+    def event_for_replay_sync(self, row_id: int) -> InboxEvent:
+        row = self._db.execute(
+            "SELECT id, server, subscription, name, event_id, timestamp, data, attempts FROM events WHERE id = ?",
+            [row_id],
+        ).fetchone()
+        if row is None:
+            raise StoreError(f"no stored event with row id {row_id}")
+        return InboxEvent(row[0], row[1], row[2], row[3], row[4], row[5], json.loads(row[6]), row[7])
+
+    async def event_for_replay(self, row_id: int) -> InboxEvent:
+        return await self._run(self.event_for_replay_sync, row_id)
+
+    def run_counts_sync(self) -> dict[str, dict[str, Any]]:
+        """Per subscription: agent runs by status, failed events and the last failure."""
+        counts: dict[str, dict[str, Any]] = {}
+        for sub, status, count in self._db.execute(
+            "SELECT e.subscription, r.status, count(*) FROM runs r JOIN events e ON e.id = r.event_row"
+            " WHERE r.kind = 'agent' GROUP BY e.subscription, r.status"
+        ).fetchall():
+            counts.setdefault(sub, {})[f"runs_{status}"] = count
+        for sub, state, count in self._db.execute(
+            "SELECT subscription, state, count(*) FROM events GROUP BY subscription, state"
+        ).fetchall():
+            counts.setdefault(sub, {})[f"events_{state}"] = count
+        for sub, error in self._db.execute(
+            "SELECT subscription, last_error FROM events WHERE id IN"
+            " (SELECT max(id) FROM events WHERE state = 'failed' GROUP BY subscription)"
+        ).fetchall():
+            counts.setdefault(sub, {})["last_failure"] = error
+        return counts
 
     # ---- reading, for the CLI and tests -------------------------------------------
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import anyio
 from tenacity import (
@@ -23,7 +23,7 @@ from tenacity import (
 )
 
 from agentwake import protocol
-from agentwake.config import AgentwakeConfig, SubscriptionConfig
+from agentwake.config import OFFLINE_MODEL, OFFLINE_NOTICE, AgentwakeConfig, SubscriptionConfig
 from agentwake.delivery.poll import PollLoop, Sleep, subscription_key
 from agentwake.delivery.select import plan_subscription
 from agentwake.errors import (
@@ -36,6 +36,10 @@ from agentwake.errors import (
 )
 from agentwake.mcp import ServerConnection
 from agentwake.store import InboxEvent, Store
+
+if TYPE_CHECKING:
+    from agentwake.agent.runner import AgentRunner
+    from agentwake.agent.tools import ConnectionPool
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +77,11 @@ class Supervisor:
     reconnect_initial_s: float = RECONNECT_INITIAL_S
     reconnect_max_s: float = RECONNECT_MAX_S
     processing: bool = True
+    agent: AgentRunner | None = None
+    pool: ConnectionPool | None = None
     _wake: anyio.Event = field(default_factory=anyio.Event, init=False)
+    _slot_freed: anyio.Event = field(default_factory=anyio.Event, init=False)
+    _active: int = field(default=0, init=False)
     _ended: set[str] = field(default_factory=set, init=False)
 
     def subscriptions_of(self, server: str) -> list[SubscriptionConfig]:
@@ -86,7 +94,9 @@ class Supervisor:
             for server in self.config.servers:
                 if self.subscriptions_of(server):
                     tg.start_soon(self._server_forever, server, name=f"server:{server}")
-            if self.processing:
+            if self.processing and self.agent is not None:
+                tg.start_soon(self._agent_forever, self.agent, name="agent")
+            elif self.processing:
                 tg.start_soon(self._process_forever, name="processing")
             task_status.started()
 
@@ -120,36 +130,76 @@ class Supervisor:
                 raise ConnectionLost(f"server {server!r}: connection ended", server=server)
 
     async def _serve_connection(self, server: str) -> None:
-        relist = anyio.Event()
-        holder = {"relist": relist}
+        holder = {"relist": anyio.Event(), "tools": anyio.Event()}
 
         async def on_list_changed() -> None:
             holder["relist"].set()
 
+        async def on_tools_changed() -> None:
+            holder["tools"].set()
+
         async with ServerConnection(
-            server, self.config.servers[server], on_list_changed=on_list_changed
+            server,
+            self.config.servers[server],
+            on_list_changed=on_list_changed,
+            on_tools_changed=on_tools_changed,
         ) as conn:
-            while True:
-                descriptors = {d.name: d for d in await conn.list_events()}
-                async with anyio.create_task_group() as tg:
-                    running = 0
-                    for sub in self.subscriptions_of(server):
-                        try:
-                            plan = plan_subscription(sub, descriptors)
-                        except ConfigError as exc:
-                            await self._end(sub, str(exc))
-                            continue
-                        loop = PollLoop(
-                            sub, conn, self.store, on_new_events=self._notify_new, sleep=self.sleep
-                        )
-                        tg.start_soon(self._run_loop, loop, plan.mode, name=f"poll:{sub.name}")
-                        running += 1
-                    if not running:
-                        return
-                    await holder["relist"].wait()
-                    logger.info("server %s: event types changed; listing them again", server)
-                    holder["relist"] = anyio.Event()
+            if self.pool is not None:
+                await self.pool.attach(conn)
+            try:
+                await self._serve_subscriptions(server, conn, holder)
+            finally:
+                if self.pool is not None:
+                    self.pool.detach(server)
+
+    async def _serve_subscriptions(
+        self, server: str, conn: ServerConnection, holder: dict[str, anyio.Event]
+    ) -> None:
+        while True:
+            descriptors = {d.name: d for d in await conn.list_events()}
+            async with anyio.create_task_group() as tg:
+                if self.pool is not None:
+                    tg.start_soon(self._watch_tools, conn, holder, name=f"tools:{server}")
+                running = 0
+                for sub in self.subscriptions_of(server):
+                    try:
+                        plan = plan_subscription(sub, descriptors)
+                    except ConfigError as exc:
+                        await self._end(sub, str(exc))
+                        continue
+                    loop = PollLoop(sub, conn, self.store, on_new_events=self._notify_new, sleep=self.sleep)
+                    tg.start_soon(self._run_loop, loop, plan.mode, name=f"poll:{sub.name}")
+                    running += 1
+                if not running:
                     tg.cancel_scope.cancel()
+                    return
+                await holder["relist"].wait()
+                logger.info("server %s: event types changed; listing them again", server)
+                holder["relist"] = anyio.Event()
+                tg.cancel_scope.cancel()
+
+    async def _watch_tools(self, conn: ServerConnection, holder: dict[str, anyio.Event]) -> None:
+        """Refresh the server's tools when it says they changed (either protocol generation)."""
+        assert self.pool is not None
+        pool = self.pool
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._listen_tools, conn, holder)
+            while True:
+                await holder["tools"].wait()
+                holder["tools"] = anyio.Event()
+                logger.info("server %s: tools changed; listing them again", conn.name)
+                await pool.refresh(conn.name)
+
+    async def _listen_tools(self, conn: ServerConnection, holder: dict[str, anyio.Event]) -> None:
+        # 2026-07-28 servers announce changes on a subscriptions/listen stream, not a notification.
+        try:
+            async with conn.client.listen(tools_list_changed=True) as changes:
+                async for _change in changes:
+                    holder["tools"].set()
+        except (
+            Exception
+        ) as exc:  # not offered (older protocol, or the server declines): the notification path stays
+            logger.debug("server %s: no tools change stream: %s", conn.name, exc)
 
     async def _run_loop(self, loop: PollLoop, mode: protocol.DeliveryMode) -> None:
         try:
@@ -166,6 +216,51 @@ class Supervisor:
 
     def _notify_new(self, count: int) -> None:
         self._wake.set()
+
+    async def _agent_forever(self, agent: AgentRunner) -> None:
+        """Claim pending events as run slots free up, and run the agent on each, ``concurrency`` at a time."""
+        requeued = await self.store.requeue_interrupted()
+        if requeued:
+            logger.info("agent: %d event(s) interrupted by a previous stop run again", requeued)
+        models = {agent.agent.model, *(s.model for s in self.config.subscriptions if s.model)}
+        if OFFLINE_MODEL in models:
+            logger.warning("agent: %s", OFFLINE_NOTICE)
+        limit = agent.agent.concurrency
+        async with anyio.create_task_group() as tg:
+            # litellm takes seconds to import; load it in a worker thread now, not on the first event.
+            from agentwake.agent.llm import load_litellm_async
+
+            tg.start_soon(load_litellm_async, name="load-litellm")
+            while True:
+                free = limit - self._active
+                if free <= 0:
+                    await self._slot_freed.wait()
+                    self._slot_freed = anyio.Event()
+                    continue
+                batch = await self.store.claim(free)
+                if not batch:
+                    with anyio.move_on_after(IDLE_RECHECK_S):
+                        await self._wake.wait()
+                    self._wake = anyio.Event()
+                    continue
+                for event in batch:
+                    self._active += 1
+                    tg.start_soon(self._agent_one, agent, event, name=f"agent:{event.event_id}")
+
+    async def _agent_one(self, agent: AgentRunner, event: InboxEvent) -> None:
+        try:
+            sub = next((s for s in self.config.subscriptions if s.name == event.subscription), None)
+            if sub is not None and not sub.agent:
+                self.process(event)
+                await self.store.finish([event.id], "done")
+                return
+            await agent.run(event)
+        except AgentwakeError as exc:
+            logger.error("event %s failed: %s", event.event_id, exc)
+            await self.store.finish([event.id], "failed", str(exc))
+        finally:
+            self._active -= 1
+            self._slot_freed.set()
 
     async def _process_forever(self) -> None:
         requeued = await self.store.requeue_interrupted()

@@ -1,0 +1,116 @@
+"""Prompt templates from the prompts folder, rendered in Jinja's sandbox.
+
+Templates are user files but what they render is not: event data reaches them
+only already fenced (``event.data_block``) or through the ``fenced`` function.
+Lookup for the user prompt: the subscription's ``prompt``, else
+``<event name>.md.j2``, else ``event.md.j2``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+import jinja2
+from jinja2.sandbox import SandboxedEnvironment
+
+from agentwake.agent.fence import Fence
+from agentwake.config import AgentConfig, SubscriptionConfig
+from agentwake.errors import ConfigError
+
+DEFAULT_EVENT_TEMPLATE: Final = "event.md.j2"
+
+
+class PromptError(ConfigError):
+    """A template is missing, malformed or failed to render."""
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedPrompt:
+    system: str
+    user: str
+    template: str
+
+
+class PromptRenderer:
+    def __init__(self, agent: AgentConfig) -> None:
+        self.agent = agent
+        self.folder = agent.prompts
+        self._env = SandboxedEnvironment(
+            loader=jinja2.FileSystemLoader(str(self.folder)),
+            undefined=jinja2.StrictUndefined,
+            autoescape=False,
+            keep_trailing_newline=False,
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+
+    def template_for(self, subscription: SubscriptionConfig | None, event_name: str) -> str:
+        if subscription is not None and subscription.prompt:
+            return subscription.prompt
+        specific = f"{event_name}.md.j2"
+        return specific if (self.folder / specific).is_file() else DEFAULT_EVENT_TEMPLATE
+
+    def _template(self, name: str) -> jinja2.Template:
+        try:
+            return self._env.get_template(name)
+        except jinja2.TemplateNotFound:
+            raise PromptError(f"prompt template {name!r} not found in {self.folder}") from None
+        except jinja2.TemplateSyntaxError as exc:
+            raise PromptError(
+                f"prompt template {exc.filename or name} line {exc.lineno}: {exc.message}"
+            ) from None
+
+    def check(self, names: list[str]) -> None:
+        """Load (and so syntax-check) these templates and the system prompt."""
+        for name in dict.fromkeys([self.agent.system_prompt, *names]):
+            self._template(name)
+
+    def render(
+        self,
+        *,
+        fence: Fence,
+        event: dict[str, Any],
+        subscription: SubscriptionConfig | None,
+        server: str,
+        tools: list[str],
+        rule: dict[str, Any] | None = None,
+    ) -> RenderedPrompt:
+        limit = self.agent.event_data_max_chars
+
+        def fenced(value: Any, kind: str = "event-data") -> str:
+            return fence.wrap(value, kind=kind, limit=limit)
+
+        context = {
+            "event": {
+                "id": event["event_id"],
+                "name": event["name"],
+                "timestamp": event["timestamp"],
+                "server": server,
+                "subscription": event["subscription"],
+                "data_block": fenced(event["data"]),
+            },
+            "subscription": {
+                "name": subscription.name if subscription else event["subscription"],
+                "event": subscription.event if subscription else event["name"],
+                "arguments": dict(subscription.arguments) if subscription else {},
+            },
+            "server": {"name": server},
+            "rule": rule,
+            "tools": tools,
+            "boundary": fence.boundary,
+            "fenced": fenced,
+        }
+        name = self.template_for(subscription, event["name"])
+        return RenderedPrompt(
+            system=self._render(self.agent.system_prompt, context),
+            user=self._render(name, context),
+            template=name,
+        )
+
+    def _render(self, name: str, context: dict[str, Any]) -> str:
+        template = self._template(name)
+        try:
+            return template.render(context).strip() + "\n"
+        except jinja2.TemplateError as exc:
+            raise PromptError(f"prompt template {name!r} failed to render: {exc}") from None

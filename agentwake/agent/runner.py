@@ -1,0 +1,386 @@
+"""One agent run: render the prompts, call the LLM with the allowed tools until it answers, record it all.
+
+Exactly-once: a run is completed in the same store transaction that marks its
+event done, so a crash before that leaves the event 'processing' (and the run
+'running'); on restart the run is marked interrupted and the event runs again.
+An event marked done is never run again by the service.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+import anyio
+
+from agentwake.agent.fence import Fence, as_text, cap
+from agentwake.agent.llm import LLMError, LLMSettings, complete
+from agentwake.agent.prompts import PromptError, PromptRenderer, RenderedPrompt
+from agentwake.agent.tools import Allowlist, ToolHost, ToolSpec, elapsed_ms
+from agentwake.config import AgentConfig, AgentwakeConfig, SubscriptionConfig
+from agentwake.store import (
+    EventVerdict,
+    InboxEvent,
+    RunKind,
+    RunProgress,
+    RunStatus,
+    Store,
+    ToolCallRecord,
+    now_iso,
+)
+
+logger = logging.getLogger(__name__)
+
+RETRY_BASE_S: Final = 5.0
+RETRY_CAP_S: Final = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    run_id: int
+    status: RunStatus
+    reason: str | None
+    event_state: str | None
+    steps: int
+    tool_calls: list[ToolCallRecord]
+    messages: list[dict[str, Any]]
+    final_text: str | None
+
+
+@dataclass
+class _Transcript:
+    messages: list[dict[str, Any]]
+    steps: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float | None = None
+    calls: list[ToolCallRecord] = field(default_factory=list)
+
+    def progress(self) -> RunProgress:
+        return RunProgress(
+            list(self.messages), self.steps, self.prompt_tokens, self.completion_tokens, self.cost_usd
+        )
+
+
+class _RunFailed(Exception):
+    def __init__(self, reason: str, *, transient: bool) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.transient = transient
+
+
+def retry_at(attempt: int) -> str:
+    """When a transiently failed event may be claimed again: exponential with jitter."""
+    delay = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** max(0, attempt - 1)) * random.uniform(0.8, 1.2)
+    return (
+        (datetime.now(UTC) + timedelta(seconds=delay))
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
+
+
+@dataclass
+class AgentRunner:
+    config: AgentwakeConfig
+    agent: AgentConfig
+    store: Store
+    tools: ToolHost
+    renderer: PromptRenderer
+
+    @classmethod
+    def build(cls, config: AgentwakeConfig, store: Store, tools: ToolHost) -> AgentRunner:
+        if config.agent is None:
+            raise ValueError("no [agent] section")
+        return cls(config, config.agent, store, tools, PromptRenderer(config.agent))
+
+    def _subscription(self, name: str) -> SubscriptionConfig | None:
+        return next((s for s in self.config.subscriptions if s.name == name), None)
+
+    def _settings(self, model: str) -> LLMSettings:
+        agent = self.agent
+        return LLMSettings(
+            model=model,
+            api_base=agent.api_base,
+            api_key=os.environ.get(agent.api_key_env) if agent.api_key_env else None,
+            max_tokens=agent.max_tokens,
+            temperature=agent.temperature,
+            request_timeout_s=agent.request_timeout_s,
+            retries=agent.llm_retries,
+            retry_initial_s=agent.retry_initial_s,
+            retry_max_s=agent.retry_max_s,
+        )
+
+    async def run(self, event: InboxEvent, *, kind: RunKind = "agent") -> RunResult:
+        """Run the agent on one event. ``kind`` agent moves the event's state; replay and dry_run do not."""
+        start = time.perf_counter()
+        sub = self._subscription(event.subscription)
+        model = (sub.model if sub else None) or self.agent.model
+        allowlist = Allowlist(tuple(sub.tools) if sub else ())
+        catalog = list(self.tools.catalog())
+        allowed = allowlist.select(catalog)
+        fence = Fence()
+        decision = {
+            "action": "agent",
+            "why": f"subscription {event.subscription!r} wakes the agent"
+            if sub
+            else f"subscription {event.subscription!r} is no longer configured; no tools",
+            "model": model,
+            "allowlist": list(allowlist.globs),
+            "tools": [spec.exposed for spec in allowed],
+        }
+        prompt: RenderedPrompt | None = None
+        failure: _RunFailed | None = None
+        try:
+            prompt = self.renderer.render(
+                fence=fence,
+                event={
+                    "event_id": event.event_id,
+                    "name": event.name,
+                    "timestamp": event.timestamp,
+                    "subscription": event.subscription,
+                    "data": event.data,
+                },
+                subscription=sub,
+                server=event.server,
+                tools=[spec.exposed for spec in allowed],
+            )
+        except PromptError as exc:
+            failure = _RunFailed(str(exc), transient=False)
+        run_id = await self.store.start_run(
+            event.id,
+            kind=kind,
+            attempt=event.attempts,
+            model=model,
+            decision=decision,
+            system_prompt=prompt.system if prompt else None,
+            user_prompt=prompt.user if prompt else None,
+        )
+        transcript = _Transcript(
+            [{"role": "system", "content": prompt.system}, {"role": "user", "content": prompt.user}]
+            if prompt
+            else []
+        )
+        final_text: str | None = None
+        status: RunStatus = "failed"
+        try:
+            if failure is None:
+                try:
+                    with anyio.fail_after(self.agent.timeout_s):
+                        final_text = await self._loop(
+                            run_id, transcript, model, allowed, catalog, fence, kind
+                        )
+                    status = "completed"
+                except TimeoutError:
+                    failure = _RunFailed(f"timed out after {self.agent.timeout_s:g}s", transient=False)
+                except _RunFailed as exc:
+                    failure = exc
+                except Exception as exc:  # a bug or an unexpected library error: count it as a failed attempt
+                    logger.exception("agent run %d on event %s failed unexpectedly", run_id, event.event_id)
+                    failure = _RunFailed(f"unexpected error: {type(exc).__name__}: {exc}", transient=True)
+        except BaseException:
+            # Stopping the service: record what happened, the event goes again on the next start.
+            with anyio.CancelScope(shield=True):
+                await self.store.finish_run(
+                    run_id,
+                    status="interrupted",
+                    reason="the service stopped during the run",
+                    progress=transcript.progress(),
+                    duration_ms=elapsed_ms(start),
+                    verdict=EventVerdict("pending") if kind == "agent" else None,
+                )
+            raise
+        reason = failure.reason if failure else None
+        verdict = self._verdict(event, failure) if kind == "agent" else None
+        await self.store.finish_run(
+            run_id,
+            status=status,
+            reason=reason,
+            progress=transcript.progress(),
+            duration_ms=elapsed_ms(start),
+            verdict=verdict,
+        )
+        self._log(event, run_id, status, reason, transcript, verdict, elapsed_ms(start))
+        return RunResult(
+            run_id,
+            status,
+            reason,
+            verdict.state if verdict else None,
+            transcript.steps,
+            transcript.calls,
+            transcript.messages,
+            final_text,
+        )
+
+    def _verdict(self, event: InboxEvent, failure: _RunFailed | None) -> EventVerdict:
+        if failure is None:
+            return EventVerdict("done")
+        if not failure.transient:
+            return EventVerdict("failed", failure.reason)
+        if event.attempts >= self.agent.max_attempts:
+            return EventVerdict("failed", f"gave up after {event.attempts} attempt(s): {failure.reason}")
+        return EventVerdict("pending", failure.reason, retry_at(event.attempts))
+
+    async def _loop(
+        self,
+        run_id: int,
+        transcript: _Transcript,
+        model: str,
+        allowed: list[ToolSpec],
+        catalog: list[ToolSpec],
+        fence: Fence,
+        kind: RunKind,
+    ) -> str | None:
+        settings = self._settings(model)
+        declarations = [spec.to_llm() for spec in allowed]
+        allowed_names = {spec.exposed: spec for spec in allowed}
+        known = {spec.exposed: spec for spec in catalog}
+        for step in range(1, self.agent.max_steps + 1):
+            try:
+                completion = await complete(settings, transcript.messages, declarations)
+            except LLMError as exc:
+                raise _RunFailed(f"LLM call failed: {exc}", transient=exc.transient) from None
+            transcript.steps = step
+            transcript.prompt_tokens += completion.prompt_tokens
+            transcript.completion_tokens += completion.completion_tokens
+            if completion.cost_usd is not None:
+                transcript.cost_usd = (transcript.cost_usd or 0.0) + completion.cost_usd
+            transcript.messages.append(completion.message)
+            calls = completion.message.get("tool_calls") or []
+            if not calls:
+                await self.store.record_progress(run_id, transcript.progress(), [])
+                content = completion.message.get("content")
+                return content if isinstance(content, str) else None
+            pairs = await self._tool_calls(
+                step, calls, allowed_names, known, fence, dry_run=kind == "dry_run"
+            )
+            done = [record for record, _ in pairs]
+            transcript.calls.extend(done)
+            transcript.messages.extend(reply for _, reply in pairs)
+            await self.store.record_progress(run_id, transcript.progress(), done)
+        raise _RunFailed(
+            f"stopped after max_steps={self.agent.max_steps} LLM calls without a final answer",
+            transient=False,
+        )
+
+    async def _tool_calls(
+        self,
+        step: int,
+        calls: list[dict[str, Any]],
+        allowed: dict[str, ToolSpec],
+        known: dict[str, ToolSpec],
+        fence: Fence,
+        *,
+        dry_run: bool,
+    ) -> list[tuple[ToolCallRecord, dict[str, Any]]]:
+        """Parallel tool calls from one answer run side by side; the replies keep the LLM's order."""
+        results: dict[int, tuple[ToolCallRecord, dict[str, Any]]] = {}
+
+        async def one(index: int, call: dict[str, Any]) -> None:
+            results[index] = await self._tool_call(step, call, allowed, known, fence, dry_run=dry_run)
+
+        async with anyio.create_task_group() as tg:
+            for index, call in enumerate(calls):
+                tg.start_soon(one, index, call)
+        return [results[index] for index in range(len(calls))]
+
+    async def _tool_call(
+        self,
+        step: int,
+        call: dict[str, Any],
+        allowed: dict[str, ToolSpec],
+        known: dict[str, ToolSpec],
+        fence: Fence,
+        *,
+        dry_run: bool,
+    ) -> tuple[ToolCallRecord, dict[str, Any]]:
+        call_id = str(call.get("id") or f"call_{step}")
+        function = call.get("function") or {}
+        name = str(function.get("name") or "")
+        raw_arguments = function.get("arguments") or "{}"
+        spec = known.get(name)
+        limit = self.agent.tool_result_max_chars
+        start = time.perf_counter()
+
+        def done(status: str, result: Any, arguments: Any) -> tuple[ToolCallRecord, dict[str, Any]]:
+            text = cap(as_text(result), limit)
+            record = ToolCallRecord(
+                step=step,
+                call_id=call_id,
+                tool=name,
+                server=spec.server if spec else None,
+                name=spec.name if spec else None,
+                arguments=arguments,
+                status=status,  # type: ignore[arg-type]
+                result=text,
+                duration_ms=elapsed_ms(start),
+            )
+            body = text if status == "refused" else fence.wrap(text, kind="tool-result", limit=limit)
+            return record, {"role": "tool", "tool_call_id": call_id, "content": body}
+
+        try:
+            arguments = json.loads(raw_arguments) if isinstance(raw_arguments, str) else raw_arguments
+        except ValueError:
+            return done("error", "error: the arguments are not valid JSON; nothing was called", raw_arguments)
+        if name not in allowed:
+            logger.warning("agent asked for tool %s, which is not allowed for this event: refused", name)
+            return done(
+                "refused",
+                f"refused: the tool {name!r} is not allowed for this event, and the call was not sent."
+                f" Allowed tools: {', '.join(allowed) or 'none'}.",
+                arguments,
+            )
+        if not isinstance(arguments, dict):
+            return done("error", "error: the arguments must be a JSON object; nothing was called", arguments)
+        spec = allowed[name]
+        if dry_run:
+            return done(
+                "planned", "dry run: this call was planned, not sent; assume it would succeed", arguments
+            )
+        outcome = await self.tools.call(spec, arguments)
+        if outcome.is_error:
+            return done("error", outcome.content, arguments)
+        return done("ok", outcome.content, arguments)
+
+    def _log(
+        self,
+        event: InboxEvent,
+        run_id: int,
+        status: RunStatus,
+        reason: str | None,
+        transcript: _Transcript,
+        verdict: EventVerdict | None,
+        duration_ms: int,
+    ) -> None:
+        calls = ", ".join(f"{c.tool} {c.status}" for c in transcript.calls) or "no tool calls"
+        if status == "completed":
+            logger.info(
+                "agent: event %s (%s) run %d completed in %d ms, %d step(s): %s",
+                event.event_id,
+                event.subscription,
+                run_id,
+                duration_ms,
+                transcript.steps,
+                calls,
+            )
+            return
+        then = f"; event {verdict.state}" if verdict else ""
+        if verdict and verdict.retry_at:
+            then += f", next attempt after {verdict.retry_at}"
+        logger.error(
+            "agent: event %s (%s) run %d failed: %s (%s)%s",
+            event.event_id,
+            event.subscription,
+            run_id,
+            reason,
+            calls,
+            then,
+        )
+
+
+__all__ = ["AgentRunner", "RunResult", "now_iso"]

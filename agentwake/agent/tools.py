@@ -1,0 +1,165 @@
+"""The tools an agent may use: every connected server's tools under exposed names, and the allowlist.
+
+An exposed name says where the tool lives (``demo__add_comment``) and is a valid
+function name for every provider (``[A-Za-z0-9_-]``, at most 64 characters).
+Authority comes only from the allowlist of the subscription (later: the policy
+rule): a tool it does not match is absent from the LLM's tool list, and a call
+to it anyway is refused before anything reaches a server.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import logging
+import re
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+from mcp.shared.exceptions import MCPError
+from mcp_types import CallToolResult, Tool
+
+from agentwake.errors import DeliveryError
+from agentwake.mcp import ServerConnection
+
+logger = logging.getLogger(__name__)
+
+SEPARATOR: Final = "__"
+MAX_NAME: Final = 64
+_INVALID: Final = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def exposed_name(server: str, tool: str) -> str:
+    name = _INVALID.sub("_", f"{server}{SEPARATOR}{tool}")
+    if len(name) > MAX_NAME:
+        digest = hashlib.sha256(f"{server}\0{tool}".encode()).hexdigest()[:8]
+        name = f"{name[: MAX_NAME - 9]}_{digest}"
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    exposed: str
+    server: str
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+    def to_llm(self) -> dict[str, Any]:
+        """The OpenAI-style function declaration litellm passes on to every provider."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.exposed,
+                "description": self.description or f"{self.name} on MCP server {self.server}",
+                "parameters": self.input_schema or {"type": "object", "properties": {}},
+            },
+        }
+
+
+def specs_for(server: str, tools: Iterable[Tool]) -> list[ToolSpec]:
+    return [
+        ToolSpec(
+            exposed=exposed_name(server, tool.name),
+            server=server,
+            name=tool.name,
+            description=tool.description or "",
+            input_schema=dict(tool.input_schema or {}),
+        )
+        for tool in tools
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Allowlist:
+    """Globs over exposed names. Empty means no tools."""
+
+    globs: tuple[str, ...] = ()
+
+    def allows(self, exposed: str) -> bool:
+        return any(fnmatch.fnmatchcase(exposed, glob) for glob in self.globs)
+
+    def select(self, catalog: Iterable[ToolSpec]) -> list[ToolSpec]:
+        return [spec for spec in catalog if self.allows(spec.exposed)]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutcome:
+    is_error: bool
+    content: Any  # text, or the structured content when there is no text
+
+
+def outcome_of(result: CallToolResult) -> ToolOutcome:
+    texts: list[str] = []
+    for block in result.content:
+        text = getattr(block, "text", None)
+        if isinstance(text, str):
+            texts.append(text)
+        else:
+            texts.append(f"[{getattr(block, 'type', 'content')} content not shown]")
+    if result.structured_content is not None and not texts:
+        return ToolOutcome(result.is_error, result.structured_content)
+    if result.structured_content is not None:
+        texts.append(json.dumps(result.structured_content, ensure_ascii=False, default=str))
+    return ToolOutcome(result.is_error, "\n".join(texts))
+
+
+class ToolHost(Protocol):
+    """Where an agent run finds tools and sends calls."""
+
+    def catalog(self) -> Sequence[ToolSpec]: ...
+
+    async def call(self, spec: ToolSpec, arguments: dict[str, Any]) -> ToolOutcome: ...
+
+
+@dataclass
+class ConnectionPool:
+    """The live connections of a running service, and their tools; servers come and go."""
+
+    call_timeout_s: float = 60.0
+    _connections: dict[str, ServerConnection] = field(default_factory=dict)
+    _tools: dict[str, list[ToolSpec]] = field(default_factory=dict)
+
+    async def attach(self, conn: ServerConnection) -> None:
+        self._connections[conn.name] = conn
+        await self.refresh(conn.name)
+
+    def detach(self, server: str) -> None:
+        self._connections.pop(server, None)
+        self._tools.pop(server, None)
+
+    async def refresh(self, server: str) -> None:
+        conn = self._connections.get(server)
+        if conn is None:
+            return
+        try:
+            tools = await conn.list_tools()
+        except DeliveryError as exc:
+            logger.warning("server %s: cannot list its tools: %s", server, exc)
+            return
+        specs = specs_for(server, tools)
+        self._tools[server] = specs
+        logger.info(
+            "server %s: %d tool(s): %s", server, len(specs), ", ".join(s.exposed for s in specs) or "none"
+        )
+
+    def catalog(self) -> list[ToolSpec]:
+        return [spec for specs in self._tools.values() for spec in specs]
+
+    async def call(self, spec: ToolSpec, arguments: dict[str, Any]) -> ToolOutcome:
+        conn = self._connections.get(spec.server)
+        if conn is None:
+            return ToolOutcome(True, f"server {spec.server!r} is not connected right now; try again later")
+        try:
+            return outcome_of(await conn.call_tool(spec.name, arguments, timeout_s=self.call_timeout_s))
+        except MCPError as exc:
+            return ToolOutcome(True, f"the server rejected the call: {exc.message} (code {exc.code})")
+        except DeliveryError as exc:
+            return ToolOutcome(True, str(exc))
+
+
+def elapsed_ms(start: float) -> int:
+    return int((time.perf_counter() - start) * 1000)
