@@ -158,6 +158,11 @@ class AgentConfig(_Model):
     max_tokens: int = Field(default=1024, ge=1, description="completion tokens per LLM call")
     temperature: float | None = Field(default=None, ge=0, le=2)
     max_attempts: int = Field(default=3, ge=1, description="runs of one event before it is marked failed")
+    attempt_backoff_s: float = Field(
+        default=5.0,
+        ge=0,
+        description="wait before an event's next attempt; doubles per attempt, at most 300 s",
+    )
     concurrency: int = Field(default=4, ge=1, le=256, description="agent runs at the same time")
     llm_retries: int = Field(default=4, ge=0, description="retries of a transient LLM error within one run")
     retry_initial_s: float = Field(default=1.0, gt=0)

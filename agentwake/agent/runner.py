@@ -37,7 +37,6 @@ from agentwake.store import (
 
 logger = logging.getLogger(__name__)
 
-RETRY_BASE_S: Final = 5.0
 RETRY_CAP_S: Final = 300.0
 
 
@@ -75,9 +74,9 @@ class _RunFailed(Exception):
         self.transient = transient
 
 
-def retry_at(attempt: int) -> str:
+def retry_at(attempt: int, base_s: float) -> str:
     """When a transiently failed event may be claimed again: exponential with jitter."""
-    delay = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** max(0, attempt - 1)) * random.uniform(0.8, 1.2)
+    delay = min(RETRY_CAP_S, base_s * 2 ** max(0, attempt - 1)) * random.uniform(0.8, 1.2)
     return (
         (datetime.now(UTC) + timedelta(seconds=delay))
         .isoformat(timespec="milliseconds")
@@ -224,7 +223,7 @@ class AgentRunner:
             return EventVerdict("failed", failure.reason)
         if event.attempts >= self.agent.max_attempts:
             return EventVerdict("failed", f"gave up after {event.attempts} attempt(s): {failure.reason}")
-        return EventVerdict("pending", failure.reason, retry_at(event.attempts))
+        return EventVerdict("pending", failure.reason, retry_at(event.attempts, self.agent.attempt_backoff_s))
 
     async def _loop(
         self,
