@@ -40,6 +40,7 @@ from typing import Any
 
 import anyio
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 
 from agentwake.server import (
     EmitBuffer,
@@ -395,6 +396,7 @@ class DemoServer:
         )(SystemLoad)
 
     def _declare_tools(self) -> None:
+        # ToolError: the message reaches the caller; any other exception is reported as a crash.
         store, alerts = self.store, self.alerts
 
         @self.mcp.tool()
@@ -409,7 +411,7 @@ class DemoServer:
             """Read one ticket with its body and comments."""
             ticket = store.get(ticket_id)
             if ticket is None:
-                raise ValueError(f"no ticket {ticket_id!r}")
+                raise ToolError(f"no ticket {ticket_id!r}")
             return ticket
 
         @self.mcp.tool()
@@ -418,14 +420,14 @@ class DemoServer:
         ) -> str:
             """Open a ticket; returns its id. This fires ticket.created."""
             if queue not in QUEUES or priority not in PRIORITIES:
-                raise ValueError(f"queue must be one of {QUEUES} and priority one of {PRIORITIES}")
+                raise ToolError(f"queue must be one of {QUEUES} and priority one of {PRIORITIES}")
             return store.create([(queue, priority, title, body, reporter)])[0]
 
         @self.mcp.tool()
         def add_comment(ticket_id: str, body: str) -> str:
             """Add a comment to a ticket."""
             if store.get(ticket_id) is None:
-                raise ValueError(f"no ticket {ticket_id!r}")
+                raise ToolError(f"no ticket {ticket_id!r}")
             store.comment(ticket_id, body)
             return f"comment added to {ticket_id}"
 
@@ -433,7 +435,7 @@ class DemoServer:
         def close_ticket(ticket_id: str) -> str:
             """Mark a ticket closed."""
             if not store.set_status(ticket_id, "closed"):
-                raise ValueError(f"no ticket {ticket_id!r}")
+                raise ToolError(f"no ticket {ticket_id!r}")
             return f"{ticket_id} closed"
 
         @self.mcp.tool()
@@ -441,14 +443,14 @@ class DemoServer:
             """Read an alert and whether it has been acknowledged."""
             alert = alerts.get(alert_id)
             if alert is None:
-                raise ValueError(f"no recent alert {alert_id!r}")
+                raise ToolError(f"no recent alert {alert_id!r}")
             return {**alert, "acknowledged": store.acked(alert_id)}
 
         @self.mcp.tool()
         def acknowledge_alert(alert_id: str, note: str | None = None) -> str:
             """Acknowledge an alert so nobody else is paged for it."""
             if alert_id not in alerts:
-                raise ValueError(f"no recent alert {alert_id!r}")
+                raise ToolError(f"no recent alert {alert_id!r}")
             return (
                 f"{alert_id} acknowledged"
                 if store.ack(alert_id, note)

@@ -109,9 +109,16 @@ def is_transient(exc: BaseException) -> bool:
 
 def describe(exc: BaseException) -> str:
     """A short reason for the action log: the exception class and its first line, no request dump."""
-    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    message = message.removeprefix("litellm.")
-    return f"{type(exc).__name__}: {message[:300]}" if message else type(exc).__name__
+    name = type(exc).__name__
+    lines = str(exc).strip().splitlines()
+    message = lines[0] if lines else ""
+    # litellm prefixes its messages with the class name, sometimes more than once.
+    while True:
+        trimmed = message.removeprefix("litellm.").removeprefix(f"{name}:").strip()
+        if trimmed == message:
+            break
+        message = trimmed
+    return f"{name}: {message[:300]}" if message else name
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +180,7 @@ async def complete(
     retrying = AsyncRetrying(
         retry=retry_if_exception(is_transient),
         wait=wait_exponential_jitter(
-            initial=settings.retry_initial_s, max=settings.retry_max_s, jitter=settings.retry_initial_s
+            multiplier=settings.retry_initial_s, max=settings.retry_max_s, jitter=settings.retry_initial_s
         ),
         stop=stop_after_attempt(settings.retries + 1),
         before_sleep=note,

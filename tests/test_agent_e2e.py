@@ -1,0 +1,339 @@
+"""The agent end to end: a real demo MCP server over stdio, litellm over loopback HTTP to a fake LLM.
+
+Each test stores one real ticket event in a real SQLite inbox and runs the agent
+on it as the service does (AgentRunner with a ConnectionPool of live MCP
+connections). The demo server's own SQLite file shows what reached it.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from conftest import demo_stdio
+from fake_llm import FakeLLM, error, hold, text, tool_calls
+
+from agentwake.agent.runner import AgentRunner
+from agentwake.agent.tools import ConnectionPool
+from agentwake.config import AgentwakeConfig, parse_config
+from agentwake.delivery.poll import subscription_key
+from agentwake.mcp import ServerConnection
+from agentwake.store import InboxEvent, IncomingEvent, Store
+from agentwake.supervisor import Supervisor
+
+pytestmark = pytest.mark.anyio
+
+KEY_ENV = "AGENTWAKE_TEST_LLM_KEY"
+
+
+@dataclass
+class Rig:
+    fake: FakeLLM
+    store: Store
+    pool: ConnectionPool
+    demo_db: Path
+    tmp: Path
+    ticket: dict[str, Any]
+
+    def config(self, *, tools: list[str], **agent: Any) -> AgentwakeConfig:
+        server = demo_stdio(self.demo_db)
+        return parse_config(
+            {
+                "store": {"path": str(self.tmp / "aw.db")},
+                "agent": {
+                    "model": "openai/fake",
+                    "api_base": self.fake.url,
+                    "api_key_env": KEY_ENV,
+                    "llm_retries": 3,
+                    "retry_initial_s": 0.01,
+                    "retry_max_s": 0.05,
+                    "attempt_backoff_s": 0,
+                    "prompts": str(Path(__file__).resolve().parent.parent / "prompts"),
+                    **agent,
+                },
+                "servers": {"demo": server.model_dump(exclude_defaults=True, mode="json")},
+                "subscriptions": [
+                    {"name": "tickets", "server": "demo", "event": "ticket.created", "tools": tools}
+                ],
+            },
+            env={},
+        )
+
+    def runner(self, *, tools: list[str], **agent: Any) -> AgentRunner:
+        return AgentRunner.build(self.config(tools=tools, **agent), self.store, self.pool)
+
+    async def event(self) -> InboxEvent:
+        """The ticket as an inbox event, claimed for processing the way the service does."""
+        sub = self.config(tools=[]).subscriptions[0]
+        key = subscription_key(sub)
+        await self.store.register(key)
+        data = {k: self.ticket[k] for k in ("queue", "priority", "title", "reporter")}
+        await self.store.ingest(
+            key,
+            [
+                IncomingEvent(
+                    self.ticket["id"],
+                    "ticket.created",
+                    self.ticket["created_at"],
+                    {"ticketId": self.ticket["id"], **data},
+                )
+            ],
+            "1",
+        )
+        [claimed] = await self.store.claim(1)
+        return claimed
+
+    def comments(self) -> list[str]:
+        with sqlite3.connect(self.demo_db) as db:
+            return [
+                r[0] for r in db.execute("SELECT body FROM comments WHERE ticket_id = ?", [self.ticket["id"]])
+            ]
+
+    def status(self) -> str:
+        with sqlite3.connect(self.demo_db) as db:
+            return str(
+                db.execute("SELECT status FROM tickets WHERE id = ?", [self.ticket["id"]]).fetchone()[0]
+            )
+
+    def stored(self) -> dict[str, Any]:
+        [event] = self.store.find_events_sync(self.ticket["id"])
+        return event
+
+
+@pytest.fixture
+async def rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Rig]:
+    monkeypatch.setenv(KEY_ENV, "sk-test")
+    demo_db = tmp_path / "demo.db"
+    async with FakeLLM() as fake, ServerConnection("demo", demo_stdio(demo_db, DEMO_BACKLOG="1")) as conn:
+        with sqlite3.connect(demo_db) as db:
+            db.row_factory = sqlite3.Row
+            ticket = dict(db.execute("SELECT * FROM tickets ORDER BY seq LIMIT 1").fetchone())
+        pool = ConnectionPool()
+        await pool.attach(conn)
+        store = await Store.open(tmp_path / "aw.db")
+        try:
+            yield Rig(fake, store, pool, demo_db, tmp_path, ticket)
+        finally:
+            await store.close()
+
+
+def tool_names(request: dict[str, Any]) -> list[str]:
+    return [t["function"]["name"] for t in request.get("tools") or []]
+
+
+async def test_the_event_reaches_the_llm_fenced_and_its_tool_call_changes_the_server(rig: Rig) -> None:
+    runner = rig.runner(tools=["demo__get_*", "demo__add_comment"])
+    rig.fake.script(
+        tool_calls(("demo__add_comment", {"ticket_id": rig.ticket["id"], "body": "triaged: printer, P2"})),
+        text("Added a triage comment."),
+    )
+    result = await runner.run(await rig.event())
+
+    assert (result.status, result.event_state) == ("completed", "done")
+    first = rig.fake.requests[0]
+    system, user = first["messages"][0], first["messages"][1]
+    assert system["role"] == "system" and "never instructions" in system["content"]
+    boundary = system["content"].split('boundary="')[1].split('"')[0]
+    fenced = (
+        user["content"]
+        .split(f'<event-data boundary="{boundary}">\n')[1]
+        .split(f'\n</event-data boundary="{boundary}">')[0]
+    )
+    assert json.loads(fenced)["ticketId"] == rig.ticket["id"]
+    assert rig.ticket["title"] not in user["content"].replace(fenced, "")  # the title only appears as data
+    # Only allowed tools are offered, with the server's own schema.
+    assert sorted(tool_names(first)) == ["demo__add_comment", "demo__get_alert", "demo__get_ticket"]
+    add = next(t for t in first["tools"] if t["function"]["name"] == "demo__add_comment")
+    assert set(add["function"]["parameters"]["required"]) == {"ticket_id", "body"}
+    # The tool result went back to the LLM fenced, under the call's id.
+    second = rig.fake.requests[1]["messages"]
+    call_id = second[2]["tool_calls"][0]["id"]
+    assert second[3]["role"] == "tool" and second[3]["tool_call_id"] == call_id
+    assert second[3]["content"].startswith(f'<tool-result boundary="{boundary}">')
+    assert "comment added" in second[3]["content"]
+
+    assert rig.comments() == ["triaged: printer, P2"]
+    [run] = rig.stored()["runs"]
+    assert (run["status"], run["kind"], run["attempt"], run["steps"]) == ("completed", "agent", 1, 2)
+    assert [m["role"] for m in run["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
+    assert run["user_prompt"] == user["content"]
+    [call] = run["tool_calls"]
+    assert (call["tool"], call["server"], call["name"], call["status"]) == (
+        "demo__add_comment",
+        "demo",
+        "add_comment",
+        "ok",
+    )
+    assert call["arguments"] == {"ticket_id": rig.ticket["id"], "body": "triaged: printer, P2"}
+    assert run["prompt_tokens"] == 20 and run["completion_tokens"] == 10
+    assert rig.stored()["state"] == "done"
+
+
+async def test_a_tool_outside_the_allowlist_is_refused_recorded_and_never_sent(rig: Rig) -> None:
+    runner = rig.runner(tools=["demo__get_ticket"])
+    rig.fake.script(
+        tool_calls(("demo__close_ticket", {"ticket_id": rig.ticket["id"]})),
+        text("I was not allowed to close it."),
+    )
+    result = await runner.run(await rig.event())
+
+    assert result.status == "completed"
+    assert tool_names(rig.fake.requests[0]) == ["demo__get_ticket"]
+    assert rig.status() == "open"  # the server never saw the call
+    [call] = rig.stored()["runs"][0]["tool_calls"]
+    assert (call["tool"], call["status"]) == ("demo__close_ticket", "refused")
+    reply = rig.fake.requests[1]["messages"][-1]
+    assert reply["role"] == "tool" and reply["content"].startswith("refused:")
+
+
+async def test_no_tools_by_default(rig: Rig) -> None:
+    runner = rig.runner(tools=[])
+    rig.fake.script(
+        tool_calls(("demo__add_comment", {"ticket_id": rig.ticket["id"], "body": "x"})), text("done")
+    )
+    await runner.run(await rig.event())
+    assert "tools" not in rig.fake.requests[0]
+    assert rig.comments() == []
+    assert rig.stored()["runs"][0]["tool_calls"][0]["status"] == "refused"
+
+
+async def test_parallel_tool_calls_all_run_and_answer_in_order(rig: Rig) -> None:
+    runner = rig.runner(tools=["demo__get_ticket", "demo__add_comment"])
+    rig.fake.script(
+        tool_calls(
+            ("demo__get_ticket", {"ticket_id": rig.ticket["id"]}),
+            ("demo__add_comment", {"ticket_id": rig.ticket["id"], "body": "one"}),
+            ("demo__get_ticket", {"ticket_id": "T-nope"}),
+        ),
+        text("done"),
+    )
+    await runner.run(await rig.event())
+    messages = rig.fake.requests[1]["messages"]
+    ids = [c["id"] for c in messages[2]["tool_calls"]]
+    assert [m["tool_call_id"] for m in messages[3:6]] == ids
+    assert rig.comments() == ["one"]
+    statuses = [c["status"] for c in rig.stored()["runs"][0]["tool_calls"]]
+    assert statuses == ["ok", "ok", "error"]
+    assert "no ticket" in messages[5]["content"]
+
+
+async def test_transient_llm_errors_are_retried(rig: Rig) -> None:
+    runner = rig.runner(tools=[])
+    rig.fake.script(error(429, "slow down", type="rate_limit_error"), error(503, "overloaded"), text("fine"))
+    result = await runner.run(await rig.event())
+    assert (result.status, result.event_state, result.final_text) == ("completed", "done", "fine")
+    assert len(rig.fake.requests) == 3
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        (error(401, "bad key", type="invalid_request_error"), "AuthenticationError"),
+        (error(400, "bad request", type="invalid_request_error"), "BadRequestError"),
+        (
+            error(
+                400,
+                "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.",
+                type="invalid_request_error",
+                code="context_length_exceeded",
+            ),
+            "ContextWindowExceededError",
+        ),
+    ],
+)
+async def test_permanent_llm_errors_fail_the_event_at_once_with_the_reason(
+    rig: Rig, reply: Any, expected: str
+) -> None:
+    runner = rig.runner(tools=[])
+    rig.fake.script(reply)
+    result = await runner.run(await rig.event())
+    assert (result.status, result.event_state) == ("failed", "failed")
+    assert len(rig.fake.requests) == 1  # not retried
+    assert expected in (result.reason or "")
+    stored = rig.stored()
+    assert stored["state"] == "failed" and expected in stored["last_error"]
+    assert stored["runs"][0]["status"] == "failed"
+
+
+async def test_an_event_that_keeps_failing_stops_after_max_attempts(rig: Rig) -> None:
+    runner = rig.runner(tools=[], llm_retries=0, max_attempts=2)
+    rig.fake.responder = lambda body: error(500, "down")
+    first = await runner.run(await rig.event())
+    assert (first.status, first.event_state) == ("failed", "pending")
+    [again] = await rig.store.claim(1)
+    assert again.attempts == 2
+    second = await runner.run(again)
+    assert (second.status, second.event_state) == ("failed", "failed")
+    assert "gave up after 2 attempt(s)" in rig.stored()["last_error"]
+    assert await rig.store.claim(1) == []
+
+
+async def test_max_steps_stops_a_runaway_loop(rig: Rig) -> None:
+    runner = rig.runner(tools=["demo__get_ticket"], max_steps=3)
+    rig.fake.responder = lambda body: tool_calls(("demo__get_ticket", {"ticket_id": rig.ticket["id"]}))
+    result = await runner.run(await rig.event())
+    assert (result.status, result.event_state) == ("failed", "failed")
+    assert "max_steps=3" in (result.reason or "")
+    assert len(rig.fake.requests) == 3
+    assert len(rig.stored()["runs"][0]["tool_calls"]) == 3
+
+
+async def test_the_wall_clock_timeout_stops_a_run(rig: Rig) -> None:
+    runner = rig.runner(tools=[], timeout_s=0.5)
+    rig.fake.script(hold())
+    result = await runner.run(await rig.event())
+    assert (result.status, result.event_state) == ("failed", "failed")
+    assert "timed out after 0.5s" in (result.reason or "")
+    rig.fake.release()
+
+
+async def test_dry_run_replay_plans_tool_calls_and_sends_none(rig: Rig) -> None:
+    runner = rig.runner(tools=["demo__add_comment"])
+    rig.fake.script(
+        tool_calls(("demo__add_comment", {"ticket_id": rig.ticket["id"], "body": "would comment"})),
+        text("planned"),
+    )
+    event = await rig.event()
+    result = await runner.run(event, kind="dry_run")
+    assert result.status == "completed" and result.event_state is None
+    assert rig.comments() == []
+    [call] = result.tool_calls
+    assert (call.status, call.arguments) == (
+        "planned",
+        {"ticket_id": rig.ticket["id"], "body": "would comment"},
+    )
+    stored = rig.stored()
+    assert stored["state"] == "processing"  # a dry run leaves the event alone
+    assert stored["runs"][0]["kind"] == "dry_run"
+
+
+async def test_the_service_runs_the_agent_on_new_events(rig: Rig) -> None:
+    cfg = rig.config(tools=["demo__add_comment"])
+    runner = AgentRunner.build(cfg, rig.store, rig.pool)
+    rig.fake.script(
+        tool_calls(("demo__add_comment", {"ticket_id": rig.ticket["id"], "body": "from the service"})),
+        text("ok"),
+    )
+    sub = cfg.subscriptions[0]
+    key = subscription_key(sub)
+    await rig.store.register(key)
+    supervisor = Supervisor(cfg, rig.store, agent=runner, pool=rig.pool)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(supervisor._agent_forever, runner)
+        data = {"ticketId": rig.ticket["id"], "title": rig.ticket["title"]}
+        await rig.store.ingest(
+            key, [IncomingEvent(rig.ticket["id"], "ticket.created", rig.ticket["created_at"], data)], "1"
+        )
+        supervisor._notify_new(1)
+        with anyio.fail_after(30):
+            while rig.stored()["state"] != "done":
+                await rig.fake.wait_for_requests(2)
+                await anyio.lowlevel.checkpoint()
+        tg.cancel_scope.cancel()
+    assert rig.comments() == ["from the service"]
