@@ -194,6 +194,8 @@ class Supervisor:
         # 2026-07-28 servers announce changes on a subscriptions/listen stream, not a notification.
         try:
             async with conn.client.listen(tools_list_changed=True) as changes:
+                # A change between the first listing and this stream's start would be missed: list once more.
+                holder["tools"].set()
                 async for _change in changes:
                     holder["tools"].set()
         except (

@@ -3,6 +3,7 @@
 One replayable type, "feed.item", cursor = item number. Each poll returns up to
 ``maxEvents`` items after the cursor with ``hasMore`` until FEED_ITEMS is reached.
 A poll whose cursor is at least FEED_REVOKE_AT answers -32012 (access revoked).
+The tool ``unlock_extra`` adds a tool ``extra`` and announces that the tools changed.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 from typing import Any
 
 import anyio
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 
 from agentwake.server import Event, EventContext, EventResult, EventsExtension, forbidden
 
@@ -36,6 +37,25 @@ def feed_item(ctx: EventContext, arguments: dict[str, Any], cursor: str | None) 
         for n in range(start + 1, end + 1)
     ]
     return EventResult(items, cursor=str(end), has_more=end < ITEMS)
+
+
+def extra() -> str:
+    """A tool that exists only after unlock_extra."""
+    return "extra"
+
+
+@server.tool()
+async def unlock_extra(ctx: Context) -> str:
+    """Add the tool 'extra' and tell clients the tools changed."""
+    server.add_tool(extra, name="extra")
+    # 2026 clients hear it on subscriptions/listen, handshake-era ones as a notification.
+    await ctx.notify_tools_changed()
+    session: Any = ctx.request_context.session
+    try:
+        await session.send_tool_list_changed()
+    except Exception:  # not deliverable on this protocol generation
+        return "unlocked"
+    return "unlocked"
 
 
 async def main() -> None:

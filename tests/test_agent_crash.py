@@ -38,7 +38,8 @@ START_TIMEOUT_S: Final = 45.0
 STOP_TIMEOUT_S: Final = 20.0
 
 
-def completed_line(ticket: str) -> str:
+def run_line(ticket: str) -> str:
+    """The start of the line logged when a run of this ticket ends, completed or failed."""
     return f"agent: event {ticket} (tickets) run"
 
 
@@ -112,7 +113,7 @@ class Service:
         return "\n".join(self.lines)
 
     async def wait_for(self, *fragments: str, timeout: float = START_TIMEOUT_S) -> str:  # noqa: ASYNC109
-        """The first log line holding every fragment; TimeoutError (with the log) if none comes."""
+        """The first log line holding every fragment; fails the test, showing the log, if none comes."""
         try:
             with anyio.fail_after(timeout):
                 while True:
@@ -229,7 +230,7 @@ async def killed_mid_run(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
             text("done: commented"),
         )
         async with service(paths) as second:
-            await second.wait_for(completed_line(TICKET), "completed")
+            await second.wait_for(run_line(TICKET), "completed")
             assert await second.stop(signal.SIGTERM) == 0, second.log()
         return Outcome(paths, list(fake.requests), second.lines, state_after_kill)
 
@@ -280,7 +281,7 @@ async def test_sigkill_after_a_completed_run_does_not_run_the_event_again(tmp_pa
         paths = write_config(tmp_path, fake.url)
         fake.script(text("nothing to do"))
         async with service(paths) as first:
-            await first.wait_for(completed_line(TICKET), "completed")
+            await first.wait_for(run_line(TICKET), "completed")
             assert await first.stop(signal.SIGKILL) == -signal.SIGKILL
         assert len(fake.requests) == 1
 
@@ -293,10 +294,10 @@ async def test_sigkill_after_a_completed_run_does_not_run_the_event_again(tmp_pa
             tickets.close()
         fake.script(text("nothing to do either"))
         async with service(paths) as second:
-            await second.wait_for(completed_line(LATER_TICKET), "completed")
+            await second.wait_for(run_line(LATER_TICKET), "completed")
             assert await second.stop(signal.SIGTERM) == 0, second.log()
         assert not [line for line in second.lines if "interrupted by a previous stop" in line]
-        assert not [line for line in second.lines if completed_line(TICKET) in line]
+        assert not [line for line in second.lines if run_line(TICKET) in line]
 
     event = stored_event(paths, TICKET)
     assert event["state"] == "done"

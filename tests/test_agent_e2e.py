@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import demo_stdio
+from conftest import REPO, demo_stdio
 from fake_llm import FakeLLM, error, hold, text, tool_calls
 
 from agentwake.agent.runner import AgentRunner
@@ -337,3 +338,40 @@ async def test_the_service_runs_the_agent_on_new_events(rig: Rig) -> None:
                 await anyio.lowlevel.checkpoint()
         tg.cancel_scope.cancel()
     assert rig.comments() == ["from the service"]
+
+
+@pytest.mark.parametrize("protocol", ["auto", "legacy"])
+async def test_tools_are_listed_again_when_the_server_says_they_changed(
+    tmp_path: Path, protocol: str
+) -> None:
+    cfg = parse_config(
+        {
+            "store": {"path": str(tmp_path / "aw.db")},
+            "servers": {
+                "feed": {
+                    "command": sys.executable,
+                    "args": ["tests/feed_server.py"],
+                    "cwd": str(REPO),
+                    "protocol": protocol,
+                }
+            },
+            "subscriptions": [{"name": "feed", "server": "feed", "event": "feed.item"}],
+        },
+        env={},
+    )
+    store = await Store.open(tmp_path / "aw.db")
+    pool = ConnectionPool()
+    try:
+        supervisor = Supervisor(cfg, store, pool=pool, processing=False)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(supervisor.run)
+            with anyio.fail_after(20):
+                while "feed__unlock_extra" not in {t.exposed for t in pool.catalog()}:
+                    await pool.changed()
+                spec = next(t for t in pool.catalog() if t.exposed == "feed__unlock_extra")
+                assert (await pool.call(spec, {})).content == "unlocked"
+                while "feed__extra" not in {t.exposed for t in pool.catalog()}:
+                    await pool.changed()
+            tg.cancel_scope.cancel()
+    finally:
+        await store.close()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-import json
 import logging
 import re
 import time
@@ -19,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
+import anyio
 from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, Tool
 
@@ -100,10 +100,10 @@ def outcome_of(result: CallToolResult) -> ToolOutcome:
             texts.append(text)
         else:
             texts.append(f"[{getattr(block, 'type', 'content')} content not shown]")
+    # Servers send structured content with its serialisation as text (the spec asks them to):
+    # the text alone, unless there is none.
     if result.structured_content is not None and not texts:
         return ToolOutcome(result.is_error, result.structured_content)
-    if result.structured_content is not None:
-        texts.append(json.dumps(result.structured_content, ensure_ascii=False, default=str))
     return ToolOutcome(result.is_error, "\n".join(texts))
 
 
@@ -122,6 +122,15 @@ class ConnectionPool:
     call_timeout_s: float = 60.0
     _connections: dict[str, ServerConnection] = field(default_factory=dict)
     _tools: dict[str, list[ToolSpec]] = field(default_factory=dict)
+    _changed: anyio.Event = field(default_factory=anyio.Event)
+
+    async def changed(self) -> None:
+        """Wait for the next change of the catalog."""
+        await self._changed.wait()
+
+    def _note_change(self) -> None:
+        changed, self._changed = self._changed, anyio.Event()
+        changed.set()
 
     async def attach(self, conn: ServerConnection) -> None:
         self._connections[conn.name] = conn
@@ -129,7 +138,8 @@ class ConnectionPool:
 
     def detach(self, server: str) -> None:
         self._connections.pop(server, None)
-        self._tools.pop(server, None)
+        if self._tools.pop(server, None) is not None:
+            self._note_change()
 
     async def refresh(self, server: str) -> None:
         conn = self._connections.get(server)
@@ -142,6 +152,7 @@ class ConnectionPool:
             return
         specs = specs_for(server, tools)
         self._tools[server] = specs
+        self._note_change()
         logger.info(
             "server %s: %d tool(s): %s", server, len(specs), ", ".join(s.exposed for s in specs) or "none"
         )
