@@ -146,48 +146,85 @@ async def _run_service(cfg: AgentwakeConfig) -> None:
 
 @app.command()
 def check(config: ConfigOption = DEFAULT_CONFIG_PATH) -> None:
-    """Validate the config, connect to every server and show each subscription's delivery mode.
+    """Validate the config, connect to every server and show each subscription's delivery mode and tools.
 
     Exits non-zero, with one message per problem, if the config is invalid, a
-    server cannot be reached, or a subscription cannot run.
+    prompt template is broken, a server cannot be reached, or a subscription
+    cannot run. A tool glob that matches no tool is reported as a warning.
     """
     cfg = _load(config)
     _setup_logging("WARNING")
-    problems, rows = anyio.run(_check, cfg)
+    problems, warnings, rows = anyio.run(_check, cfg)
     table = Table(title=f"Subscriptions in {config}")
-    for column in ("subscription", "server", "event", "mode", "status"):
-        table.add_column(column)
+    for column in ("subscription", "server", "event", "mode", "agent tools", "status"):
+        table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(*row)
     out.print(table)
+    for warning in warnings:
+        err.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
     for problem in problems:
         err.print(f"[red]error:[/red] {problem}", highlight=False)
     if problems:
         raise typer.Exit(1)
-    out.print(f"config OK: {len(cfg.servers)} server(s), {len(cfg.subscriptions)} subscription(s)")
+    model = f", agent model {cfg.agent.model}" if cfg.agent else ", no [agent]: events are only logged"
+    out.print(f"config OK: {len(cfg.servers)} server(s), {len(cfg.subscriptions)} subscription(s){model}")
 
 
-async def _check(cfg: AgentwakeConfig) -> tuple[list[str], list[tuple[str, str, str, str, str]]]:
+async def _check(cfg: AgentwakeConfig) -> tuple[list[str], list[str], list[tuple[str, ...]]]:
     problems: list[str] = []
-    rows: list[tuple[str, str, str, str, str]] = []
+    warnings: list[str] = []
+    rows: list[tuple[str, ...]] = []
+    if cfg.agent is not None:
+        from agentwake.agent.prompts import PromptRenderer
+
+        renderer = PromptRenderer(cfg.agent)
+        try:
+            renderer.check([renderer.template_for(s, s.event) for s in cfg.subscriptions if s.agent])
+        except AgentwakeError as exc:
+            problems.append(str(exc))
     for server_name, server in cfg.servers.items():
         subs = [s for s in cfg.subscriptions if s.server == server_name]
         try:
             async with ServerConnection(server_name, server) as conn:
                 descriptors = {d.name: d for d in await conn.list_events()}
+                tools = await conn.list_tools() if cfg.agent is not None else []
         except AgentwakeError as exc:
             problems.append(str(exc))
-            rows.extend((s.name, s.server, s.event, "-", "server unreachable") for s in subs)
+            rows.extend((s.name, s.server, s.event, "-", "-", "server unreachable") for s in subs)
             continue
+        catalog = _tool_catalog(server_name, tools)
         for sub in subs:
+            allowed = _allowed_tools(sub, catalog, cfg, warnings)
             try:
                 plan = plan_subscription(sub, descriptors)
             except ConfigError as exc:
                 problems.append(str(exc))
-                rows.append((sub.name, sub.server, sub.event, "-", "invalid"))
+                rows.append((sub.name, sub.server, sub.event, "-", allowed, "invalid"))
                 continue
-            rows.append((sub.name, sub.server, sub.event, plan.mode, "ok"))
-    return problems, rows
+            rows.append((sub.name, sub.server, sub.event, plan.mode, allowed, "ok"))
+    return problems, warnings, rows
+
+
+def _tool_catalog(server: str, tools: list[Any]) -> list[str]:
+    from agentwake.agent.tools import exposed_name
+
+    return [exposed_name(server, tool.name) for tool in tools]
+
+
+def _allowed_tools(sub: Any, catalog: list[str], cfg: AgentwakeConfig, warnings: list[str]) -> str:
+    if cfg.agent is None or not sub.agent:
+        return "(no agent)"
+    import fnmatch
+
+    # Tools may live on other servers too; this checks the globs aimed at this one.
+    for glob in sub.tools:
+        if glob.split("__", 1)[0] in (sub.server, "*") and not fnmatch.filter(catalog, glob):
+            warnings.append(
+                f"subscription {sub.name!r}: tool glob {glob!r} matches no tool on {sub.server!r}"
+            )
+    allowed = [name for name in catalog if any(fnmatch.fnmatchcase(name, g) for g in sub.tools)]
+    return "\n".join(allowed) if allowed else "none"
 
 
 @app.command()
