@@ -94,7 +94,7 @@ def _agent_for(cfg: AgentwakeConfig, store: Store) -> tuple[Any, Any]:
     from agentwake.agent.runner import AgentRunner
     from agentwake.agent.tools import ConnectionPool
 
-    renderer = PromptRenderer(cfg.agent)
+    renderer = PromptRenderer(cfg.agent, cfg.sanitize)
     renderer.check([renderer.template_for(s, s.event) for s in cfg.subscriptions if s.agent])
     pool = ConnectionPool(call_timeout_s=cfg.agent.request_timeout_s)
     return AgentRunner(cfg, cfg.agent, store, pool, renderer), pool

@@ -192,10 +192,24 @@ class AgentConfig(_Model):
         return self.model == OFFLINE_MODEL
 
 
+class SanitizeConfig(_Model):
+    """[sanitize]: how event data and tool results are bounded and cleaned before any prompt."""
+
+    max_depth: int = Field(default=8, ge=1, le=64, description="nesting levels kept")
+    max_string: int = Field(default=4_000, ge=16, description="characters kept per string")
+    max_list: int = Field(default=100, ge=1, description="items kept per list or object")
+    max_bytes: int = Field(default=32_000, ge=256, description="JSON bytes kept per payload")
+    redact_pii: bool = Field(default=False, description="also redact email addresses and phone numbers")
+    datamark: bool = Field(
+        default=False, description="spotlighting by datamarking: whitespace in data becomes U+02C6"
+    )
+
+
 class AgentwakeConfig(_Model):
     store: StoreConfig = Field(default_factory=StoreConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     agent: AgentConfig | None = None
+    sanitize: SanitizeConfig = Field(default_factory=SanitizeConfig)
     servers: dict[str, ServerConfig] = Field(default_factory=dict)
     subscriptions: list[SubscriptionConfig] = Field(default_factory=list)
 

@@ -155,6 +155,13 @@ def _agent_runs(db: sqlite_utils.Database) -> None:
     db.execute("CREATE INDEX tool_calls_run ON tool_calls (run_id, id)")
 
 
+@migrations(name="0003_sanitize_report")
+def _sanitize_report(db: sqlite_utils.Database) -> None:
+    # What sanitizing the payload found (cuts, redactions, injection signals); the score is a policy input.
+    db.execute("ALTER TABLE events ADD COLUMN injection_score REAL")
+    db.execute("ALTER TABLE events ADD COLUMN sanitize_report TEXT")
+
+
 # One encoder for the hot path: json.dumps with options builds a new encoder per call.
 _encode_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -495,8 +502,14 @@ class Store:
         decision: dict[str, Any],
         system_prompt: str | None,
         user_prompt: str | None,
+        sanitize_report: dict[str, Any] | None = None,
     ) -> int:
         with self._db.atomic():
+            if sanitize_report is not None:
+                self._db.execute(
+                    "UPDATE events SET injection_score = ?, sanitize_report = ? WHERE id = ?",
+                    [sanitize_report.get("injection_score"), _encode_json(sanitize_report), event_row],
+                )
             cur = self._db.execute(
                 "INSERT INTO runs (event_row, kind, attempt, model, status, decision, system_prompt, user_prompt,"
                 " started_at) VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?)",
@@ -523,6 +536,7 @@ class Store:
         decision: dict[str, Any],
         system_prompt: str | None,
         user_prompt: str | None,
+        sanitize_report: dict[str, Any] | None = None,
     ) -> int:
         return await self._run(
             partial(
@@ -534,6 +548,7 @@ class Store:
                 decision=decision,
                 system_prompt=system_prompt,
                 user_prompt=user_prompt,
+                sanitize_report=sanitize_report,
             )
         )
 
@@ -680,7 +695,7 @@ class Store:
     def _find_events(self, where: str, args: list[Any]) -> list[dict[str, Any]]:
         rows = self._db.execute(
             "SELECT id, server, subscription, name, event_id, timestamp, received_at, state, attempts, data,"
-            f" meta, last_error FROM events WHERE {where} ORDER BY id",
+            f" meta, last_error, injection_score, sanitize_report FROM events WHERE {where} ORDER BY id",
             args,
         ).fetchall()
         keys = (
@@ -696,10 +711,15 @@ class Store:
             "data",
             "meta",
             "last_error",
+            "injection_score",
+            "sanitize_report",
         )
         events = [dict(zip(keys, r, strict=True)) for r in rows]
         for event in events:
             event["data"] = json.loads(event["data"])
+            event["sanitize_report"] = (
+                json.loads(event["sanitize_report"]) if event["sanitize_report"] else None
+            )
             event["meta"] = json.loads(event["meta"]) if event["meta"] else None
             event["runs"] = self._runs_of(event["id"])
         return events

@@ -1,9 +1,9 @@
 """Untrusted text going into a prompt: size-capped and fenced with a boundary it cannot forge.
 
 The boundary is random per run, so data written before the run (an event, a
-tool result) cannot contain the closing marker. The sanitize issue deepens this
-(control characters, secrets, injection scoring); the fence is the part the
-system prompt relies on.
+tool result) cannot contain the closing marker. Values are sanitized first
+(``agentwake.sanitize``: bounds, invisible characters, secrets); the fence is the
+part the system prompt relies on.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import json
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
+
+from agentwake.sanitize import datamark
 
 
 def new_boundary() -> str:
@@ -37,9 +39,12 @@ class Fence:
     """One run's fence. ``wrap`` puts a value between markers that carry the boundary."""
 
     boundary: str = field(default_factory=new_boundary)
+    datamark: bool = False
 
     def wrap(self, value: Any, *, kind: str, limit: int) -> str:
         body = cap(as_text(value), limit)
+        if self.datamark:
+            body = datamark(body)
         # The boundary is random and the body is written before it exists, so the
         # body cannot close the fence; stripping look-alikes keeps transcripts clear.
         body = body.replace(self.boundary, "[boundary removed]")

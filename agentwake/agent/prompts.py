@@ -15,8 +15,9 @@ import jinja2
 from jinja2.sandbox import SandboxedEnvironment
 
 from agentwake.agent.fence import Fence
-from agentwake.config import AgentConfig, SubscriptionConfig
+from agentwake.config import AgentConfig, SanitizeConfig, SubscriptionConfig
 from agentwake.errors import ConfigError
+from agentwake.sanitize import Limits, Sanitized, sanitize
 
 DEFAULT_EVENT_TEMPLATE: Final = "event.md.j2"
 
@@ -33,8 +34,9 @@ class RenderedPrompt:
 
 
 class PromptRenderer:
-    def __init__(self, agent: AgentConfig) -> None:
+    def __init__(self, agent: AgentConfig, sanitize: SanitizeConfig | None = None) -> None:
         self.agent = agent
+        self.sanitize = sanitize or SanitizeConfig()
         self.folder = agent.prompts
         self._env = SandboxedEnvironment(
             loader=jinja2.FileSystemLoader(str(self.folder)),
@@ -43,6 +45,14 @@ class PromptRenderer:
             keep_trailing_newline=False,
             trim_blocks=True,
             lstrip_blocks=True,
+        )
+
+    def clean(self, value: Any) -> Sanitized:
+        options = self.sanitize
+        return sanitize(
+            value,
+            limits=Limits(options.max_depth, options.max_string, options.max_list, options.max_bytes),
+            pii=options.redact_pii,
         )
 
     def template_for(self, subscription: SubscriptionConfig | None, event_name: str) -> str:
@@ -79,7 +89,7 @@ class PromptRenderer:
         limit = self.agent.event_data_max_chars
 
         def fenced(value: Any, kind: str = "event-data") -> str:
-            return fence.wrap(value, kind=kind, limit=limit)
+            return fence.wrap(self.clean(value).value, kind=kind, limit=limit)
 
         context = {
             "event": {
@@ -88,7 +98,8 @@ class PromptRenderer:
                 "timestamp": event["timestamp"],
                 "server": server,
                 "subscription": event["subscription"],
-                "data_block": fenced(event["data"]),
+                # The runner hands over data it already sanitized (and recorded the report of).
+                "data_block": fence.wrap(event["data"], kind="event-data", limit=limit),
             },
             "subscription": {
                 "name": subscription.name if subscription else event["subscription"],

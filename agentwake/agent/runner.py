@@ -96,7 +96,7 @@ class AgentRunner:
     def build(cls, config: AgentwakeConfig, store: Store, tools: ToolHost) -> AgentRunner:
         if config.agent is None:
             raise ValueError("no [agent] section")
-        return cls(config, config.agent, store, tools, PromptRenderer(config.agent))
+        return cls(config, config.agent, store, tools, PromptRenderer(config.agent, config.sanitize))
 
     def _subscription(self, name: str) -> SubscriptionConfig | None:
         return next((s for s in self.config.subscriptions if s.name == name), None)
@@ -123,7 +123,8 @@ class AgentRunner:
         allowlist = Allowlist(tuple(sub.tools) if sub else ())
         catalog = list(self.tools.catalog())
         allowed = allowlist.select(catalog)
-        fence = Fence()
+        fence = Fence(datamark=self.config.sanitize.datamark)
+        cleaned = self.renderer.clean(event.data)
         decision = {
             "action": "agent",
             "why": f"subscription {event.subscription!r} wakes the agent"
@@ -132,6 +133,8 @@ class AgentRunner:
             "model": model,
             "allowlist": list(allowlist.globs),
             "tools": [spec.exposed for spec in allowed],
+            "injection_score": cleaned.injection_score,
+            "injection_signals": cleaned.injection_signals,
         }
         prompt: RenderedPrompt | None = None
         failure: _RunFailed | None = None
@@ -143,7 +146,7 @@ class AgentRunner:
                     "name": event.name,
                     "timestamp": event.timestamp,
                     "subscription": event.subscription,
-                    "data": event.data,
+                    "data": cleaned.value,
                 },
                 subscription=sub,
                 server=event.server,
@@ -159,6 +162,7 @@ class AgentRunner:
             decision=decision,
             system_prompt=prompt.system if prompt else None,
             user_prompt=prompt.user if prompt else None,
+            sanitize_report=cleaned.report(),
         )
         transcript = _Transcript(
             [{"role": "system", "content": prompt.system}, {"role": "user", "content": prompt.user}]
@@ -307,7 +311,14 @@ class AgentRunner:
         start = time.perf_counter()
 
         def done(status: str, result: Any, arguments: Any) -> tuple[ToolCallRecord, dict[str, Any]]:
-            text = cap(as_text(result), limit)
+            cleaned = self.renderer.clean(result)
+            if cleaned.injection_score >= 0.5:
+                logger.warning(
+                    "tool %s returned text that reads like a prompt injection (%s)",
+                    name,
+                    ", ".join(cleaned.injection_signals),
+                )
+            text = cap(as_text(cleaned.value), limit)
             record = ToolCallRecord(
                 step=step,
                 call_id=call_id,
