@@ -23,6 +23,7 @@ from tenacity import (
 )
 
 from agentwake import protocol
+from agentwake.agent.runner import retry_at
 from agentwake.config import OFFLINE_MODEL, OFFLINE_NOTICE, AgentwakeConfig, SubscriptionConfig
 from agentwake.delivery.poll import PollLoop, Sleep, subscription_key
 from agentwake.delivery.select import plan_subscription
@@ -47,6 +48,7 @@ RECONNECT_INITIAL_S: Final = 1.0
 RECONNECT_MAX_S: Final = 60.0
 CLAIM_BATCH: Final = 100
 IDLE_RECHECK_S: Final = 5.0
+SERVER_WAIT_S: Final = 5.0
 
 Processor = Callable[[InboxEvent], None]
 
@@ -255,6 +257,20 @@ class Supervisor:
             if sub is not None and not sub.agent:
                 self.process(event)
                 await self.store.finish([event.id], "done")
+                return
+            server = self.config.servers.get(event.server)
+            # Its tools come with its connection; without them the run could not act as allowed.
+            if (
+                self.pool is not None
+                and server is not None
+                and not await self.pool.wait_for(event.server, server.connect_timeout_s)
+            ):
+                logger.warning(
+                    "event %s waits: server %s is not connected, so its tools are not available",
+                    event.event_id,
+                    event.server,
+                )
+                await self.store.release(event.id, retry_at(1, SERVER_WAIT_S))
                 return
             await agent.run(event)
         except AgentwakeError as exc:

@@ -279,7 +279,7 @@ def report(f: Figures) -> None:
         f"bare litellm call -> first byte:     p50 {f.litellm_p50_ms:.2f} ms, p99 {f.litellm_p99_ms:.2f} ms"
     )
     print(
-        f"difference (ours minus litellm):     p50 {f.difference_p50_ms:.2f} ms, p99 {f.difference_p99_ms:.2f} ms"
+        f"difference (ours - litellm, per pct): p50 {f.difference_p50_ms:.2f} ms, p99 {f.difference_p99_ms:.2f} ms"
     )
     print(
         f"target commit -> first byte p50 <= {f.target_p50_ms:g} ms (total, litellm included):"

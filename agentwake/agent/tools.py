@@ -136,6 +136,16 @@ class ConnectionPool:
         self._connections[conn.name] = conn
         await self.refresh(conn.name)
 
+    def attached(self, server: str) -> bool:
+        return server in self._tools
+
+    async def wait_for(self, server: str, timeout_s: float) -> bool:
+        """Wait until ``server`` is connected with its tools listed; False if it is not within the timeout."""
+        with anyio.move_on_after(timeout_s):
+            while not self.attached(server):
+                await self.changed()
+        return self.attached(server)
+
     def detach(self, server: str) -> None:
         self._connections.pop(server, None)
         if self._tools.pop(server, None) is not None:
