@@ -30,8 +30,16 @@ from agentwake.errors import StoreError
 logger = logging.getLogger(__name__)
 
 BUSY_TIMEOUT_MS: Final = 10_000
-EventState = Literal["pending", "processing", "done", "failed", "ignored"]
-EVENT_STATES: Final[tuple[EventState, ...]] = ("pending", "processing", "done", "failed", "ignored")
+EventState = Literal["pending", "processing", "done", "failed", "ignored", "held", "denied"]
+EVENT_STATES: Final[tuple[EventState, ...]] = (
+    "pending",
+    "processing",
+    "done",
+    "failed",
+    "ignored",
+    "held",
+    "denied",
+)
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -155,11 +163,15 @@ def _agent_runs(db: sqlite_utils.Database) -> None:
     db.execute("CREATE INDEX tool_calls_run ON tool_calls (run_id, id)")
 
 
-@migrations(name="0003_sanitize_report")
-def _sanitize_report(db: sqlite_utils.Database) -> None:
+@migrations(name="0003_sanitize_and_policy")
+def _sanitize_and_policy(db: sqlite_utils.Database) -> None:
     # What sanitizing the payload found (cuts, redactions, injection signals); the score is a policy input.
     db.execute("ALTER TABLE events ADD COLUMN injection_score REAL")
     db.execute("ALTER TABLE events ADD COLUMN sanitize_report TEXT")
+    # The policy decision (rule, why) and, for held events, the person's answer.
+    db.execute("ALTER TABLE events ADD COLUMN decision TEXT")
+    db.execute("ALTER TABLE events ADD COLUMN approved_at TEXT")
+    db.execute("ALTER TABLE events ADD COLUMN approval_note TEXT")
 
 
 # One encoder for the hot path: json.dumps with options builds a new encoder per call.
@@ -207,6 +219,8 @@ class InboxEvent:
     timestamp: str
     data: dict[str, Any]
     attempts: int
+    decision: dict[str, Any] | None = None
+    approved: bool = False
 
 
 RunKind = Literal["agent", "replay", "dry_run"]
@@ -470,11 +484,86 @@ class Store:
                 "UPDATE events SET state = 'processing', attempts = attempts + 1, state_changed_at = ?"
                 " WHERE id IN (SELECT id FROM events WHERE state = 'pending'"
                 " AND (available_at IS NULL OR available_at <= ?) ORDER BY priority DESC, id LIMIT ?)"
-                " RETURNING id, server, subscription, name, event_id, timestamp, data, attempts",
+                " RETURNING id, server, subscription, name, event_id, timestamp, data, attempts, decision,"
+                " approved_at",
                 [now, now, limit],
             ).fetchall()
         rows.sort(key=lambda row: row[0])
-        return [InboxEvent(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]), r[7]) for r in rows]
+        return [
+            InboxEvent(
+                r[0],
+                r[1],
+                r[2],
+                r[3],
+                r[4],
+                r[5],
+                json.loads(r[6]),
+                r[7],
+                json.loads(r[8]) if r[8] else None,
+                bool(r[9]),
+            )
+            for r in rows
+        ]
+
+    def release_sync(self, event_row: int, retry_at: str) -> None:
+        """Give a claimed event back untouched (not an attempt): pending again, not before ``retry_at``."""
+        with self._db.atomic():
+            self._db.execute(
+                "UPDATE events SET state = 'pending', attempts = max(0, attempts - 1), available_at = ?,"
+                " state_changed_at = ? WHERE id = ? AND state = 'processing'",
+                [retry_at, now_iso(), event_row],
+            )
+
+    async def release(self, event_row: int, retry_at: str) -> None:
+        await self._run(self.release_sync, event_row, retry_at)
+
+    def decide_sync(self, event_row: int, decision: dict[str, Any], state: EventState | None) -> None:
+        """Store the policy decision; with a state (ignored, done, held) the event ends there, in one transaction."""
+        with self._db.atomic():
+            self._db.execute(
+                "UPDATE events SET decision = ?, state = coalesce(?, state), state_changed_at = ? WHERE id = ?",
+                [_encode_json(decision), state, now_iso(), event_row],
+            )
+
+    async def decide(self, event_row: int, decision: dict[str, Any], state: EventState | None) -> None:
+        await self._run(self.decide_sync, event_row, decision, state)
+
+    def approvals_sync(self) -> list[dict[str, Any]]:
+        rows = self._db.execute(
+            "SELECT id, server, subscription, name, event_id, timestamp, received_at, decision, data, injection_score"
+            " FROM events WHERE state = 'held' ORDER BY id"
+        ).fetchall()
+        keys = (
+            "id",
+            "server",
+            "subscription",
+            "event",
+            "event_id",
+            "timestamp",
+            "received_at",
+            "decision",
+            "data",
+            "injection_score",
+        )
+        held = [dict(zip(keys, r, strict=True)) for r in rows]
+        for event in held:
+            event["decision"] = json.loads(event["decision"]) if event["decision"] else None
+            event["data"] = json.loads(event["data"])
+        return held
+
+    def answer_sync(self, event_row: int, *, approve: bool, note: str | None) -> None:
+        """A person's answer to a held event: approved goes back to pending (the agent runs), denied ends it."""
+        now = now_iso()
+        with self._db.atomic():
+            row = self._db.execute("SELECT state FROM events WHERE id = ?", [event_row]).fetchone()
+            if row is None:
+                raise StoreError(f"no stored event with row id {event_row}")
+            if row[0] != "held":
+                raise StoreError(f"the event is {row[0]!r}, not held for approval")
+            self._db.execute(
+                "UPDATE events SET state = ?, approved_at = ?, approval_note = ?, state_changed_at = ? WHERE id = ?",
+                ["pending" if approve else "denied", now if approve else None, note, now, event_row],
+            )
 
     async def claim(self, limit: int) -> list[InboxEvent]:
         return await self._run(self.claim_sync, limit)
@@ -505,10 +594,15 @@ class Store:
         sanitize_report: dict[str, Any] | None = None,
     ) -> int:
         with self._db.atomic():
-            if sanitize_report is not None:
+            if sanitize_report is not None and kind == "agent":
                 self._db.execute(
-                    "UPDATE events SET injection_score = ?, sanitize_report = ? WHERE id = ?",
-                    [sanitize_report.get("injection_score"), _encode_json(sanitize_report), event_row],
+                    "UPDATE events SET injection_score = ?, sanitize_report = ?, decision = ? WHERE id = ?",
+                    [
+                        sanitize_report.get("injection_score"),
+                        _encode_json(sanitize_report),
+                        _encode_json(decision),
+                        event_row,
+                    ],
                 )
             cur = self._db.execute(
                 "INSERT INTO runs (event_row, kind, attempt, model, status, decision, system_prompt, user_prompt,"
@@ -695,7 +789,8 @@ class Store:
     def _find_events(self, where: str, args: list[Any]) -> list[dict[str, Any]]:
         rows = self._db.execute(
             "SELECT id, server, subscription, name, event_id, timestamp, received_at, state, attempts, data,"
-            f" meta, last_error, injection_score, sanitize_report FROM events WHERE {where} ORDER BY id",
+            f" meta, last_error, injection_score, sanitize_report, decision, approved_at, approval_note"
+            f" FROM events WHERE {where} ORDER BY id",
             args,
         ).fetchall()
         keys = (
@@ -713,6 +808,9 @@ class Store:
             "last_error",
             "injection_score",
             "sanitize_report",
+            "decision",
+            "approved_at",
+            "approval_note",
         )
         events = [dict(zip(keys, r, strict=True)) for r in rows]
         for event in events:
