@@ -83,27 +83,32 @@ def run(config: ConfigOption = DEFAULT_CONFIG_PATH) -> None:
         raise _fail(exc) from None
 
 
-def _agent_for(cfg: AgentwakeConfig, store: Store) -> tuple[Any, Any]:
-    """The agent runner and its connection pool, or (None, None) without an [agent] section.
+def _agent_for(cfg: AgentwakeConfig, store: Store) -> tuple[Any, Any, Any]:
+    """The agent runner, its connection pool and the policy, or Nones without an [agent] section.
 
     Imports stay inside: ``agentwake --help`` and the read-only commands never load the agent.
     """
     if cfg.agent is None:
-        return None, None
+        return None, None, None
     from agentwake.agent.prompts import PromptRenderer
     from agentwake.agent.runner import AgentRunner
     from agentwake.agent.tools import ConnectionPool
+    from agentwake.policy import load_policy
 
     renderer = PromptRenderer(cfg.agent, cfg.sanitize)
-    renderer.check([renderer.template_for(s, s.event) for s in cfg.subscriptions if s.agent])
+    policy = load_policy(cfg.policy.dir, cfg.policy.default)
+    renderer.check(
+        [renderer.template_for(s, s.event) for s in cfg.subscriptions if s.agent]
+        + [r.rule.prompt for r in policy.rules if r.rule.prompt]
+    )
     pool = ConnectionPool(call_timeout_s=cfg.agent.request_timeout_s)
-    return AgentRunner(cfg, cfg.agent, store, pool, renderer), pool
+    return AgentRunner(cfg, cfg.agent, store, pool, renderer), pool, policy
 
 
 async def _run_service(cfg: AgentwakeConfig) -> None:
     store = await Store.open(cfg.store.path, synchronous=cfg.store.synchronous)
     try:
-        runner, pool = _agent_for(cfg, store)
+        runner, pool, policy = _agent_for(cfg, store)
     except AgentwakeError:
         await store.close()
         raise
@@ -137,7 +142,17 @@ async def _run_service(cfg: AgentwakeConfig) -> None:
                         return
 
             tg.start_soon(stop_on_signal)
-            await tg.start(Supervisor(cfg, store, agent=runner, pool=pool).run)
+            supervisor = Supervisor(cfg, store, agent=runner, pool=pool)
+            if policy is not None:
+                supervisor.policy = policy
+                logger.info(
+                    "policy: %d rule(s) from %d file(s) in %s; default %s",
+                    len(policy.rules),
+                    len(policy.files),
+                    cfg.policy.dir,
+                    policy.default,
+                )
+            await tg.start(supervisor.run)
     finally:
         with anyio.CancelScope(shield=True):
             await store.close()
@@ -605,6 +620,254 @@ async def _replay(cfg: AgentwakeConfig, row_id: int, dry_run: bool) -> dict[str,
     finally:
         await store.close()
     return run
+
+
+policy_app = typer.Typer(
+    help="Check policy files, and see what they decide for a sample event.", no_args_is_help=True
+)
+app.add_typer(policy_app, name="policy")
+
+
+def _load_policy(cfg: AgentwakeConfig) -> Any:
+    from agentwake.policy import load_policy
+
+    try:
+        return load_policy(cfg.policy.dir, cfg.policy.default)
+    except AgentwakeError as exc:
+        raise _fail(exc, 2) from None
+
+
+@policy_app.command("check")
+def policy_check(config: ConfigOption = DEFAULT_CONFIG_PATH) -> None:
+    """Validate every policy file; errors name the file, the line and the rule."""
+    cfg = _load(config)
+    policy = _load_policy(cfg)
+    if not policy.files:
+        out.print(
+            f"no policy files in {cfg.policy.dir}: every event gets the default action {policy.default!r}"
+        )
+        return
+    table = Table(title=f"Rules in {cfg.policy.dir}, in evaluation order")
+    for column in ("#", "rule", "where", "action", "tools", "match"):
+        table.add_column(column, overflow="fold")
+    for index, loaded in enumerate(policy.rules, start=1):
+        rule = loaded.rule
+        conditions = [f"{c.field} {c.op} {c.value!r}" for c in rule.match.conditions()]
+        table.add_row(
+            str(index),
+            rule.name,
+            loaded.where,
+            rule.action,
+            "-"
+            if rule.action not in ("agent", "approve")
+            else ", ".join(rule.tools)
+            if rule.tools is not None
+            else "(subscription's)",
+            "\n".join(conditions) or "(every event)",
+        )
+    out.print(table)
+    out.print(
+        f"policy OK: {len(policy.rules)} rule(s) in {len(policy.files)} file(s); default action {policy.default!r}"
+    )
+
+
+@policy_app.command("test")
+def policy_test(
+    event_file: Annotated[
+        Path,
+        typer.Argument(
+            help="A JSON file: an event ({name, data, ...}) or just its data (then pass --event)."
+        ),
+    ],
+    config: ConfigOption = DEFAULT_CONFIG_PATH,
+    server: Annotated[str | None, typer.Option("--server", help="The server it came from.")] = None,
+    subscription: Annotated[
+        str | None,
+        typer.Option("--subscription", help="The subscription it came through (sets server and event)."),
+    ] = None,
+    event_name: Annotated[
+        str | None, typer.Option("--event", help="Its event name, if the file holds only data.")
+    ] = None,
+) -> None:
+    """Show which rule matches a sample event and why, the exact sanitized prompt, and the tools allowed.
+
+    Nothing is sent anywhere: no server is contacted and no LLM is called. Tools
+    are shown as the allowlist globs (the live tool list needs the servers).
+    """
+    cfg = _load(config)
+    policy = _load_policy(cfg)
+    try:
+        raw = json.loads(event_file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise _fail(AgentwakeError(f"no such file: {event_file}"), 2) from None
+    except ValueError as exc:
+        raise _fail(AgentwakeError(f"{event_file} is not valid JSON: {exc}"), 2) from None
+    if not isinstance(raw, dict):
+        raise _fail(AgentwakeError(f"{event_file} must hold a JSON object"), 2)
+    sub = None
+    if subscription is not None:
+        try:
+            sub = cfg.subscription(subscription)
+        except ConfigError as exc:
+            raise _fail(exc, 2) from None
+    is_event = "data" in raw and isinstance(raw.get("data"), dict)
+    data = raw["data"] if is_event else raw
+    name = event_name or (raw.get("name") if is_event else None) or (sub.event if sub else None)
+    if not name:
+        raise _fail(
+            AgentwakeError(
+                'the event has no name: put "name" in the file, or pass --event or --subscription'
+            ),
+            2,
+        )
+    from agentwake.agent.fence import Fence
+    from agentwake.agent.prompts import PromptRenderer
+    from agentwake.store import InboxEvent
+    from agentwake.supervisor import policy_view
+
+    event = InboxEvent(
+        0,
+        server or (sub.server if sub else str(raw.get("server", "?"))),
+        sub.name if sub else str(raw.get("subscription", "?")),
+        str(name),
+        str(raw.get("eventId") or raw.get("event_id") or "sample"),
+        str(raw.get("timestamp") or "1970-01-01T00:00:00Z"),
+        data,
+        1,
+    )
+    agent_cfg = cfg.agent
+    renderer = PromptRenderer(agent_cfg, cfg.sanitize) if agent_cfg else None
+    from agentwake.sanitize import sanitize as clean
+
+    cleaned = renderer.clean(data) if renderer else clean(data)
+    decision = policy.decide(policy_view(event, cleaned.injection_score))
+    out.rule("decision")
+    out.print(f"action: [bold]{decision.action}[/bold]", highlight=False)
+    out.print(f"rule: {decision.rule}" + (f" ({decision.where})" if decision.where else ""), highlight=False)
+    out.print(f"why: {decision.why}", highlight=False)
+    out.print(
+        f"injection score: {cleaned.injection_score}"
+        + (f" ({', '.join(cleaned.injection_signals)})" if cleaned.injection_signals else ""),
+        highlight=False,
+    )
+    if cleaned.cuts or cleaned.redactions or cleaned.removed_characters:
+        out.print(
+            f"sanitized: {cleaned.removed_characters} invisible/control character(s) removed; "
+            f"redactions {cleaned.redactions or 'none'}; cuts {cleaned.cuts or 'none'}",
+            highlight=False,
+        )
+    if decision.action not in ("agent", "approve"):
+        out.print("the agent would not run for this event")
+        return
+    if decision.action == "approve":
+        out.print("the event would be held until a person approves it (agentwake approve); then:")
+    globs = decision.tools if decision.tools is not None else (sub.tools if sub else [])
+    out.rule("tools allowed")
+    out.print(", ".join(globs) if globs else "none", highlight=False)
+    if renderer is None or agent_cfg is None:
+        out.print("no [agent] section: no prompt to show")
+        return
+    model = decision.model or (sub.model if sub else None) or agent_cfg.model
+    out.print(f"model: {model}", highlight=False)
+    try:
+        prompt = renderer.render(
+            fence=Fence(datamark=cfg.sanitize.datamark),
+            event={
+                "event_id": event.event_id,
+                "name": event.name,
+                "timestamp": event.timestamp,
+                "subscription": event.subscription,
+                "data": cleaned.value,
+            },
+            subscription=sub,
+            server=event.server,
+            tools=list(globs),
+            rule=decision.to_record(),
+            template=decision.prompt,
+        )
+    except AgentwakeError as exc:
+        raise _fail(exc) from None
+    # The prompts exactly as the model would get them: no wrapping, no markup.
+    out.rule(f"system prompt ({agent_cfg.system_prompt})")
+    sys.stdout.write(prompt.system)
+    out.rule(f"user prompt ({prompt.template})")
+    sys.stdout.write(prompt.user)
+
+
+@app.command()
+def approvals(
+    config: ConfigOption = DEFAULT_CONFIG_PATH,
+    as_json: JsonOption = False,
+) -> None:
+    """List the events held for approval by an 'approve' rule, oldest first."""
+    cfg = _load(config)
+    store = _open_store(cfg)
+    try:
+        held = store.approvals_sync()
+    finally:
+        store.close_sync()
+    if as_json:
+        sys.stdout.write(json.dumps(held, indent=2, ensure_ascii=False) + "\n")
+        return
+    if not held:
+        out.print("no event is waiting for approval")
+        return
+    table = Table(title="Held for approval")
+    for column in ("event id", "server", "subscription", "event", "received", "rule", "why", "data"):
+        table.add_column(column, overflow="fold")
+    for h in held:
+        data = json.dumps(h["data"], ensure_ascii=False)
+        decision = h["decision"] or {}
+        table.add_row(
+            h["event_id"],
+            h["server"],
+            h["subscription"],
+            h["event"],
+            h["received_at"],
+            str(decision.get("rule")),
+            str(decision.get("why")),
+            data if len(data) <= 120 else data[:119] + "…",
+        )
+    out.print(table)
+
+
+def _answer(config: Path, event_id: str, server: str | None, *, approve: bool, note: str | None) -> None:
+    cfg = _load(config)
+    store = _open_store(cfg)
+    try:
+        row = _find_event(store, event_id, server)
+        try:
+            store.answer_sync(row["id"], approve=approve, note=note)
+        except AgentwakeError as exc:
+            raise _fail(AgentwakeError(f"event {event_id!r}: {exc}")) from None
+    finally:
+        store.close_sync()
+    if approve:
+        out.print(f"approved {event_id}: the running service will run the agent on it")
+    else:
+        out.print(f"denied {event_id}" + (f": {note}" if note else ""))
+
+
+@app.command()
+def approve(
+    event_id: Annotated[str, typer.Argument(help="The eventId of a held event (see 'agentwake approvals').")],
+    config: ConfigOption = DEFAULT_CONFIG_PATH,
+    server: ServerOption = None,
+    note: Annotated[str | None, typer.Option("--note", help="Recorded with the approval.")] = None,
+) -> None:
+    """Approve a held event: it goes back to the inbox and the agent runs on it, with the rule's tools."""
+    _answer(config, event_id, server, approve=True, note=note)
+
+
+@app.command()
+def deny(
+    event_id: Annotated[str, typer.Argument(help="The eventId of a held event (see 'agentwake approvals').")],
+    config: ConfigOption = DEFAULT_CONFIG_PATH,
+    server: ServerOption = None,
+    reason: Annotated[str | None, typer.Option("--reason", help="Why; recorded with the event.")] = None,
+) -> None:
+    """Deny a held event: the agent never runs on it, and the reason is recorded."""
+    _answer(config, event_id, server, approve=False, note=reason)
 
 
 def main() -> None:

@@ -205,11 +205,23 @@ class SanitizeConfig(_Model):
     )
 
 
+class PolicyConfig(_Model):
+    """[policy]: where the rule files are, and what happens when no rule matches."""
+
+    dir: Path = Field(
+        default=Path("policies"), description="folder of policy files (*.toml), read in name order"
+    )
+    default: Literal["ignore", "log", "agent", "approve"] = Field(
+        default="agent", description="the action when no rule matches"
+    )
+
+
 class AgentwakeConfig(_Model):
     store: StoreConfig = Field(default_factory=StoreConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     agent: AgentConfig | None = None
     sanitize: SanitizeConfig = Field(default_factory=SanitizeConfig)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
     servers: dict[str, ServerConfig] = Field(default_factory=dict)
     subscriptions: list[SubscriptionConfig] = Field(default_factory=list)
 
@@ -321,7 +333,8 @@ def _resolve_paths(config: AgentwakeConfig, base: Path) -> AgentwakeConfig:
     agent = config.agent
     if agent is not None:
         agent = agent.model_copy(update={"prompts": _under(base, agent.prompts)})
-    return config.model_copy(update={"store": store, "servers": servers, "agent": agent})
+    policy = config.policy.model_copy(update={"dir": _under(base, config.policy.dir)})
+    return config.model_copy(update={"store": store, "servers": servers, "agent": agent, "policy": policy})
 
 
 def _under(base: Path, path: Path) -> Path:

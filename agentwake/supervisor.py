@@ -36,6 +36,8 @@ from agentwake.errors import (
     SubscriptionEnded,
 )
 from agentwake.mcp import ServerConnection
+from agentwake.policy import Decision, Policy
+from agentwake.sanitize import Sanitized
 from agentwake.store import InboxEvent, Store
 
 if TYPE_CHECKING:
@@ -65,6 +67,19 @@ def log_event(event: InboxEvent) -> None:
     )
 
 
+def policy_view(event: InboxEvent, injection_score: float) -> dict[str, object]:
+    """What policy conditions can look at: the event's envelope, its (raw) data, and the injection score."""
+    return {
+        "server": event.server,
+        "subscription": event.subscription,
+        "name": event.name,
+        "event_id": event.event_id,
+        "timestamp": event.timestamp,
+        "data": event.data,
+        "injection_score": injection_score,
+    }
+
+
 def _preview(data: dict[str, object], limit: int = 160) -> str:
     text = ", ".join(f"{k}={v!r}" for k, v in data.items())
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -81,6 +96,7 @@ class Supervisor:
     processing: bool = True
     agent: AgentRunner | None = None
     pool: ConnectionPool | None = None
+    policy: Policy = field(default_factory=Policy)
     _wake: anyio.Event = field(default_factory=anyio.Event, init=False)
     _slot_freed: anyio.Event = field(default_factory=anyio.Event, init=False)
     _active: int = field(default=0, init=False)
@@ -258,6 +274,27 @@ class Supervisor:
                 self.process(event)
                 await self.store.finish([event.id], "done")
                 return
+            cleaned = agent.renderer.clean(event.data)
+            decision = self._decide(event, cleaned)
+            record = {**decision.to_record(), "injection_score": cleaned.injection_score}
+            if decision.action == "ignore":
+                logger.info("event %s ignored by rule %s: %s", event.event_id, decision.rule, decision.why)
+                await self.store.decide(event.id, record, "ignored")
+                return
+            if decision.action == "log":
+                self.process(event)
+                await self.store.decide(event.id, record, "done")
+                return
+            if decision.action == "approve" and not event.approved:
+                logger.warning(
+                    "event %s held for approval by rule %s (%s): agentwake approve %s, or deny it",
+                    event.event_id,
+                    decision.rule,
+                    decision.why,
+                    event.event_id,
+                )
+                await self.store.decide(event.id, record, "held")
+                return
             server = self.config.servers.get(event.server)
             # Its tools come with its connection; without them the run could not act as allowed.
             if (
@@ -272,13 +309,28 @@ class Supervisor:
                 )
                 await self.store.release(event.id, retry_at(1, SERVER_WAIT_S))
                 return
-            await agent.run(event)
+            await agent.run(event, rule=decision, cleaned=cleaned)
         except AgentwakeError as exc:
             logger.error("event %s failed: %s", event.event_id, exc)
             await self.store.finish([event.id], "failed", str(exc))
         finally:
             self._active -= 1
             self._slot_freed.set()
+
+    def _decide(self, event: InboxEvent, cleaned: Sanitized) -> Decision:
+        if event.approved and event.decision:
+            held = event.decision
+            return Decision(
+                action="agent",
+                rule=str(held.get("rule") or "default"),
+                why=f"approved by a person; held by: {held.get('why')}",
+                where=held.get("where"),
+                tools=held.get("rule_tools"),
+                prompt=held.get("prompt"),
+                model=held.get("model"),
+                priority=int(held.get("priority") or 0),
+            )
+        return self.policy.decide(policy_view(event, cleaned.injection_score))
 
     async def _process_forever(self) -> None:
         requeued = await self.store.requeue_interrupted()

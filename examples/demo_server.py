@@ -250,7 +250,8 @@ def random_ticket(rng: random.Random) -> tuple[str, str, str, str, str]:
         rng.choice(PRIORITIES),
         title,
         f"Customer reports: {title.lower()}.",
-        f"user{rng.randint(1, 999)}@example.com",
+        # Some tickets come from automation, so policies have bots to ignore.
+        "monitoring-bot@example.com" if rng.random() < 0.15 else f"user{rng.randint(1, 999)}@example.com",
     )
 
 

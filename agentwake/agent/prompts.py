@@ -85,6 +85,7 @@ class PromptRenderer:
         server: str,
         tools: list[str],
         rule: dict[str, Any] | None = None,
+        template: str | None = None,
     ) -> RenderedPrompt:
         limit = self.agent.event_data_max_chars
 
@@ -112,7 +113,7 @@ class PromptRenderer:
             "boundary": fence.boundary,
             "fenced": fenced,
         }
-        name = self.template_for(subscription, event["name"])
+        name = template or self.template_for(subscription, event["name"])
         return RenderedPrompt(
             system=self._render(self.agent.system_prompt, context),
             user=self._render(name, context),

@@ -24,6 +24,8 @@ from agentwake.agent.llm import LLMError, LLMSettings, complete
 from agentwake.agent.prompts import PromptError, PromptRenderer, RenderedPrompt
 from agentwake.agent.tools import Allowlist, ToolHost, ToolSpec, elapsed_ms
 from agentwake.config import AgentConfig, AgentwakeConfig, SubscriptionConfig
+from agentwake.policy import Decision
+from agentwake.sanitize import Sanitized
 from agentwake.store import (
     EventVerdict,
     InboxEvent,
@@ -115,21 +117,40 @@ class AgentRunner:
             retry_max_s=agent.retry_max_s,
         )
 
-    async def run(self, event: InboxEvent, *, kind: RunKind = "agent") -> RunResult:
-        """Run the agent on one event. ``kind`` agent moves the event's state; replay and dry_run do not."""
+    async def run(
+        self,
+        event: InboxEvent,
+        *,
+        kind: RunKind = "agent",
+        rule: Decision | None = None,
+        cleaned: Sanitized | None = None,
+    ) -> RunResult:
+        """Run the agent on one event. ``kind`` agent moves the event's state; replay and dry_run do not.
+
+        ``rule`` is the policy decision that sent the event here: its tools, prompt and
+        model win over the subscription's.
+        """
         start = time.perf_counter()
         sub = self._subscription(event.subscription)
-        model = (sub.model if sub else None) or self.agent.model
-        allowlist = Allowlist(tuple(sub.tools) if sub else ())
+        model = (rule.model if rule else None) or (sub.model if sub else None) or self.agent.model
+        if rule is not None and rule.tools is not None:
+            allowlist = Allowlist(tuple(rule.tools))
+        else:
+            allowlist = Allowlist(tuple(sub.tools) if sub else ())
         catalog = list(self.tools.catalog())
         allowed = allowlist.select(catalog)
         fence = Fence(datamark=self.config.sanitize.datamark)
-        cleaned = self.renderer.clean(event.data)
+        cleaned = cleaned or self.renderer.clean(event.data)
+        if rule is not None:
+            why = f"rule {rule.rule!r}" + (f" ({rule.where})" if rule.where else "") + f": {rule.why}"
+        elif sub is not None:
+            why = f"subscription {event.subscription!r} wakes the agent"
+        else:
+            why = f"subscription {event.subscription!r} is no longer configured; no tools"
         decision = {
             "action": "agent",
-            "why": f"subscription {event.subscription!r} wakes the agent"
-            if sub
-            else f"subscription {event.subscription!r} is no longer configured; no tools",
+            "rule": rule.rule if rule else None,
+            "why": why,
             "model": model,
             "allowlist": list(allowlist.globs),
             "tools": [spec.exposed for spec in allowed],
@@ -151,6 +172,8 @@ class AgentRunner:
                 subscription=sub,
                 server=event.server,
                 tools=[spec.exposed for spec in allowed],
+                rule=rule.to_record() if rule else None,
+                template=rule.prompt if rule else None,
             )
         except PromptError as exc:
             failure = _RunFailed(str(exc), transient=False)

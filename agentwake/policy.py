@@ -1,0 +1,313 @@
+"""Policy files: which events wake the agent, with which prompt, model and tools.
+
+Rules live in ``policies/*.toml`` (``[policy] dir`` points elsewhere), read in
+file-name order; within a file, in order. The first rule that matches decides;
+when none does, the default rule does (``[policy] default``, "log" unless set).
+Every decision says which rule matched and why, and is stored with the run.
+
+A file holds ``[[rules]]`` tables::
+
+    [[rules]]
+    name = "page-on-p1"
+    action = "agent"                      # ignore | log | agent | approve
+    tools = ["demo__acknowledge_alert"]
+    prompt = "alert.fired.md.j2"
+    match.event = "alert.*"               # glob; also server, subscription
+    match.data = { severity = "P1" }      # shorthand for equals
+    match.when = [{ field = "data.service", op = "in", value = ["api", "db"] }]
+    match.injection_score = { lt = 0.5 }
+
+Conditions: ``eq``, ``ne``, ``in``, ``glob``, ``regex``, ``gt``, ``ge``, ``lt``,
+``le``, ``exists``. Fields are dotted paths into the event (``data.x.y``,
+``name``, ``server``, ``subscription``, ``injection_score``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from agentwake.errors import ConfigError
+
+Action = Literal["ignore", "log", "agent", "approve"]
+Op = Literal["eq", "ne", "in", "glob", "regex", "gt", "ge", "lt", "le", "exists"]
+_MISSING: Final = object()
+_NUMERIC: Final = frozenset({"gt", "ge", "lt", "le"})
+
+
+class PolicyError(ConfigError):
+    """A policy file is invalid; the message names the file, the line and the rule."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Condition(_Model):
+    field: str = Field(min_length=1)
+    op: Op = "eq"
+    value: Any = None
+
+    @model_validator(mode="after")
+    def _value_fits_op(self) -> Condition:
+        if self.op == "in" and not isinstance(self.value, list):
+            raise ValueError(f"condition on {self.field!r}: 'in' needs a list value")
+        if self.op in _NUMERIC and (isinstance(self.value, bool) or not isinstance(self.value, int | float)):
+            raise ValueError(f"condition on {self.field!r}: {self.op!r} needs a number")
+        if self.op in ("glob", "regex") and not isinstance(self.value, str):
+            raise ValueError(f"condition on {self.field!r}: {self.op!r} needs a string pattern")
+        if self.op == "regex":
+            try:
+                re.compile(self.value)
+            except re.error as exc:
+                raise ValueError(f"condition on {self.field!r}: bad regex {self.value!r}: {exc}") from None
+        if self.op == "exists" and not isinstance(self.value, bool | None):
+            raise ValueError(f"condition on {self.field!r}: 'exists' takes true or false")
+        return self
+
+
+class ScoreBounds(_Model):
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+
+
+class Match(_Model):
+    server: str | None = None
+    event: str | None = None
+    subscription: str | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+    when: list[Condition] = Field(default_factory=list)
+    injection_score: ScoreBounds | None = None
+
+    def conditions(self) -> list[Condition]:
+        found: list[Condition] = []
+        for key, glob in (("server", self.server), ("name", self.event), ("subscription", self.subscription)):
+            if glob is not None:
+                found.append(Condition(field=key, op="glob", value=glob))
+        found.extend(Condition(field=f"data.{key}", op="eq", value=value) for key, value in self.data.items())
+        found.extend(self.when)
+        if self.injection_score is not None:
+            for op in ("gt", "ge", "lt", "le"):
+                bound = getattr(self.injection_score, op)
+                if bound is not None:
+                    found.append(Condition(field="injection_score", op=op, value=bound))
+        return found
+
+
+class Rule(_Model):
+    name: str = Field(min_length=1)
+    action: Action
+    match: Match = Field(default_factory=Match)
+    tools: list[str] | None = None
+    prompt: str | None = None
+    model: str | None = None
+    priority: int = 0
+    description: str | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _tool_globs(cls, value: list[str] | None) -> list[str] | None:
+        for glob in value or []:
+            if "__" not in glob and glob != "*":
+                raise ValueError(f"tool glob {glob!r} has no server part; tools are named '<server>__<tool>'")
+        return value
+
+    @model_validator(mode="after")
+    def _agent_only_keys(self) -> Rule:
+        if self.action not in ("agent", "approve") and (self.tools or self.prompt or self.model):
+            raise ValueError(
+                f"'tools', 'prompt' and 'model' only apply to action 'agent' or 'approve', not {self.action!r}"
+            )
+        return self
+
+
+class _PolicyFile(_Model):
+    rules: list[Rule] = Field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedRule:
+    rule: Rule
+    file: Path
+    line: int
+
+    @property
+    def where(self) -> str:
+        return f"{self.file.name}:{self.line}"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    action: Action
+    rule: str
+    why: str
+    where: str | None = None
+    tools: list[str] | None = None
+    prompt: str | None = None
+    model: str | None = None
+    priority: int = 0
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "action": self.action,
+            "rule": self.rule,
+            "why": self.why,
+            "where": self.where,
+            "rule_tools": self.tools,
+            "prompt": self.prompt,
+            "model": self.model,
+            "priority": self.priority,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    rules: list[LoadedRule] = field(default_factory=list)
+    default: Action = "agent"
+    files: list[Path] = field(default_factory=list)
+
+    def decide(self, event: Mapping[str, Any]) -> Decision:
+        """First matching rule, in file then rule order; else the default rule."""
+        for loaded in self.rules:
+            rule = loaded.rule
+            reasons = _reasons(rule.match.conditions(), event)
+            if reasons is not None:
+                return Decision(
+                    action=rule.action,
+                    rule=rule.name,
+                    why="; ".join(reasons) if reasons else "the rule matches every event",
+                    where=loaded.where,
+                    tools=rule.tools,
+                    prompt=rule.prompt,
+                    model=rule.model,
+                    priority=rule.priority,
+                )
+        checked = f"none of the {len(self.rules)} rule(s) matched" if self.rules else "no policy rules"
+        return Decision(action=self.default, rule="default", why=checked)
+
+
+def lookup(event: Mapping[str, Any], path: str) -> Any:
+    node: Any = event
+    for part in path.split("."):
+        if isinstance(node, Mapping) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return _MISSING
+    return node
+
+
+def _holds(condition: Condition, actual: Any) -> bool:
+    op, expected = condition.op, condition.value
+    if op == "exists":
+        return (actual is not _MISSING) == (expected is not False)
+    if actual is _MISSING:
+        return op == "ne"
+    if op == "eq":
+        return bool(actual == expected)
+    if op == "ne":
+        return bool(actual != expected)
+    if op == "in":
+        return actual in expected
+    if op == "glob":
+        return isinstance(actual, str) and fnmatch.fnmatchcase(actual, expected)
+    if op == "regex":
+        return isinstance(actual, str) and re.search(expected, actual) is not None
+    if isinstance(actual, bool) or not isinstance(actual, int | float):
+        return False
+    number = float(actual)
+    limit = float(expected)
+    return {"gt": number > limit, "ge": number >= limit, "lt": number < limit, "le": number <= limit}[op]
+
+
+def _reasons(conditions: Sequence[Condition], event: Mapping[str, Any]) -> list[str] | None:
+    """Why each condition holds, or None at the first that does not."""
+    reasons: list[str] = []
+    for condition in conditions:
+        actual = lookup(event, condition.field)
+        if not _holds(condition, actual):
+            return None
+        shown = "present" if condition.op == "exists" and condition.value is not False else repr(actual)
+        if condition.op == "exists" and condition.value is False:
+            shown = "absent"
+        reasons.append(f"{condition.field} {condition.op} {condition.value!r} ({shown})")
+    return reasons
+
+
+def _rule_lines(text: str) -> list[int]:
+    """Line numbers of each ``[[rules]]`` header, in order."""
+    return [
+        n for n, line in enumerate(text.splitlines(), start=1) if re.match(r"^\s*\[\[\s*rules\s*\]\]", line)
+    ]
+
+
+def load_file(path: Path) -> list[LoadedRule]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"{path}: not valid TOML: {exc}") from None
+    lines = _rule_lines(text)
+    try:
+        parsed = _PolicyFile.model_validate(data)
+    except ValidationError as exc:
+        messages = []
+        for error in exc.errors():
+            loc = error["loc"]
+            message = error["msg"].removeprefix("Value error, ")
+            if error["type"] == "extra_forbidden":
+                message = f"unknown key {loc[-1]!r}"
+            if len(loc) >= 2 and loc[0] == "rules" and isinstance(loc[1], int):
+                index = loc[1]
+                raw = data.get("rules", [])
+                name = (
+                    raw[index].get("name", f"#{index + 1}")
+                    if index < len(raw) and isinstance(raw[index], dict)
+                    else f"#{index + 1}"
+                )
+                line = lines[index] if index < len(lines) else 0
+                key = ".".join(str(p) for p in loc[2:]) or "(rule)"
+                messages.append(f"{path}:{line}: rule {name!r}: {key}: {message}")
+            else:
+                messages.append(f"{path}: {'.'.join(map(str, loc)) or '(top level)'}: {message}")
+        raise PolicyError("\n".join(messages)) from None
+    return [LoadedRule(rule, path, lines[i] if i < len(lines) else 0) for i, rule in enumerate(parsed.rules)]
+
+
+def load_policy(folder: Path | None, default: Action = "agent") -> Policy:
+    """Every ``*.toml`` in ``folder``; all errors of all files at once; names must be unique."""
+    if folder is None or not folder.exists():
+        return Policy(default=default)
+    if not folder.is_dir():
+        raise PolicyError(f"policy dir {folder} is not a folder")
+    files = sorted(folder.glob("*.toml"))
+    rules: list[LoadedRule] = []
+    problems: list[str] = []
+    for path in files:
+        try:
+            rules.extend(load_file(path))
+        except PolicyError as exc:
+            problems.append(str(exc))
+    seen: dict[str, LoadedRule] = {}
+    for loaded in rules:
+        first = seen.setdefault(loaded.rule.name, loaded)
+        if first is not loaded:
+            problems.append(
+                f"{loaded.file}:{loaded.line}: rule name {loaded.rule.name!r} is already used at {first.where}"
+            )
+    if problems:
+        raise PolicyError("\n".join(problems))
+    return Policy(rules=rules, default=default, files=files)
