@@ -83,6 +83,10 @@ def run(config: ConfigOption = DEFAULT_CONFIG_PATH) -> None:
         raise _fail(exc) from None
 
 
+def _config_dir(cfg: AgentwakeConfig) -> Path:
+    return cfg.source.parent.resolve() if cfg.source else Path.cwd()
+
+
 def _agent_for(cfg: AgentwakeConfig, store: Store) -> tuple[Any, Any, Any]:
     """The agent runner, its connection pool and the policy, or Nones without an [agent] section.
 
@@ -96,7 +100,7 @@ def _agent_for(cfg: AgentwakeConfig, store: Store) -> tuple[Any, Any, Any]:
     from agentwake.policy import load_policy
 
     renderer = PromptRenderer(cfg.agent, cfg.sanitize)
-    policy = load_policy(cfg.policy.dir, cfg.policy.default)
+    policy = load_policy(cfg.policy.dir, cfg.policy.default, base=_config_dir(cfg))
     renderer.check(
         [renderer.template_for(s, s.event) for s in cfg.subscriptions if s.agent]
         + [r.rule.prompt for r in policy.rules if r.rule.prompt]
@@ -632,7 +636,7 @@ def _load_policy(cfg: AgentwakeConfig) -> Any:
     from agentwake.policy import load_policy
 
     try:
-        return load_policy(cfg.policy.dir, cfg.policy.default)
+        return load_policy(cfg.policy.dir, cfg.policy.default, base=_config_dir(cfg))
     except AgentwakeError as exc:
         raise _fail(exc, 2) from None
 

@@ -25,12 +25,13 @@ Conditions: ``eq``, ``ne``, ``in``, ``glob``, ``regex``, ``gt``, ``ge``, ``lt``,
 from __future__ import annotations
 
 import fnmatch
+import importlib.util
 import re
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -38,7 +39,7 @@ from agentwake.errors import ConfigError
 
 Action = Literal["ignore", "log", "agent", "approve"]
 Op = Literal["eq", "ne", "in", "glob", "regex", "gt", "ge", "lt", "le", "exists"]
-_MISSING: Final = object()
+MISSING: Final = object()
 _NUMERIC: Final = frozenset({"gt", "ge", "lt", "le"})
 
 
@@ -103,6 +104,30 @@ class Match(_Model):
         return found
 
 
+class RateLimit(_Model):
+    """At most ``max`` agent runs per ``window_s`` (per value of ``key``); the rest get ``over_limit``."""
+
+    max: int = Field(ge=1)
+    window_s: float = Field(gt=0)
+    key: str | None = None
+    over_limit: Literal["log", "ignore", "delay"] = "log"
+
+
+class Dedup(_Model):
+    """An event whose ``key`` value was seen by this rule within ``window_s`` is a duplicate (ignored)."""
+
+    key: str = Field(min_length=1)
+    window_s: float = Field(gt=0)
+
+
+class Debounce(_Model):
+    """Events within ``window_s`` of the first (per value of ``key``) become one agent run that sees them all."""
+
+    window_s: float = Field(gt=0)
+    key: str | None = None
+    max_events: int = Field(default=50, ge=2, le=1000)
+
+
 class Rule(_Model):
     name: str = Field(min_length=1)
     action: Action
@@ -112,6 +137,22 @@ class Rule(_Model):
     model: str | None = None
     priority: int = 0
     description: str | None = None
+    rate_limit: RateLimit | None = None
+    dedup: Dedup | None = None
+    debounce: Debounce | None = None
+    max_concurrent: int | None = Field(default=None, ge=1)
+    hook: str | None = Field(
+        default=None, description='"path/to/file.py:function", path relative to the config'
+    )
+    hook_timeout_s: float = Field(default=2.0, gt=0)
+    fallback: Action = Field(default="log", description="the action when the hook fails or times out")
+
+    @field_validator("hook")
+    @classmethod
+    def _hook_form(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^[^:]+\.py:[A-Za-z_][A-Za-z0-9_]*$", value):
+            raise ValueError(f"hook {value!r} must look like 'policies/custom.py:decide'")
+        return value
 
     @field_validator("tools")
     @classmethod
@@ -155,6 +196,7 @@ class Decision:
     prompt: str | None = None
     model: str | None = None
     priority: int = 0
+    source: Rule | None = None
 
     def to_record(self) -> dict[str, Any]:
         return {
@@ -169,11 +211,22 @@ class Decision:
         }
 
 
+Hook = Callable[[dict[str, Any]], Any]
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     rules: list[LoadedRule] = field(default_factory=list)
     default: Action = "agent"
     files: list[Path] = field(default_factory=list)
+    hooks: dict[str, Hook] = field(default_factory=dict)  # by rule name
+
+    def rule(self, name: str) -> Rule | None:
+        return next((loaded.rule for loaded in self.rules if loaded.rule.name == name), None)
+
+    def fingerprint(self) -> tuple[tuple[str, int, int], ...]:
+        """Names, sizes and modification times of the files it came from: a changed file changes it."""
+        return policy_fingerprint(self.files)
 
     def decide(self, event: Mapping[str, Any]) -> Decision:
         """First matching rule, in file then rule order; else the default rule."""
@@ -190,6 +243,7 @@ class Policy:
                     prompt=rule.prompt,
                     model=rule.model,
                     priority=rule.priority,
+                    source=rule,
                 )
         checked = f"none of the {len(self.rules)} rule(s) matched" if self.rules else "no policy rules"
         return Decision(action=self.default, rule="default", why=checked)
@@ -203,15 +257,15 @@ def lookup(event: Mapping[str, Any], path: str) -> Any:
         elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         else:
-            return _MISSING
+            return MISSING
     return node
 
 
 def _holds(condition: Condition, actual: Any) -> bool:
     op, expected = condition.op, condition.value
     if op == "exists":
-        return (actual is not _MISSING) == (expected is not False)
-    if actual is _MISSING:
+        return (actual is not MISSING) == (expected is not False)
+    if actual is MISSING:
         return op == "ne"
     if op == "eq":
         return bool(actual == expected)
@@ -287,7 +341,40 @@ def load_file(path: Path) -> list[LoadedRule]:
     return [LoadedRule(rule, path, lines[i] if i < len(lines) else 0) for i, rule in enumerate(parsed.rules)]
 
 
-def load_policy(folder: Path | None, default: Action = "agent") -> Policy:
+def policy_fingerprint(files: Sequence[Path]) -> tuple[tuple[str, int, int], ...]:
+    found = []
+    for path in files:
+        try:
+            info = path.stat()
+        except OSError:
+            continue
+        found.append((str(path), info.st_size, info.st_mtime_ns))
+    return tuple(found)
+
+
+def load_hook(spec: str, base: Path) -> Hook:
+    """``path/to/file.py:function``; the path is relative to ``base`` (the config's folder)."""
+    file_part, _, function = spec.rpartition(":")
+    path = Path(file_part)
+    path = path if path.is_absolute() else base / path
+    if not path.is_file():
+        raise PolicyError(f"hook file {path} does not exist")
+    module_name = f"agentwake_policy_hook_{abs(hash(str(path)))}"
+    loader_spec = importlib.util.spec_from_file_location(module_name, path)
+    if loader_spec is None or loader_spec.loader is None:
+        raise PolicyError(f"hook file {path} cannot be imported")
+    module = importlib.util.module_from_spec(loader_spec)
+    try:
+        loader_spec.loader.exec_module(module)
+    except Exception as exc:  # user code: report it as a policy error, never crash the service
+        raise PolicyError(f"hook file {path} failed to import: {type(exc).__name__}: {exc}") from None
+    hook = getattr(module, function, None)
+    if not callable(hook):
+        raise PolicyError(f"hook file {path} has no function {function!r}")
+    return cast(Hook, hook)
+
+
+def load_policy(folder: Path | None, default: Action = "agent", *, base: Path | None = None) -> Policy:
     """Every ``*.toml`` in ``folder``; all errors of all files at once; names must be unique."""
     if folder is None or not folder.exists():
         return Policy(default=default)
@@ -308,6 +395,13 @@ def load_policy(folder: Path | None, default: Action = "agent") -> Policy:
             problems.append(
                 f"{loaded.file}:{loaded.line}: rule name {loaded.rule.name!r} is already used at {first.where}"
             )
+    hooks: dict[str, Hook] = {}
+    for loaded in rules:
+        if loaded.rule.hook:
+            try:
+                hooks[loaded.rule.name] = load_hook(loaded.rule.hook, base or folder.parent)
+            except PolicyError as exc:
+                problems.append(f"{loaded.file}:{loaded.line}: rule {loaded.rule.name!r}: {exc}")
     if problems:
         raise PolicyError("\n".join(problems))
-    return Policy(rules=rules, default=default, files=files)
+    return Policy(rules=rules, default=default, files=files, hooks=hooks)

@@ -30,7 +30,7 @@ from agentwake.errors import StoreError
 logger = logging.getLogger(__name__)
 
 BUSY_TIMEOUT_MS: Final = 10_000
-EventState = Literal["pending", "processing", "done", "failed", "ignored", "held", "denied"]
+EventState = Literal["pending", "processing", "done", "failed", "ignored", "held", "denied", "batched"]
 EVENT_STATES: Final[tuple[EventState, ...]] = (
     "pending",
     "processing",
@@ -39,6 +39,7 @@ EVENT_STATES: Final[tuple[EventState, ...]] = (
     "ignored",
     "held",
     "denied",
+    "batched",
 )
 
 P = ParamSpec("P")
@@ -174,6 +175,28 @@ def _sanitize_and_policy(db: sqlite_utils.Database) -> None:
     db.execute("ALTER TABLE events ADD COLUMN approval_note TEXT")
 
 
+@migrations(name="0004_flow_control")
+def _flow_control(db: sqlite_utils.Database) -> None:
+    # Marks of policy flow control (dedup, rate, batch) per rule and key, with the time they were made:
+    # the windows survive restarts because they are rows, not memory.
+    db.execute(
+        """
+        CREATE TABLE flow_marks (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            rule TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            key TEXT NOT NULL,
+            event_row INTEGER NOT NULL REFERENCES events(id),
+            at TEXT NOT NULL
+        )
+        """
+    )
+    db.execute("CREATE INDEX flow_marks_lookup ON flow_marks (rule, kind, key, at)")
+    # A debounced event waits in state 'batched' for its leader's run, which sees them all.
+    db.execute("ALTER TABLE events ADD COLUMN batch_leader INTEGER")
+    db.execute("CREATE INDEX events_batch ON events (batch_leader) WHERE batch_leader IS NOT NULL")
+
+
 # One encoder for the hot path: json.dumps with options builds a new encoder per call.
 _encode_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -259,6 +282,29 @@ class EventVerdict:
     state: EventState
     error: str | None = None
     retry_at: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FlowGate:
+    """The flow-control checks one event faces, with window starts already computed (ISO times)."""
+
+    now: str
+    dedup_key: str | None = None
+    dedup_since: str | None = None
+    rate_key: str | None = None
+    rate_since: str | None = None
+    rate_max: int = 0
+    batch_key: str | None = None
+    batch_since: str | None = None
+    batch_due: str | None = None
+    batch_max: int = 50
+
+
+@dataclass(frozen=True, slots=True)
+class FlowOutcome:
+    verdict: Literal["run", "duplicate", "over_limit", "batched", "leader"]
+    other: int | None = None  # the earlier event (duplicate) or the batch's leader
+    oldest: str | None = None  # over_limit: when the oldest run in the window happened
 
 
 class Store:
@@ -476,9 +522,9 @@ class Store:
     async def requeue_interrupted(self) -> int:
         return await self._run(self.requeue_interrupted_sync)
 
-    def claim_sync(self, limit: int) -> list[InboxEvent]:
+    def claim_sync(self, limit: int, now: str | None = None) -> list[InboxEvent]:
         """Move up to ``limit`` pending events to 'processing' and return them, oldest first."""
-        now = now_iso()
+        now = now or now_iso()
         with self._db.atomic():
             rows = self._db.execute(
                 "UPDATE events SET state = 'processing', attempts = attempts + 1, state_changed_at = ?"
@@ -528,6 +574,83 @@ class Store:
     async def decide(self, event_row: int, decision: dict[str, Any], state: EventState | None) -> None:
         await self._run(self.decide_sync, event_row, decision, state)
 
+    def flow_gate_sync(
+        self, event_row: int, rule: str, decision: dict[str, Any], gate: FlowGate
+    ) -> FlowOutcome:
+        """Apply a rule's flow control to one event, atomically: dedup, then rate limit, then debounce.
+
+        Returns what to do: run it now, or it was a duplicate / over the limit (nothing
+        stored but the mark of the check), or it joined or opened a batch (stored here).
+        """
+        with self._db.atomic():
+            execute = self._db.execute
+            if gate.dedup_key is not None and gate.dedup_since is not None:
+                row = execute(
+                    "SELECT event_row FROM flow_marks WHERE rule = ? AND kind = 'dedup' AND key = ? AND at >= ?"
+                    " AND event_row != ? ORDER BY at LIMIT 1",
+                    [rule, gate.dedup_key, gate.dedup_since, event_row],
+                ).fetchone()
+                if row is not None:
+                    return FlowOutcome("duplicate", other=int(row[0]))
+                execute(
+                    "INSERT INTO flow_marks (rule, kind, key, event_row, at) VALUES (?, 'dedup', ?, ?, ?)",
+                    [rule, gate.dedup_key, event_row, gate.now],
+                )
+            if gate.batch_key is not None and gate.batch_since is not None:
+                leader = execute(
+                    "SELECT m.event_row FROM flow_marks m JOIN events e ON e.id = m.event_row"
+                    " WHERE m.rule = ? AND m.kind = 'batch' AND m.key = ? AND m.at >= ? AND e.state = 'pending'"
+                    " AND (SELECT count(*) FROM events f WHERE f.batch_leader = m.event_row) < ?"
+                    " ORDER BY m.at DESC LIMIT 1",
+                    [rule, gate.batch_key, gate.batch_since, gate.batch_max - 1],
+                ).fetchone()
+                if leader is not None:
+                    execute(
+                        "UPDATE events SET state = 'batched', batch_leader = ?, decision = ?, state_changed_at = ?"
+                        " WHERE id = ?",
+                        [leader[0], _encode_json(decision), gate.now, event_row],
+                    )
+                    return FlowOutcome("batched", other=int(leader[0]))
+            if gate.rate_key is not None and gate.rate_since is not None:
+                oldest, count = execute(
+                    "SELECT min(at), count(*) FROM flow_marks WHERE rule = ? AND kind = 'rate' AND key = ? AND at >= ?",
+                    [rule, gate.rate_key, gate.rate_since],
+                ).fetchone()
+                if count >= gate.rate_max:
+                    return FlowOutcome("over_limit", oldest=oldest)
+                execute(
+                    "INSERT INTO flow_marks (rule, kind, key, event_row, at) VALUES (?, 'rate', ?, ?, ?)",
+                    [rule, gate.rate_key, event_row, gate.now],
+                )
+            if gate.batch_key is not None and gate.batch_due is not None:
+                execute(
+                    "INSERT INTO flow_marks (rule, kind, key, event_row, at) VALUES (?, 'batch', ?, ?, ?)",
+                    [rule, gate.batch_key, event_row, gate.now],
+                )
+                execute(
+                    "UPDATE events SET state = 'pending', attempts = max(0, attempts - 1), available_at = ?,"
+                    " decision = ?, state_changed_at = ? WHERE id = ?",
+                    [gate.batch_due, _encode_json({**decision, "batch_leader": True}), gate.now, event_row],
+                )
+                return FlowOutcome("leader")
+            return FlowOutcome("run")
+
+    async def flow_gate(
+        self, event_row: int, rule: str, decision: dict[str, Any], gate: FlowGate
+    ) -> FlowOutcome:
+        return await self._run(self.flow_gate_sync, event_row, rule, decision, gate)
+
+    def batch_members_sync(self, leader_row: int) -> list[InboxEvent]:
+        rows = self._db.execute(
+            "SELECT id, server, subscription, name, event_id, timestamp, data, attempts FROM events"
+            " WHERE batch_leader = ? AND state = 'batched' ORDER BY id",
+            [leader_row],
+        ).fetchall()
+        return [InboxEvent(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]), r[7]) for r in rows]
+
+    async def batch_members(self, leader_row: int) -> list[InboxEvent]:
+        return await self._run(self.batch_members_sync, leader_row)
+
     def approvals_sync(self) -> list[dict[str, Any]]:
         rows = self._db.execute(
             "SELECT id, server, subscription, name, event_id, timestamp, received_at, decision, data, injection_score"
@@ -565,8 +688,8 @@ class Store:
                 ["pending" if approve else "denied", now if approve else None, note, now, event_row],
             )
 
-    async def claim(self, limit: int) -> list[InboxEvent]:
-        return await self._run(self.claim_sync, limit)
+    async def claim(self, limit: int, now: str | None = None) -> list[InboxEvent]:
+        return await self._run(self.claim_sync, limit, now)
 
     def finish_sync(self, ids: Iterable[int], state: EventState, error: str | None = None) -> None:
         now = now_iso()
@@ -716,6 +839,13 @@ class Store:
                     " WHERE id = (SELECT event_row FROM runs WHERE id = ?)",
                     [verdict.state, verdict.error, verdict.retry_at, now, run_id],
                 )
+                if verdict.state != "pending":
+                    # The events batched behind this one end with it (they stay batched if it goes again).
+                    self._db.execute(
+                        "UPDATE events SET state = ?, last_error = ?, state_changed_at = ?"
+                        " WHERE state = 'batched' AND batch_leader = (SELECT event_row FROM runs WHERE id = ?)",
+                        [verdict.state, verdict.error, now, run_id],
+                    )
 
     async def finish_run(
         self,

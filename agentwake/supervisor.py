@@ -8,9 +8,11 @@ subscription the server refuses (unknown event, Forbidden) ends alone.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Final
 
 import anyio
@@ -36,9 +38,8 @@ from agentwake.errors import (
     SubscriptionEnded,
 )
 from agentwake.mcp import ServerConnection
-from agentwake.policy import Decision, Policy
-from agentwake.sanitize import Sanitized
-from agentwake.store import InboxEvent, Store
+from agentwake.policy import MISSING, Decision, Policy, Rule, lookup
+from agentwake.store import FlowGate, InboxEvent, Store
 
 if TYPE_CHECKING:
     from agentwake.agent.runner import AgentRunner
@@ -51,6 +52,7 @@ RECONNECT_MAX_S: Final = 60.0
 CLAIM_BATCH: Final = 100
 IDLE_RECHECK_S: Final = 5.0
 SERVER_WAIT_S: Final = 5.0
+RULE_BUSY_S: Final = 1.0
 
 Processor = Callable[[InboxEvent], None]
 
@@ -65,6 +67,49 @@ def log_event(event: InboxEvent) -> None:
         event.subscription,
         _preview(event.data),
     )
+
+
+def iso_at(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_iso(value: str) -> datetime | None:
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def flow_key(view: dict[str, object], path: str | None) -> str:
+    """The value a rule counts by, as text; one shared key when the rule names none."""
+    if path is None:
+        return "*"
+    value = lookup(view, path)
+    if value is MISSING:
+        return "(missing)"
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+
+
+def gate_window(rule: Rule) -> float:
+    return rule.debounce.window_s if rule.debounce else 0.0
+
+
+def apply_hook_answer(decision: Decision, answer: object) -> Decision:
+    """A hook returns None (keep the rule's decision), an action name, or a dict of action/why/tools."""
+    if answer is None:
+        return decision
+    if isinstance(answer, str):
+        answer = {"action": answer}
+    if not isinstance(answer, dict):
+        raise TypeError(f"a hook returns None, an action name or a dict, not {type(answer).__name__}")
+    action = answer.get("action", decision.action)
+    if action not in ("ignore", "log", "agent", "approve"):
+        raise ValueError(f"a hook returned the unknown action {action!r}")
+    tools = answer.get("tools", decision.tools)
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, str) for t in tools)):
+        raise TypeError("a hook's 'tools' must be a list of globs")
+    why = str(answer.get("why") or f"hook chose {action}")
+    return replace(decision, action=action, why=f"{decision.why}; {why}", tools=tools)
 
 
 def policy_view(event: InboxEvent, injection_score: float) -> dict[str, object]:
@@ -98,8 +143,10 @@ class Supervisor:
     pool: ConnectionPool | None = None
     policy: Policy = field(default_factory=Policy)
     _wake: anyio.Event = field(default_factory=anyio.Event, init=False)
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     _slot_freed: anyio.Event = field(default_factory=anyio.Event, init=False)
     _active: int = field(default=0, init=False)
+    _rule_active: dict[str, int] = field(default_factory=dict, init=False)
     _ended: set[str] = field(default_factory=set, init=False)
 
     def subscriptions_of(self, server: str) -> list[SubscriptionConfig]:
@@ -257,7 +304,7 @@ class Supervisor:
                     await self._slot_freed.wait()
                     self._slot_freed = anyio.Event()
                     continue
-                batch = await self.store.claim(free)
+                batch = await self.store.claim(free, iso_at(self.clock()))
                 if not batch:
                     with anyio.move_on_after(IDLE_RECHECK_S):
                         await self._wake.wait()
@@ -275,25 +322,21 @@ class Supervisor:
                 await self.store.finish([event.id], "done")
                 return
             cleaned = agent.renderer.clean(event.data)
-            decision = self._decide(event, cleaned)
-            record = {**decision.to_record(), "injection_score": cleaned.injection_score}
-            if decision.action == "ignore":
-                logger.info("event %s ignored by rule %s: %s", event.event_id, decision.rule, decision.why)
-                await self.store.decide(event.id, record, "ignored")
-                return
-            if decision.action == "log":
-                self.process(event)
-                await self.store.decide(event.id, record, "done")
-                return
-            if decision.action == "approve" and not event.approved:
-                logger.warning(
-                    "event %s held for approval by rule %s (%s): agentwake approve %s, or deny it",
-                    event.event_id,
-                    decision.rule,
-                    decision.why,
-                    event.event_id,
-                )
-                await self.store.decide(event.id, record, "held")
+            decision = self._resumed(event)
+            if decision is None:
+                view = policy_view(event, cleaned.injection_score)
+                decision = await self._hook(self.policy.decide(view), view)
+                record = {**decision.to_record(), "injection_score": cleaned.injection_score}
+                if await self._ends_here(event, decision, record):
+                    return
+            rule = decision.source or self.policy.rule(decision.rule)
+            if (
+                rule is not None
+                and rule.max_concurrent
+                and self._rule_active.get(rule.name, 0) >= rule.max_concurrent
+            ):
+                # At the rule's limit: back to the inbox, not an attempt; another rule's events go meanwhile.
+                await self.store.release(event.id, iso_at(self.clock() + timedelta(seconds=RULE_BUSY_S)))
                 return
             server = self.config.servers.get(event.server)
             # Its tools come with its connection; without them the run could not act as allowed.
@@ -309,7 +352,15 @@ class Supervisor:
                 )
                 await self.store.release(event.id, retry_at(1, SERVER_WAIT_S))
                 return
-            await agent.run(event, rule=decision, cleaned=cleaned)
+            batch = (
+                await self.store.batch_members(event.id) if (event.decision or {}).get("batch_leader") else []
+            )
+            rule_name = rule.name if rule else decision.rule
+            self._rule_active[rule_name] = self._rule_active.get(rule_name, 0) + 1
+            try:
+                await agent.run(event, rule=decision, cleaned=cleaned, batch=batch)
+            finally:
+                self._rule_active[rule_name] -= 1
         except AgentwakeError as exc:
             logger.error("event %s failed: %s", event.event_id, exc)
             await self.store.finish([event.id], "failed", str(exc))
@@ -317,20 +368,134 @@ class Supervisor:
             self._active -= 1
             self._slot_freed.set()
 
-    def _decide(self, event: InboxEvent, cleaned: Sanitized) -> Decision:
-        if event.approved and event.decision:
-            held = event.decision
-            return Decision(
-                action="agent",
-                rule=str(held.get("rule") or "default"),
-                why=f"approved by a person; held by: {held.get('why')}",
-                where=held.get("where"),
-                tools=held.get("rule_tools"),
-                prompt=held.get("prompt"),
-                model=held.get("model"),
-                priority=int(held.get("priority") or 0),
+    def _resumed(self, event: InboxEvent) -> Decision | None:
+        """The stored decision of an event already decided: approved by a person, or a batch due now."""
+        stored = event.decision
+        if not stored or not (event.approved or stored.get("batch_leader")):
+            return None
+        why = str(stored.get("why"))
+        if event.approved:
+            why = f"approved by a person; held by: {why}"
+        return Decision(
+            action="agent",
+            rule=str(stored.get("rule") or "default"),
+            why=why,
+            where=stored.get("where"),
+            tools=stored.get("rule_tools"),
+            prompt=stored.get("prompt"),
+            model=stored.get("model"),
+            priority=int(stored.get("priority") or 0),
+        )
+
+    async def _hook(self, decision: Decision, view: dict[str, object]) -> Decision:
+        rule = decision.source
+        if rule is None or rule.hook is None:
+            return decision
+        hook = self.policy.hooks.get(rule.name)
+        try:
+            if hook is None:
+                raise RuntimeError(f"hook {rule.hook} is not loaded")
+            with anyio.fail_after(rule.hook_timeout_s):
+                answer = await anyio.to_thread.run_sync(hook, dict(view), abandon_on_cancel=True)
+            return apply_hook_answer(decision, answer)
+        except Exception as exc:  # the hook is user code: any failure means the rule's fallback
+            reason = "timed out" if isinstance(exc, TimeoutError) else f"failed: {type(exc).__name__}: {exc}"
+            logger.warning(
+                "rule %s: hook %s %s; using the fallback action %s",
+                rule.name,
+                rule.hook,
+                reason,
+                rule.fallback,
             )
-        return self.policy.decide(policy_view(event, cleaned.injection_score))
+            return replace(
+                decision, action=rule.fallback, why=f"{decision.why}; hook {reason}, fallback {rule.fallback}"
+            )
+
+    async def _ends_here(self, event: InboxEvent, decision: Decision, record: dict[str, object]) -> bool:
+        """Apply ignore / log / approve and the rule's flow control; True when the agent does not run now."""
+        if decision.action == "ignore":
+            logger.info("event %s ignored by rule %s: %s", event.event_id, decision.rule, decision.why)
+            await self.store.decide(event.id, record, "ignored")
+            return True
+        if decision.action == "log":
+            self.process(event)
+            await self.store.decide(event.id, record, "done")
+            return True
+        if decision.action == "approve":
+            logger.warning(
+                "event %s held for approval by rule %s (%s): agentwake approve %s, or deny it",
+                event.event_id,
+                decision.rule,
+                decision.why,
+                event.event_id,
+            )
+            await self.store.decide(event.id, record, "held")
+            return True
+        rule = decision.source
+        if rule is None or not (rule.dedup or rule.rate_limit or rule.debounce):
+            return False
+        score = record.get("injection_score")
+        view = policy_view(event, score if isinstance(score, float) else 0.0)
+        now = self.clock()
+        gate = FlowGate(now=iso_at(now))
+        if rule.dedup:
+            gate = replace(
+                gate,
+                dedup_key=flow_key(view, rule.dedup.key),
+                dedup_since=iso_at(now - timedelta(seconds=rule.dedup.window_s)),
+            )
+        if rule.rate_limit:
+            gate = replace(
+                gate,
+                rate_key=flow_key(view, rule.rate_limit.key),
+                rate_since=iso_at(now - timedelta(seconds=rule.rate_limit.window_s)),
+                rate_max=rule.rate_limit.max,
+            )
+        if rule.debounce:
+            gate = replace(
+                gate,
+                batch_key=flow_key(view, rule.debounce.key),
+                batch_since=iso_at(now - timedelta(seconds=rule.debounce.window_s)),
+                batch_due=iso_at(now + timedelta(seconds=rule.debounce.window_s)),
+                batch_max=rule.debounce.max_events,
+            )
+        outcome = await self.store.flow_gate(event.id, rule.name, record, gate)
+        if outcome.verdict == "run":
+            return False
+        if outcome.verdict == "duplicate":
+            assert rule.dedup is not None
+            why = f"duplicate: {rule.dedup.key} was seen in event row {outcome.other} within {rule.dedup.window_s:g}s"
+            logger.info("event %s ignored by rule %s: %s", event.event_id, rule.name, why)
+            await self.store.decide(event.id, {**record, "why": why}, "ignored")
+        elif outcome.verdict == "over_limit":
+            assert rule.rate_limit is not None
+            limit = rule.rate_limit
+            why = f"over the rate limit of {limit.max} per {limit.window_s:g}s" + (
+                f" for {limit.key}" if limit.key else ""
+            )
+            if limit.over_limit == "delay" and outcome.oldest:
+                start = parse_iso(outcome.oldest) or now
+                when = iso_at(start + timedelta(seconds=limit.window_s))
+                logger.info("event %s waits until %s: %s", event.event_id, when, why)
+                await self.store.release(event.id, when)
+            elif limit.over_limit == "ignore":
+                logger.info("event %s ignored by rule %s: %s", event.event_id, rule.name, why)
+                await self.store.decide(event.id, {**record, "why": why}, "ignored")
+            else:
+                self.process(event)
+                await self.store.decide(event.id, {**record, "action": "log", "why": why}, "done")
+        elif outcome.verdict == "batched":
+            logger.info(
+                "event %s joins the batch of event row %s (rule %s)", event.event_id, outcome.other, rule.name
+            )
+        else:
+            logger.info(
+                "event %s opens a batch (rule %s); it runs in %gs",
+                event.event_id,
+                rule.name,
+                gate_window(rule),
+            )
+        return True
 
     async def _process_forever(self) -> None:
         requeued = await self.store.requeue_interrupted()

@@ -86,13 +86,23 @@ class PromptRenderer:
         tools: list[str],
         rule: dict[str, Any] | None = None,
         template: str | None = None,
+        batch: list[dict[str, Any]] | None = None,
     ) -> RenderedPrompt:
         limit = self.agent.event_data_max_chars
 
         def fenced(value: Any, kind: str = "event-data") -> str:
             return fence.wrap(self.clean(value).value, kind=kind, limit=limit)
 
-        context = {
+        batch_view: list[dict[str, Any]] = [
+            {
+                "id": other["event_id"],
+                "name": other["name"],
+                "timestamp": other["timestamp"],
+                "data_block": fence.wrap(other["data"], kind="event-data", limit=limit),
+            }
+            for other in batch or []
+        ]
+        context: dict[str, Any] = {
             "event": {
                 "id": event["event_id"],
                 "name": event["name"],
@@ -110,14 +120,20 @@ class PromptRenderer:
             "server": {"name": server},
             "rule": rule,
             "tools": tools,
+            "batch": batch_view,
             "boundary": fence.boundary,
             "fenced": fenced,
         }
         name = template or self.template_for(subscription, event["name"])
+        user = self._render(name, context)
+        if batch_view:
+            # Debounced events: every one is shown, whatever the template does with `batch`.
+            lines = [f"\n{len(batch_view)} more event(s) arrived within the debounce window:"]
+            for other in batch_view:
+                lines.append(f"\nEvent {other['name']} at {other['timestamp']}:\n{other['data_block']}")
+            user += "\n".join(lines) + "\n\nHandle them together, in one pass.\n"
         return RenderedPrompt(
-            system=self._render(self.agent.system_prompt, context),
-            user=self._render(name, context),
-            template=name,
+            system=self._render(self.agent.system_prompt, context), user=user, template=name
         )
 
     def _render(self, name: str, context: dict[str, Any]) -> str:

@@ -13,6 +13,7 @@ import logging
 import os
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -124,6 +125,7 @@ class AgentRunner:
         kind: RunKind = "agent",
         rule: Decision | None = None,
         cleaned: Sanitized | None = None,
+        batch: Sequence[InboxEvent] = (),
     ) -> RunResult:
         """Run the agent on one event. ``kind`` agent moves the event's state; replay and dry_run do not.
 
@@ -157,6 +159,8 @@ class AgentRunner:
             "injection_score": cleaned.injection_score,
             "injection_signals": cleaned.injection_signals,
         }
+        if batch:
+            decision["batch"] = [other.event_id for other in batch]
         prompt: RenderedPrompt | None = None
         failure: _RunFailed | None = None
         try:
@@ -174,6 +178,15 @@ class AgentRunner:
                 tools=[spec.exposed for spec in allowed],
                 rule=rule.to_record() if rule else None,
                 template=rule.prompt if rule else None,
+                batch=[
+                    {
+                        "event_id": other.event_id,
+                        "name": other.name,
+                        "timestamp": other.timestamp,
+                        "data": self.renderer.clean(other.data).value,
+                    }
+                    for other in batch
+                ],
             )
         except PromptError as exc:
             failure = _RunFailed(str(exc), transient=False)
