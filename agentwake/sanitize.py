@@ -34,65 +34,127 @@ _SECRET_PATTERNS: Final[tuple[tuple[str, re.Pattern[str]], ...]] = (
     ),
     ("password in URL", re.compile(r"://[^/\s:@]+:(?P<secret>[^/\s@]+)@")),
     ("bearer token", re.compile(r"(?i)\bbearer\s+(?P<secret>[A-Za-z0-9._~+/=-]{16,})")),
-    ("JWT", re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\b")),
-    ("OpenAI-style key", re.compile(r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_-]{16,}\b")),
-    ("GitHub token", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,})\b")),
-    ("Slack token", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}\b")),
+    ("basic credentials", re.compile(r"(?i)\bbasic\s+(?P<secret>[A-Za-z0-9+/]{8,}={0,2})")),
+    ("JWT", re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")),
+    ("OpenAI-style key", re.compile(r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_-]{16,}")),
+    ("GitHub token", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,})")),
+    ("Slack token", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}")),
     ("AWS access key", re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")),
-    ("Google API key", re.compile(r"\bAIza[0-9A-Za-z_-]{35}\b")),
-    ("GitLab token", re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}\b")),
-    ("webhook secret", re.compile(r"\bwhsec_[A-Za-z0-9+/=]{16,}\b")),
+    ("Google API key", re.compile(r"\bAIza[0-9A-Za-z_-]{35}")),
+    ("GitLab token", re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}")),
+    ("webhook secret", re.compile(r"\bwhsec_[A-Za-z0-9+/]{16,}={0,2}")),
     (
-        "password field",
-        re.compile(r"(?i)\b(?:password|passwd|pwd|secret)[\"']?\s*[:=]\s*[\"']?(?P<secret>[^\s\"',;]{4,})"),
+        "credential field",
+        re.compile(
+            r"(?i)(?<![A-Za-z0-9])(?:[A-Za-z0-9]*[_-])?"
+            r"(?:password|passwd|pwd|secret|api[_-]?key|access[_-]?token|auth[_-]?token|token)"
+            r"[\"']?\s*[:=]\s*[\"']?(?P<secret>[^\s\"',;]{4,})"
+        ),
     ),
 )
 _PII_PATTERNS: Final[tuple[tuple[str, re.Pattern[str]], ...]] = (
-    ("email", re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b")),
-    ("phone", re.compile(r"(?<![\w+])\+?\d[\d ().-]{7,}\d(?!\w)")),
+    # Not the user part of ssh://git@host style URLs.
+    ("email", re.compile(r"(?<![/\w.%+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b")),
+    # Grouped like a phone number; dates (2026-12-01), versions and dotted quads are not.
+    (
+        "phone",
+        re.compile(
+            r"(?<![\w.+-])(?:\+\d{1,3}[\s.-]?)?(?:\(\d{2,4}\)\s?|\d{2,4}[\s.-])\d{3,4}[\s.-]\d{3,4}(?![\w.-])"
+        ),
+    ),
 )
 
-# Phrasing common in prompt-injection corpora. Weights add up; the score is capped at 1.
+# Phrasing common in prompt-injection corpora (AgentDojo, garak's PromptInject). Weights add up; the
+# score is capped at 1. Tuned against tests/fixtures/injections.json and ordinary help-desk text.
 _INJECTION_SIGNALS: Final[tuple[tuple[str, float, re.Pattern[str]], ...]] = (
     (
         "ignore previous instructions",
         0.6,
         re.compile(
-            r"(?i)\b(ignore|disregard|forget|override|bypass)\b.{0,40}\b(previous|prior|above|earlier|all|any|your)\b"
-            r".{0,40}\b(instructions?|prompts?|rules|directions|guidelines|context|messages?)\b"
+            r"(?i)\b(ignore|disregard|forget|override|bypass|skip)\b[^.\n]{0,40}"
+            r"\b(previous|prior|above|earlier|preceding|all|any|your|the rest of|this|these|other)\b[^.\n]{0,40}"
+            r"\b(\w*struct\w*|prompts?|rules|directions|guidelines|context|data|info|information)\b"
+            r"|\b(ignore|disregard)\s+(all\s+|the\s+|any\s+)?instructions\b"
         ),
     ),
     (
         "new instructions",
         0.4,
-        re.compile(r"(?i)\b(new|updated|real|actual|important|urgent)\s+(instructions?|task|orders?)\b"),
+        re.compile(
+            r"(?i)\b(new|real|actual|true|secret)\s+(instructions|orders|directives)\b"
+            r"|\bimportant (message|instructions?) (from me|for you)\b"
+        ),
+    ),
+    (
+        "task hijack",
+        0.5,
+        re.compile(
+            r"(?i)\bthe task (that )?I gave you\b|\bbefore you (can )?(solve|do|complete|finish) the task\b"
+            r"|\binstead of (doing )?(the|your) task\b|\bstop (everything|what you('re| are) doing)\b"
+        ),
     ),
     (
         "role reassignment",
         0.4,
-        re.compile(r"(?i)\b(you are now|act as|pretend to be|from now on,? you|you must now)\b"),
+        re.compile(
+            r"(?i)\byou are now (a|an|in|my|the|free|DAN)\b|\bpretend (to be|you are)\b"
+            r"|\bfrom now on,? you (are|will (act|respond|answer|reply))\b"
+            r"|\bact as (if you were|an? (AI|assistant|unrestricted|jailbroken|uncensored))\b"
+            r"|\byou are (no longer|not) (an? )?(AI|assistant|bound)\b"
+        ),
     ),
     (
         "system prompt talk",
         0.4,
-        re.compile(r"(?i)\b(system prompt|system message|developer mode|jailbreak|DAN)\b"),
+        re.compile(
+            r"(?i)\bsystem[_-](prompt|message)\b|\bsystem prompt\b|###\s*\(system|\bdeveloper mode\b|\bjailbr(eak|oken)\b"
+            r"|\bdo anything now\b|(?-i:\bDAN\b(?= |:|,|\.|$)(?! from))"
+        ),
     ),
     (
         "fake role marker",
         0.5,
         re.compile(
-            r"(?im)^\s*(system|assistant|user)\s*:|<\|?(im_start|im_end|system|endoftext)\|?>|\[/?INST\]"
+            r"(?im)^\s*(system|assistant)\s*:|<\|?(im_start|im_end|system|endoftext)\|?>|\[/?INST\]"
+            r"|\[(system|assistant)\]\(#|^\s*#+\s*\(?(system|assistant)\b"
         ),
     ),
     ("fence forgery", 0.5, re.compile(r"(?i)</?\s*(event-data|tool-result)\b")),
-    ("tool coercion", 0.3, re.compile(r"(?i)\b(call|use|invoke|run|execute)\s+(the\s+)?(tool|function)\b")),
+    ("instruction tags", 0.4, re.compile(r"(?i)</?(INFORMATION|instructions?|system|admin)>")),
+    ("tool coercion", 0.3, re.compile(r"(?i)\b(call|invoke|execute)\s+(the\s+)?(\w+\s+)?(tool|function)\b")),
     (
         "exfiltration",
         0.4,
         re.compile(
-            r"(?i)\b(send|forward|email|post|upload|leak)\b.{0,40}\b(password|secret|token|api key|credentials?|private key)s?\b"
+            r"(?i)\b(send|forward|email|post|upload|leak|exfiltrate)\s+(the|all|your|their|every|admin|my)\s+"
+            r"[^.\n]{0,30}\b(passwords?|secrets?|tokens?|api keys?|credentials|private keys?)\b(?!\s+reset)"
+            r"|!\[[^\]]*\]\(https?://[^)\s]*[?&][^)\s]*=[^)\s]*\)"
         ),
     ),
+    (
+        "send content to an address",
+        0.3,
+        re.compile(
+            r"(?i)\b(email|send|forward)\s+(the\s+)?(text|message|following|contents?|data|file|summary)\b"
+            r"[^\n]{0,80}\bto\s+['\"]?[\w.+-]+@"
+        ),
+    ),
+    (
+        "output override",
+        0.4,
+        re.compile(
+            r"(?i)\b(just|only)\s+(print|say|output|write)\b|\breply with only\b|\brespond only with\b"
+        ),
+    ),
+    (
+        "safety override",
+        0.4,
+        re.compile(
+            r"(?i)\b(override|bypass|disable|ignore)\s+(the\s+|all\s+|any\s+)?(\w+\s+)?"
+            r"(safety|security|guard\w*|filters?|restrictions?|scoring|moderation)\b"
+        ),
+    ),
+    ("verdict steering", 0.2, re.compile(r"(?i)\b(is|as|report (that )?[\w .]{0,20})\s*not malicious\b")),
     (
         "secrecy",
         0.2,
@@ -101,6 +163,7 @@ _INJECTION_SIGNALS: Final[tuple[tuple[str, float, re.Pattern[str]], ...]] = (
         ),
     ),
 )
+_TAG_CHARACTERS: Final = re.compile("[\U000e0020-\U000e007e]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,9 +193,19 @@ class Sanitized:
         }
 
 
+def hidden_text(text: str) -> str:
+    """ASCII smuggled in Unicode tag characters, decoded, so the scorer reads what the model would not see."""
+    return " ".join(
+        "".join(chr(ord(c) - 0xE0000) for c in run.group(0)) for run in _TAG_CHARACTERS.finditer(text)
+    )
+
+
 def clean_text(text: str) -> tuple[str, int]:
-    """NFKC-normalised, without control, bidi-override, zero-width or tag characters; returns the count removed."""
-    normalised = unicodedata.normalize("NFKC", text)
+    """NFKC-normalised, without control, bidi-override, zero-width or tag characters; returns the count removed.
+
+    Carriage returns become newlines: a bare CR lets text overwrite a line on a terminal.
+    """
+    normalised = unicodedata.normalize("NFKC", text.replace("\r\n", "\n").replace("\r", "\n"))
     without_invisible, invisible = _INVISIBLE.subn("", normalised)
     cleaned, control = _CONTROL.subn("", without_invisible)
     return cleaned, invisible + control
@@ -163,7 +236,7 @@ def injection_score(texts: Iterable[str]) -> tuple[float, list[str]]:
     joined = "\n".join(texts)
     signals = [name for name, _, pattern in _INJECTION_SIGNALS if pattern.search(joined)]
     weights = {name: weight for name, weight, _ in _INJECTION_SIGNALS}
-    return min(1.0, round(sum(weights[s] for s in signals), 3)), signals
+    return float(min(1.0, round(sum(weights[s] for s in signals), 3))), signals
 
 
 def datamark(text: str, marker: str = "\u02c6") -> str:
@@ -178,9 +251,14 @@ def sanitize(value: Any, *, limits: Limits | None = None, pii: bool = False) -> 
     redactions: dict[str, int] = {}
     removed = 0
     strings: list[str] = []
+    hidden_found = False
 
     def text(raw: str, path: str) -> str:
-        nonlocal removed
+        nonlocal removed, hidden_found
+        hidden = hidden_text(raw)
+        if hidden:
+            hidden_found = True
+            strings.append(hidden)
         cleaned, n = clean_text(raw)
         removed += n
         strings.append(cleaned)
@@ -203,8 +281,15 @@ def sanitize(value: Any, *, limits: Limits | None = None, pii: bool = False) -> 
         if isinstance(node, dict):
             items = list(node.items())
             out: dict[str, Any] = {}
-            for key, item in items[: limits.max_list]:
-                out[text(str(key), f"{path}.key")] = walk(item, f"{path}.{key}", depth + 1)
+            for index, (key, item) in enumerate(items[: limits.max_list]):
+                # Keys are untrusted too; paths in cut messages use the cleaned key, never the raw one.
+                clean_key = text(str(key), f"{path}.<key {index}>")[:200]
+                if clean_key in out:
+                    cuts.append(
+                        f"{path}.{clean_key}: a second key that reads the same after cleaning was removed"
+                    )
+                    continue
+                out[clean_key] = walk(item, f"{path}.{clean_key}", depth + 1)
             if len(items) > limits.max_list:
                 cuts.append(f"{path}: {len(items) - limits.max_list} of {len(items)} keys removed")
             return out
@@ -218,6 +303,9 @@ def sanitize(value: Any, *, limits: Limits | None = None, pii: bool = False) -> 
     value = walk(value, "$", 0)
     value = _bound_bytes(value, limits.max_bytes, cuts)
     score, signals = injection_score(strings)
+    if hidden_found and "hidden characters" not in signals:
+        signals.append("hidden characters")
+        score = min(1.0, round(score + 0.3, 3))
     return Sanitized(value, cuts, redactions, removed, score, signals)
 
 
@@ -225,24 +313,63 @@ def _size(value: Any) -> int:
     return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
 
 
+def _cut_string(value: str, max_bytes: int) -> str:
+    """The longest prefix (plus a note) whose JSON encoding fits ``max_bytes``."""
+    note = "[… cut]"
+    low, high = 0, len(value)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if _size(value[:middle] + note) <= max_bytes:
+            low = middle
+        else:
+            high = middle - 1
+    return value[:low] + note
+
+
+def _trim_once(root: dict[str, Any] | list[Any], excess: int) -> str:
+    """Make the JSON of ``root`` smaller by one step, where it is biggest; returns the path trimmed.
+
+    Descends into the largest child while that is a non-empty container; there it cuts
+    the largest string if that is big, else drops the container's last entry.
+    """
+    node: dict[str, Any] | list[Any] = root
+    path = "$"
+    while True:
+        keys: list[Any] = list(node) if isinstance(node, dict) else list(range(len(node)))
+        if not keys:
+            return path
+        sizes = {key: _size(node[key]) for key in keys}
+        biggest = max(keys, key=lambda k: sizes[k])
+        child = node[biggest]
+        child_path = f"{path}.{biggest}" if isinstance(node, dict) else f"{path}[{biggest}]"
+        if isinstance(child, dict | list) and child:
+            node, path = child, child_path
+            continue
+        if isinstance(child, str) and sizes[biggest] > 256:
+            node[biggest] = _cut_string(child, max(64, sizes[biggest] - excess - 16))
+            return child_path
+        if isinstance(node, dict):
+            node.pop(keys[-1])
+        else:
+            node.pop()
+        return path
+
+
 def _bound_bytes(value: Any, max_bytes: int, cuts: list[str]) -> Any:
-    """Drop trailing entries of the largest containers until the JSON fits ``max_bytes``."""
-    size = _size(value)
-    if size <= max_bytes:
+    """Trim the largest parts (last entries of the biggest container, or the biggest string) until it fits."""
+    original = _size(value)
+    if original <= max_bytes:
         return value
     if isinstance(value, str):
-        cuts.append(f"$: {size} bytes cut to {max_bytes}")
-        return value.encode()[: max_bytes - 64].decode(errors="ignore") + "[… cut]"
+        value = _cut_string(value, max_bytes)
+        cuts.append(f"$: {original} bytes cut to {_size(value)} to fit {max_bytes}")
+        return value
     if not isinstance(value, dict | list):
         return value
-    original = size
-    container: Any = value
-    while _size(container) > max_bytes and container:
-        if isinstance(container, dict):
-            container.pop(next(reversed(container)))
-        else:
-            container.pop()
-    cuts.append(
-        f"$: {original} bytes cut to {_size(container)} (trailing entries removed to fit {max_bytes})"
-    )
-    return container
+    trimmed: dict[str, int] = {}
+    while value and (excess := _size(value) - max_bytes) > 0:
+        path = _trim_once(value, excess)
+        trimmed[path] = trimmed.get(path, 0) + 1
+    where = ", ".join(f"{path} ({count}x)" for path, count in trimmed.items())
+    cuts.append(f"$: {original} bytes cut to {_size(value)} to fit {max_bytes}: trimmed {where}")
+    return value
