@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
+import anyio.abc
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -149,6 +150,8 @@ async def _run_service(cfg: AgentwakeConfig) -> None:
             supervisor = Supervisor(cfg, store, agent=runner, pool=pool)
             if policy is not None:
                 supervisor.policy = policy
+                # Started (SIGHUP handled) before the log line that says the policy is in force.
+                await tg.start(_watch_policy, cfg, supervisor, runner)
                 logger.info(
                     "policy: %d rule(s) from %d file(s) in %s; default %s",
                     len(policy.rules),
@@ -161,6 +164,47 @@ async def _run_service(cfg: AgentwakeConfig) -> None:
         with anyio.CancelScope(shield=True):
             await store.close()
         logger.info("agentwake stopped; cursors are saved in %s", cfg.store.path)
+
+
+POLICY_POLL_S = 2.0
+
+
+async def _watch_policy(
+    cfg: AgentwakeConfig,
+    supervisor: Supervisor,
+    runner: Any,
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Reload the policy on SIGHUP, and when a policy file changes (checked every POLICY_POLL_S)."""
+    from agentwake.policy import PolicyReloader, load_policy
+
+    def load() -> Any:
+        policy = load_policy(cfg.policy.dir, cfg.policy.default, base=_config_dir(cfg))
+        runner.renderer.check([r.rule.prompt for r in policy.rules if r.rule.prompt])
+        return policy
+
+    def apply(policy: Any) -> None:
+        supervisor.policy = policy
+
+    reloader = PolicyReloader(cfg.policy.dir, load, apply, supervisor.policy, base=_config_dir(cfg))
+    with anyio.open_signal_receiver(signal.SIGHUP) as signals:
+        async with anyio.create_task_group() as tg:
+
+            async def on_sighup() -> None:
+                async for _ in signals:
+                    reloader.reload(reason="SIGHUP")
+
+            tg.start_soon(on_sighup)
+            task_status.started()
+            await _poll_policy(reloader)
+
+
+async def _poll_policy(reloader: Any) -> None:
+    while True:
+        await anyio.sleep(POLICY_POLL_S)
+        if reloader.changed():
+            reloader.reload(reason="a policy file changed")
 
 
 @app.command()

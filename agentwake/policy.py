@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import fnmatch
 import importlib.util
+import logging
 import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
@@ -36,6 +37,8 @@ from typing import Any, Final, Literal, cast
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agentwake.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 Action = Literal["ignore", "log", "agent", "approve"]
 Op = Literal["eq", "ne", "in", "glob", "regex", "gt", "ge", "lt", "le", "exists"]
@@ -405,3 +408,52 @@ def load_policy(folder: Path | None, default: Action = "agent", *, base: Path | 
     if problems:
         raise PolicyError("\n".join(problems))
     return Policy(rules=rules, default=default, files=files, hooks=hooks)
+
+
+@dataclass
+class PolicyReloader:
+    """Loads the policy again when asked (SIGHUP) or when a file in its folder changed.
+
+    A bad edit keeps the last good policy and says why, once per distinct bad state.
+    Work in flight is not touched: decisions already taken stand; the new policy
+    decides the events that come after.
+    """
+
+    folder: Path
+    load: Callable[[], Policy]
+    apply: Callable[[Policy], None]
+    current: Policy
+    base: Path | None = None
+    _seen: tuple[tuple[str, int, int], ...] = ()
+    _failed: tuple[tuple[str, int, int], ...] | None = None
+
+    def __post_init__(self) -> None:
+        self._seen = self._state()
+
+    def _state(self) -> tuple[tuple[str, int, int], ...]:
+        files = sorted(self.folder.glob("*.toml")) if self.folder.is_dir() else []
+        hooks = [Path(r.rule.hook.rpartition(":")[0]) for r in self.current.rules if r.rule.hook]
+        return policy_fingerprint([*files, *hooks])
+
+    def changed(self) -> bool:
+        return self._state() != self._seen
+
+    def reload(self, *, reason: str) -> bool:
+        """Try to load; True when a new policy is in force."""
+        state = self._state()
+        try:
+            policy = self.load()
+        except ConfigError as exc:
+            if state != self._failed:
+                logger.error("policy reload (%s) failed; keeping the last good policy:\n%s", reason, exc)
+            self._failed = state
+            self._seen = state
+            return False
+        self.current = policy
+        self._seen = self._state()
+        self._failed = None
+        self.apply(policy)
+        logger.info(
+            "policy reloaded (%s): %d rule(s) from %d file(s)", reason, len(policy.rules), len(policy.files)
+        )
+        return True

@@ -1,0 +1,182 @@
+"""Policy reload: in process (PolicyReloader) and on a real `agentwake run` with SIGHUP and file edits."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import anyio.abc
+import pytest
+from conftest import QUIET_DEMO, REPO
+
+from agentwake.errors import ConfigError
+from agentwake.policy import Policy, PolicyReloader, load_policy
+
+GOOD = """
+[[rules]]
+name = "first"
+action = "log"
+"""
+OTHER = """
+[[rules]]
+name = "second"
+action = "ignore"
+
+[[rules]]
+name = "third"
+action = "log"
+"""
+BAD = """
+[[rules]]
+name = "broken"
+action = "explode"
+"""
+
+
+def reloader_for(folder: Path) -> tuple[PolicyReloader, list[Policy]]:
+    applied: list[Policy] = []
+    current = load_policy(folder)
+    return PolicyReloader(folder, lambda: load_policy(folder), applied.append, current), applied
+
+
+def test_a_changed_file_is_noticed_and_loaded(tmp_path: Path) -> None:
+    (tmp_path / "a.toml").write_text(GOOD)
+    reloader, applied = reloader_for(tmp_path)
+    assert not reloader.changed()
+    (tmp_path / "a.toml").write_text(OTHER)
+    assert reloader.changed()
+    assert reloader.reload(reason="test")
+    assert [r.rule.name for r in applied[-1].rules] == ["second", "third"]
+    assert not reloader.changed()
+
+
+def test_a_bad_edit_keeps_the_last_good_policy_and_says_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "a.toml").write_text(GOOD)
+    reloader, applied = reloader_for(tmp_path)
+    (tmp_path / "a.toml").write_text(BAD)
+    assert not reloader.reload(reason="test")
+    assert applied == []
+    assert [r.rule.name for r in reloader.current.rules] == ["first"]
+    assert "keeping the last good policy" in caplog.text and "a.toml:2" in caplog.text
+    caplog.clear()
+    assert not reloader.changed()  # the bad state is known: no reload loop, no repeated error
+    assert not reloader.reload(reason="again")
+    assert "keeping the last good policy" not in caplog.text  # said once per bad state
+    (tmp_path / "a.toml").write_text(OTHER)
+    assert reloader.changed() and reloader.reload(reason="fixed")
+    assert [r.rule.name for r in applied[-1].rules] == ["second", "third"]
+
+
+def test_a_new_file_counts_as_a_change(tmp_path: Path) -> None:
+    (tmp_path / "a.toml").write_text(GOOD)
+    reloader, _ = reloader_for(tmp_path)
+    (tmp_path / "b.toml").write_text(OTHER)
+    assert reloader.changed()
+
+
+def test_load_errors_are_config_errors(tmp_path: Path) -> None:
+    (tmp_path / "a.toml").write_text(BAD)
+    with pytest.raises(ConfigError, match=r"a\.toml:2: rule 'broken'"):
+        load_policy(tmp_path)
+
+
+@asynccontextmanager
+async def service(config: Path) -> AsyncIterator[tuple[anyio.abc.Process, LogWatch]]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = await anyio.open_process(
+        [sys.executable, "-m", "agentwake.cli", "run", "-c", str(config)], cwd=config.parent, env=env
+    )
+    watch = LogWatch()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch.follow, process)
+            yield process, watch
+            process.send_signal(signal.SIGTERM)
+            with anyio.fail_after(30):
+                await process.wait()
+            tg.cancel_scope.cancel()
+    finally:
+        if process.returncode is None:
+            process.kill()
+        await process.aclose()
+
+
+class LogWatch:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self._changed = anyio.Event()
+
+    async def follow(self, process: anyio.abc.Process) -> None:
+        assert process.stderr is not None
+        pending = b""
+        async for chunk in process.stderr:
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            self.lines.extend(line.decode(errors="replace") for line in lines)
+            changed, self._changed = self._changed, anyio.Event()
+            changed.set()
+
+    async def wait_for(self, *needles: str, after: int = 0, limit_s: float = 60) -> int:
+        """Index of the first line after ``after`` containing every needle."""
+        try:
+            with anyio.fail_after(limit_s):
+                while True:
+                    for index in range(after, len(self.lines)):
+                        if all(n in self.lines[index] for n in needles):
+                            return index
+                    await self._changed.wait()
+        except TimeoutError:
+            tail = "\n".join(self.lines[-30:])
+            raise AssertionError(f"no log line with {needles!r}; the last lines:\n{tail}") from None
+
+
+@pytest.mark.anyio
+async def test_sighup_and_file_edits_reload_the_running_service(tmp_path: Path) -> None:
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "a.toml").write_text(GOOD)
+    env = ", ".join(f'{k} = "{v}"' for k, v in {**QUIET_DEMO, "DEMO_DB": "demo.db"}.items())
+    config = tmp_path / "agentwake.toml"
+    config.write_text(
+        f"""
+[store]
+path = "aw.db"
+
+[agent]
+model = "agentwake/offline"
+prompts = "{REPO / "prompts"}"
+
+[policy]
+dir = "policies"
+
+[servers.demo]
+command = "{sys.executable}"
+args = ["-m", "examples.demo_server"]
+cwd = "{REPO}"
+env = {{ {env} }}
+
+[[subscriptions]]
+name = "tickets"
+server = "demo"
+event = "ticket.created"
+"""
+    )
+    async with service(config) as (process, log):
+        start = await log.wait_for("policy: 1 rule(s) from 1 file(s)")
+        (policies / "a.toml").write_text(OTHER)
+        process.send_signal(signal.SIGHUP)
+        at = await log.wait_for("policy reloaded (SIGHUP): 2 rule(s)", after=start)
+        (policies / "a.toml").write_text(BAD)
+        at = await log.wait_for("keeping the last good policy", after=at)
+        await log.wait_for("a.toml:2: rule 'broken'", after=at)
+        (policies / "b.toml").write_text(GOOD.replace("first", "fourth"))
+        (policies / "a.toml").write_text(OTHER)
+        await log.wait_for("policy reloaded (a policy file changed): 3 rule(s) from 2 file(s)", after=at)
+    assert process.returncode == 0
