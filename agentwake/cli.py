@@ -15,6 +15,7 @@ import anyio.abc
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from agentwake import protocol
 from agentwake.config import DEFAULT_CONFIG_PATH, AgentwakeConfig, load_config
@@ -33,8 +34,25 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out = Console()
-err = Console(stderr=True)
+# No markup anywhere: events, tool results and error messages are untrusted text, and "[agent]" or
+# "[/INST]" in them must print as written. Styles are applied with Text, not with tags.
+out = Console(markup=False)
+err = Console(stderr=True, markup=False)
+
+
+class PlainTable(Table):
+    """A table whose cells and title are plain text, never rich markup (they hold upstream text)."""
+
+    def __init__(self, *args: Any, title: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, title=Text(title) if title is not None else None, **kwargs)
+
+    def add_row(self, *cells: Any, **kwargs: Any) -> None:
+        super().add_row(*(Text(c) if isinstance(c, str) else c for c in cells), **kwargs)
+
+
+def _styled(label: str, style: str, rest: object) -> Text:
+    return Text.assemble((label, style), f" {rest}")
+
 
 ConfigOption = Annotated[
     Path,
@@ -47,12 +65,12 @@ def _load(path: Path) -> AgentwakeConfig:
     try:
         return load_config(path)
     except ConfigError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(_styled("error:", "red", exc), highlight=False)
         raise typer.Exit(2) from None
 
 
 def _fail(exc: AgentwakeError, code: int = 1) -> typer.Exit:
-    err.print(f"[red]error:[/red] {exc}", highlight=False)
+    err.print(_styled("error:", "red", exc), highlight=False)
     return typer.Exit(code)
 
 
@@ -91,7 +109,8 @@ def _config_dir(cfg: AgentwakeConfig) -> Path:
 def _agent_for(cfg: AgentwakeConfig, store: Store) -> tuple[Any, Any, Any]:
     """The agent runner, its connection pool and the policy, or Nones without an [agent] section.
 
-    Imports stay inside: ``agentwake --help`` and the read-only commands never load the agent.
+    Imports stay inside, so ``agentwake --help`` stays quick; litellm itself is only ever
+    imported by the agent stage (``agentwake.agent.llm``).
     """
     if cfg.agent is None:
         return None, None, None
@@ -218,16 +237,16 @@ def check(config: ConfigOption = DEFAULT_CONFIG_PATH) -> None:
     cfg = _load(config)
     _setup_logging("WARNING")
     problems, warnings, rows = anyio.run(_check, cfg)
-    table = Table(title=f"Subscriptions in {config}")
+    table = PlainTable(title=f"Subscriptions in {config}")
     for column in ("subscription", "server", "event", "mode", "agent tools", "status"):
         table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(*row)
     out.print(table)
     for warning in warnings:
-        err.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+        err.print(_styled("warning:", "yellow", warning), highlight=False)
     for problem in problems:
-        err.print(f"[red]error:[/red] {problem}", highlight=False)
+        err.print(_styled("error:", "red", problem), highlight=False)
     if problems:
         raise typer.Exit(1)
     model = f", agent model {cfg.agent.model}" if cfg.agent else ", no [agent]: events are only logged"
@@ -316,7 +335,7 @@ def events(
         ]
         out.print_json(json.dumps(payload))
         return
-    table = Table(title="Event types")
+    table = PlainTable(title="Event types")
     for column in ("server", "event", "delivery", "arguments", "description"):
         table.add_column(column, overflow="fold")
     for name, descriptors in listing:
@@ -378,7 +397,7 @@ def status(config: ConfigOption = DEFAULT_CONFIG_PATH, as_json: JsonOption = Fal
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
-    table = Table(title="Subscriptions")
+    table = PlainTable(title="Subscriptions")
     columns = (
         "subscription",
         "server",
@@ -434,7 +453,7 @@ def inbox(
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2, ensure_ascii=False) + "\n")
         return
-    table = Table(title=f"Inbox (newest {limit})")
+    table = PlainTable(title=f"Inbox (newest {limit})")
     for column in ("received", "subscription", "event", "event id", "state", "data"):
         table.add_column(column, overflow="fold")
     for r in rows:
@@ -466,7 +485,7 @@ def actions(
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2, ensure_ascii=False) + "\n")
         return
-    table = Table(title=f"Agent runs (newest {limit})")
+    table = PlainTable(title=f"Agent runs (newest {limit})")
     for column in (
         "run",
         "started",
@@ -575,11 +594,13 @@ def _print_run(run: dict[str, Any]) -> None:
         highlight=False,
     )
     if run["reason"]:
-        out.print(f"[red]reason:[/red] {run['reason']}", highlight=False)
+        out.print(_styled("reason:", "red", run["reason"]), highlight=False)
     for message in run["messages"]:
         role = message.get("role", "?")
         out.print(
-            f"[bold]{role}[/bold]" + (f" ({message['tool_call_id']})" if message.get("tool_call_id") else "")
+            Text.assemble(
+                (str(role), "bold"), f" ({message['tool_call_id']})" if message.get("tool_call_id") else ""
+            )
         )
         if message.get("content"):
             out.print(message["content"], markup=False, highlight=False)
@@ -591,7 +612,7 @@ def _print_run(run: dict[str, Any]) -> None:
                 highlight=False,
             )
     if run["tool_calls"]:
-        table = Table(title="tool calls")
+        table = PlainTable(title="tool calls")
         for column in ("step", "tool", "status", "arguments", "result", "ms"):
             table.add_column(column, overflow="fold")
         for call in run["tool_calls"]:
@@ -695,7 +716,7 @@ def policy_check(config: ConfigOption = DEFAULT_CONFIG_PATH) -> None:
             f"no policy files in {cfg.policy.dir}: every event gets the default action {policy.default!r}"
         )
         return
-    table = Table(title=f"Rules in {cfg.policy.dir}, in evaluation order")
+    table = PlainTable(title=f"Rules in {cfg.policy.dir}, in evaluation order")
     for column in ("#", "rule", "where", "action", "tools", "match"):
         table.add_column(column, overflow="fold")
     for index, loaded in enumerate(policy.rules, start=1):
@@ -790,7 +811,7 @@ def policy_test(
     cleaned = renderer.clean(data) if renderer else clean(data)
     decision = policy.decide(policy_view(event, cleaned.injection_score))
     out.rule("decision")
-    out.print(f"action: [bold]{decision.action}[/bold]", highlight=False)
+    out.print(Text.assemble("action: ", (decision.action, "bold")), highlight=False)
     out.print(f"rule: {decision.rule}" + (f" ({decision.where})" if decision.where else ""), highlight=False)
     out.print(f"why: {decision.why}", highlight=False)
     out.print(
@@ -860,7 +881,7 @@ def approvals(
     if not held:
         out.print("no event is waiting for approval")
         return
-    table = Table(title="Held for approval")
+    table = PlainTable(title="Held for approval")
     for column in ("event id", "server", "subscription", "event", "received", "rule", "why", "data"):
         table.add_column(column, overflow="fold")
     for h in held:

@@ -233,6 +233,9 @@ class AgentwakeConfig(_Model):
         for name in value:
             if not re.match(_NAME_PATTERN, name):
                 raise ValueError(f"server name {name!r} is not valid (letters, digits, '.', '_', '-')")
+            if "__" in name:
+                # Tools are exposed as <server>__<tool>: the separator must not occur in the server part.
+                raise ValueError(f"server name {name!r} must not contain '__'")
         return value
 
     @model_validator(mode="after")

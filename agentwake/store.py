@@ -876,7 +876,8 @@ class Store:
             " r.reason, r.steps, r.prompt_tokens, r.completion_tokens, r.cost_usd, r.started_at, r.duration_ms,"
             " (SELECT count(*) FROM tool_calls t WHERE t.run_id = r.id),"
             " (SELECT count(*) FROM tool_calls t WHERE t.run_id = r.id AND t.status = 'refused'),"
-            " (SELECT group_concat(t.tool, ' ') FROM tool_calls t WHERE t.run_id = r.id)"
+            " (SELECT json_group_array(tool) FROM (SELECT t.tool FROM tool_calls t WHERE t.run_id = r.id"
+            " ORDER BY t.id))"
             " FROM runs r JOIN events e ON e.id = r.event_row ORDER BY r.id DESC LIMIT ?",
             [limit],
         ).fetchall()
@@ -903,7 +904,7 @@ class Store:
         )
         actions = [dict(zip(keys, r, strict=True)) for r in rows]
         for action in actions:
-            action["tools"] = action["tools"].split(" ") if action["tools"] else []
+            action["tools"] = json.loads(action["tools"]) if action["tools"] else []
         return actions
 
     def find_events_sync_by_row(self, row_id: int) -> list[dict[str, Any]]:

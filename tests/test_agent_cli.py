@@ -357,7 +357,7 @@ def test_actions_limit(shared_run: AgentRun) -> None:
 @pytest.fixture
 def wide(monkeypatch: pytest.MonkeyPatch) -> None:
     """A console wide enough that rich does not fold the table's cells (it is 80 columns off a terminal)."""
-    monkeypatch.setattr(cli, "out", Console(width=250))
+    monkeypatch.setattr(cli, "out", Console(width=250, markup=False))  # as the CLI builds it
 
 
 @pytest.mark.usefixtures("wide")
@@ -470,11 +470,6 @@ def store_with_bracketed_text(folder: Path) -> Path:
 
 @pytest.mark.usefixtures("wide")
 @pytest.mark.parametrize("command", [["inbox"], ["actions"], ["status"], ["show", "T-1"]])
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: the CLI renders upstream text (event data, run reasons, errors) as rich markup:"
-    " '[/INST]' raises MarkupError and '[bold]' is swallowed",
-)
 def test_text_that_looks_like_markup_is_printed_as_it_is(tmp_path: Path, command: list[str]) -> None:
     config = store_with_bracketed_text(tmp_path)
     result = invoke(*command, "-c", str(config))
@@ -492,11 +487,6 @@ def test_the_json_output_keeps_text_that_looks_like_markup(tmp_path: Path) -> No
     assert BRACKETED in as_json("show", "T-1", "-c", config)["runs"][0]["reason"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: Store.actions_sync joins tool names with ' ' (group_concat) and splits them again, so a"
-    " name the model made up with a space in it (recorded as refused) becomes two tools",
-)
 def test_actions_lists_a_refused_tool_name_as_the_model_gave_it(tmp_path: Path) -> None:
     config = store_with_bracketed_text(tmp_path)
     store = Store.open_sync(tmp_path / "aw.db")
@@ -619,11 +609,6 @@ def test_replay_needs_an_agent_section(tmp_path: Path) -> None:
     assert "section; add one with at least 'model'" in flat(result.output)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: cli._fail and cli._load print the message as rich markup, so '[agent]' (or '[servers]')"
-    " in it is taken for a style tag and dropped",
-)
 def test_error_messages_keep_their_square_brackets(tmp_path: Path) -> None:
     config = write_config(tmp_path, "http://127.0.0.1:9/v1", agent=False)
     result = invoke("replay", "T-1", "-c", str(config))

@@ -94,10 +94,16 @@ def respond(model: str, messages: list[dict[str, Any]], tools: list[dict[str, An
     message: dict[str, Any]
     if called:
         outcome = str(called[-1].get("content") or "")
-        verdict = "an error" if "error" in outcome.lower()[:200] else "a result"
+        body = outcome.split(">\n", 1)[-1]  # inside the tool-result fence, if there is one
+        if outcome.startswith("refused"):
+            verdict = "was refused"
+        elif body.startswith("error:"):
+            verdict = "returned an error"
+        else:
+            verdict = "returned a result"
         message = {
             "role": "assistant",
-            "content": f"Offline stand-in: the tool call returned {verdict}; done.",
+            "content": f"Offline stand-in: the tool call {verdict}; done.",
         }
         finish = "stop"
     else:

@@ -8,6 +8,7 @@ Lookup for the user prompt: the subscription's ``prompt``, else
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -17,9 +18,24 @@ from jinja2.sandbox import SandboxedEnvironment
 from agentwake.agent.fence import Fence
 from agentwake.config import AgentConfig, SanitizeConfig, SubscriptionConfig
 from agentwake.errors import ConfigError
-from agentwake.sanitize import Limits, Sanitized, sanitize
+from agentwake.sanitize import Limits, Sanitized, clean_text, sanitize
 
 DEFAULT_EVENT_TEMPLATE: Final = "event.md.j2"
+
+
+_INLINE_UNSAFE: Final = re.compile(r"[^A-Za-z0-9._:+@/#-]")
+INLINE_MAX: Final = 128
+
+
+def inline(value: object) -> str:
+    """A server-supplied identifier (eventId, timestamp, event name) shown outside the fence.
+
+    Only a plain-identifier alphabet survives, at most INLINE_MAX characters: such a value
+    cannot carry a sentence, a newline or a marker, so it cannot speak to the model.
+    """
+    cleaned, _ = clean_text(str(value))
+    safe = _INLINE_UNSAFE.sub("_", cleaned)
+    return safe if len(safe) <= INLINE_MAX else safe[: INLINE_MAX - 1] + "…"
 
 
 class PromptError(ConfigError):
@@ -95,18 +111,19 @@ class PromptRenderer:
 
         batch_view: list[dict[str, Any]] = [
             {
-                "id": other["event_id"],
-                "name": other["name"],
-                "timestamp": other["timestamp"],
+                "id": inline(other["event_id"]),
+                "name": inline(other["name"]),
+                "timestamp": inline(other["timestamp"]),
                 "data_block": fence.wrap(other["data"], kind="event-data", limit=limit),
             }
             for other in batch or []
         ]
         context: dict[str, Any] = {
             "event": {
-                "id": event["event_id"],
-                "name": event["name"],
-                "timestamp": event["timestamp"],
+                # Server-supplied, outside the fence: reduced to identifier characters.
+                "id": inline(event["event_id"]),
+                "name": inline(event["name"]),
+                "timestamp": inline(event["timestamp"]),
                 "server": server,
                 "subscription": event["subscription"],
                 # The runner hands over data it already sanitized (and recorded the report of).

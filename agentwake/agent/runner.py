@@ -390,7 +390,7 @@ class AgentRunner:
             )
         outcome = await self.tools.call(spec, arguments)
         if outcome.is_error:
-            return done("error", outcome.content, arguments)
+            return done("error", f"error: {as_text(outcome.content)}", arguments)
         return done("ok", outcome.content, arguments)
 
     def _log(

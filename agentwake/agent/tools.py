@@ -73,6 +73,41 @@ def specs_for(server: str, tools: Iterable[Tool]) -> list[ToolSpec]:
     ]
 
 
+_warned_collisions: set[str] = set()
+
+
+def unique_names(specs: list[ToolSpec]) -> list[ToolSpec]:
+    """Tools whose exposed names collide ('get.x' and 'get_x') each get a stable hash suffix.
+
+    Otherwise one would silently stand for the other, and an allowlist naming one
+    would call the other.
+    """
+    counts: dict[str, int] = {}
+    for spec in specs:
+        counts[spec.exposed] = counts.get(spec.exposed, 0) + 1
+    if all(count == 1 for count in counts.values()):
+        return specs
+    renamed: list[ToolSpec] = []
+    for spec in specs:
+        if counts[spec.exposed] == 1:
+            renamed.append(spec)
+            continue
+        digest = hashlib.sha256(f"{spec.server}\0{spec.name}".encode()).hexdigest()[:8]
+        name = f"{spec.exposed[: MAX_NAME - 9]}_{digest}"
+        if spec.exposed not in _warned_collisions:
+            logger.warning(
+                "tools %r from different places share the exposed name %s; each gets a suffix (%s for %s on %s)",
+                spec.exposed,
+                spec.exposed,
+                name,
+                spec.name,
+                spec.server,
+            )
+        renamed.append(ToolSpec(name, spec.server, spec.name, spec.description, spec.input_schema))
+    _warned_collisions.update(n for n, c in counts.items() if c > 1)
+    return renamed
+
+
 @dataclass(frozen=True, slots=True)
 class Allowlist:
     """Globs over exposed names. Empty means no tools."""
@@ -168,7 +203,7 @@ class ConnectionPool:
         )
 
     def catalog(self) -> list[ToolSpec]:
-        return [spec for specs in self._tools.values() for spec in specs]
+        return unique_names([spec for specs in self._tools.values() for spec in specs])
 
     async def call(self, spec: ToolSpec, arguments: dict[str, Any]) -> ToolOutcome:
         conn = self._connections.get(spec.server)
