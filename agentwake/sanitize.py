@@ -34,7 +34,10 @@ _SECRET_PATTERNS: Final[tuple[tuple[str, re.Pattern[str]], ...]] = (
     ),
     ("password in URL", re.compile(r"://[^/\s:@]+:(?P<secret>[^/\s@]+)@")),
     ("bearer token", re.compile(r"(?i)\bbearer\s+(?P<secret>[A-Za-z0-9._~+/=-]{16,})")),
-    ("basic credentials", re.compile(r"(?i)\bbasic\s+(?P<secret>[A-Za-z0-9+/]{8,}={0,2})")),
+    (
+        "basic credentials",
+        re.compile(r"(?i)\bauthorization[\"']?\s*[:=]\s*[\"']?basic\s+(?P<secret>[A-Za-z0-9+/]{8,}={0,2})"),
+    ),
     ("JWT", re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")),
     ("OpenAI-style key", re.compile(r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_-]{16,}")),
     ("GitHub token", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,})")),
@@ -59,7 +62,10 @@ _PII_PATTERNS: Final[tuple[tuple[str, re.Pattern[str]], ...]] = (
     (
         "phone",
         re.compile(
-            r"(?<![\w.+-])(?:\+\d{1,3}[\s.-]?)?(?:\(\d{2,4}\)\s?|\d{2,4}[\s.-])\d{3,4}[\s.-]\d{3,4}(?![\w.-])"
+            r"(?<![\w.+-])(?:"
+            r"(?:\+|00)\d{1,3}[\s.-]?(?:\(\d{1,4}\)|\d{1,4})(?:[\s.-]?\d{2,8}){1,4}"
+            r"|(?:\(\d{2,4}\)\s?|\d{2,4}[\s.-])\d{3,4}[\s.-]\d{3,4}"
+            r")(?![\w.-])"
         ),
     ),
 )
@@ -73,8 +79,9 @@ _INJECTION_SIGNALS: Final[tuple[tuple[str, float, re.Pattern[str]], ...]] = (
         re.compile(
             r"(?i)\b(ignore|disregard|forget|override|bypass|skip)\b[^.\n]{0,40}"
             r"\b(previous|prior|above|earlier|preceding|all|any|your|the rest of|this|these|other)\b[^.\n]{0,40}"
-            r"\b(\w*struct\w*|prompts?|rules|directions|guidelines|context|data|info|information)\b"
+            r"\b(\w*struct\w*|prompts?|rules|directions|guidelines|context)\b"
             r"|\b(ignore|disregard)\s+(all\s+|the\s+|any\s+)?instructions\b"
+            r"|\b(ignore|disregard)\s+(the rest of (this|the) (data|text|input)|this data)\b|\bdisregard all info\b"
         ),
     ),
     (
@@ -90,7 +97,8 @@ _INJECTION_SIGNALS: Final[tuple[tuple[str, float, re.Pattern[str]], ...]] = (
         0.5,
         re.compile(
             r"(?i)\bthe task (that )?I gave you\b|\bbefore you (can )?(solve|do|complete|finish) the task\b"
-            r"|\binstead of (doing )?(the|your) task\b|\bstop (everything|what you('re| are) doing)\b"
+            r"|\binstead of (doing )?(the|your) task\b|\bstop what you('re| are) doing\b"
+            r"|\bstop everything\b(?=\W*(now\b|!))"
         ),
     ),
     (
@@ -135,7 +143,7 @@ _INJECTION_SIGNALS: Final[tuple[tuple[str, float, re.Pattern[str]], ...]] = (
         "send content to an address",
         0.3,
         re.compile(
-            r"(?i)\b(email|send|forward)\s+(the\s+)?(text|message|following|contents?|data|file|summary)\b"
+            r"(?i)\b(email|send|forward)\s+(the\s+)?(text|following|contents?|data|file|summary)\b"
             r"[^\n]{0,80}\bto\s+['\"]?[\w.+-]+@"
         ),
     ),
@@ -143,18 +151,27 @@ _INJECTION_SIGNALS: Final[tuple[tuple[str, float, re.Pattern[str]], ...]] = (
         "output override",
         0.4,
         re.compile(
-            r"(?i)\b(just|only)\s+(print|say|output|write)\b|\breply with only\b|\brespond only with\b"
+            r"(?i)\b(just|only)\s+(print|say|output|write)\b\s*(the following\b|[\"'\u201c:]|\w+ pwned)"
+            r"|\breply with only\b|\brespond only with\b"
         ),
     ),
     (
         "safety override",
         0.4,
         re.compile(
-            r"(?i)\b(override|bypass|disable|ignore)\s+(the\s+|all\s+|any\s+)?(\w+\s+)?"
-            r"(safety|security|guard\w*|filters?|restrictions?|scoring|moderation)\b"
+            r"(?i)\b(override|bypass|disable|ignore)\s+(your\s+|all\s+|any\s+)(\w+\s+)?"
+            r"(safety|guard\w*|content filters?|restrictions?|scoring|moderation|negative indicators)\b"
+            r"|\boverride (manual|the) scoring\b"
         ),
     ),
-    ("verdict steering", 0.2, re.compile(r"(?i)\b(is|as|report (that )?[\w .]{0,20})\s*not malicious\b")),
+    (
+        "verdict steering",
+        0.2,
+        re.compile(
+            r"(?i)\b(report|say|respond|answer|classify|label|treat)\b[^.\n]{0,30}\bnot malicious\b"
+            r"|\b(clearly|definitely|completely) not malicious\b|\ball content here is not malicious\b"
+        ),
+    ),
     (
         "secrecy",
         0.2,
@@ -283,7 +300,7 @@ def sanitize(value: Any, *, limits: Limits | None = None, pii: bool = False) -> 
             out: dict[str, Any] = {}
             for index, (key, item) in enumerate(items[: limits.max_list]):
                 # Keys are untrusted too; paths in cut messages use the cleaned key, never the raw one.
-                clean_key = text(str(key), f"{path}.<key {index}>")[:200]
+                clean_key = text(str(key), f"{path}.<key {index}>")
                 if clean_key in out:
                     cuts.append(
                         f"{path}.{clean_key}: a second key that reads the same after cleaning was removed"
@@ -349,7 +366,9 @@ def _trim_once(root: dict[str, Any] | list[Any], excess: int) -> str:
             node[biggest] = _cut_string(child, max(64, sizes[biggest] - excess - 16))
             return child_path
         if isinstance(node, dict):
-            node.pop(keys[-1])
+            # The biggest entry goes (ties: the last), so small siblings such as ids stay.
+            top = max(sizes.values())
+            node.pop(next(k for k in reversed(keys) if sizes[k] == top))
         else:
             node.pop()
         return path
