@@ -106,3 +106,12 @@ def demo_http_factory(tmp_path: Path) -> Callable[..., Any]:
         return running_demo_http(tmp_path / "demo-http.db", **env)
 
     return factory
+
+
+@pytest.fixture
+async def rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
+    """A real demo server, a ConnectionPool attached to it, a Store and the fake LLM (tests/_rig.py)."""
+    from _rig import build_rig
+
+    async for built in build_rig(tmp_path, monkeypatch):
+        yield built
