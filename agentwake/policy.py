@@ -144,6 +144,9 @@ class Rule(_Model):
     dedup: Dedup | None = None
     debounce: Debounce | None = None
     max_concurrent: int | None = Field(default=None, ge=1)
+    redact_pii: bool = Field(
+        default=False, description="also redact emails and phone numbers for these events"
+    )
     hook: str | None = Field(
         default=None, description='"path/to/file.py:function", path relative to the config'
     )
@@ -167,9 +170,17 @@ class Rule(_Model):
 
     @model_validator(mode="after")
     def _agent_only_keys(self) -> Rule:
-        if self.action not in ("agent", "approve") and (self.tools or self.prompt or self.model):
+        # A hook may turn any rule into an agent run, so its rule may carry what that run uses.
+        runs = self.action in ("agent", "approve") or self.hook is not None
+        if not runs and (self.tools or self.prompt or self.model):
             raise ValueError(
                 f"'tools', 'prompt' and 'model' only apply to action 'agent' or 'approve', not {self.action!r}"
+            )
+        flow = [key for key in ("rate_limit", "dedup", "debounce", "max_concurrent") if getattr(self, key)]
+        if flow and self.action != "agent":
+            # They pace agent runs; on other actions (approve included) they would silently do nothing.
+            raise ValueError(
+                f"{', '.join(map(repr, flow))} only apply to action 'agent', not {self.action!r}"
             )
         return self
 
@@ -264,6 +275,13 @@ def lookup(event: Mapping[str, Any], path: str) -> Any:
     return node
 
 
+def _same(actual: Any, expected: Any) -> bool:
+    """JSON equality: true is not 1 and false is not 0, unlike in Python."""
+    if isinstance(actual, bool) != isinstance(expected, bool):
+        return False
+    return bool(actual == expected)
+
+
 def _holds(condition: Condition, actual: Any) -> bool:
     op, expected = condition.op, condition.value
     if op == "exists":
@@ -271,11 +289,11 @@ def _holds(condition: Condition, actual: Any) -> bool:
     if actual is MISSING:
         return op == "ne"
     if op == "eq":
-        return bool(actual == expected)
+        return _same(actual, expected)
     if op == "ne":
-        return bool(actual != expected)
+        return not _same(actual, expected)
     if op == "in":
-        return actual in expected
+        return any(_same(actual, option) for option in expected)
     if op == "glob":
         return isinstance(actual, str) and fnmatch.fnmatchcase(actual, expected)
     if op == "regex":

@@ -304,6 +304,7 @@ class FlowGate:
 class FlowOutcome:
     verdict: Literal["run", "duplicate", "over_limit", "batched", "leader"]
     other: int | None = None  # the earlier event (duplicate) or the batch's leader
+    other_event_id: str | None = None
     oldest: str | None = None  # over_limit: when the oldest run in the window happened
 
 
@@ -586,12 +587,13 @@ class Store:
             execute = self._db.execute
             if gate.dedup_key is not None and gate.dedup_since is not None:
                 row = execute(
-                    "SELECT event_row FROM flow_marks WHERE rule = ? AND kind = 'dedup' AND key = ? AND at >= ?"
-                    " AND event_row != ? ORDER BY at LIMIT 1",
+                    "SELECT m.event_row, e.event_id FROM flow_marks m JOIN events e ON e.id = m.event_row"
+                    " WHERE m.rule = ? AND m.kind = 'dedup' AND m.key = ? AND m.at >= ? AND m.event_row != ?"
+                    " ORDER BY m.at LIMIT 1",
                     [rule, gate.dedup_key, gate.dedup_since, event_row],
                 ).fetchone()
                 if row is not None:
-                    return FlowOutcome("duplicate", other=int(row[0]))
+                    return FlowOutcome("duplicate", other=int(row[0]), other_event_id=str(row[1]))
                 execute(
                     "INSERT INTO flow_marks (rule, kind, key, event_row, at) VALUES (?, 'dedup', ?, ?, ?)",
                     [rule, gate.dedup_key, event_row, gate.now],
@@ -613,7 +615,8 @@ class Store:
                     return FlowOutcome("batched", other=int(leader[0]))
             if gate.rate_key is not None and gate.rate_since is not None:
                 oldest, count = execute(
-                    "SELECT min(at), count(*) FROM flow_marks WHERE rule = ? AND kind = 'rate' AND key = ? AND at >= ?",
+                    # Strictly after the window start: an event delayed to the window's end is then in.
+                    "SELECT min(at), count(*) FROM flow_marks WHERE rule = ? AND kind = 'rate' AND key = ? AND at > ?",
                     [rule, gate.rate_key, gate.rate_since],
                 ).fetchone()
                 if count >= gate.rate_max:
@@ -719,13 +722,16 @@ class Store:
         with self._db.atomic():
             if sanitize_report is not None and kind == "agent":
                 self._db.execute(
-                    "UPDATE events SET injection_score = ?, sanitize_report = ?, decision = ? WHERE id = ?",
-                    [
-                        sanitize_report.get("injection_score"),
-                        _encode_json(sanitize_report),
-                        _encode_json(decision),
-                        event_row,
-                    ],
+                    # The policy's record (the rule's tools, prompt, batch) stays: a retry resumes from it.
+                    "UPDATE events SET injection_score = :score, sanitize_report = :report,"
+                    " decision = CASE WHEN decision IS NULL THEN :decision ELSE json_patch(:decision, decision) END"
+                    " WHERE id = :row",
+                    {
+                        "score": sanitize_report.get("injection_score"),
+                        "report": _encode_json(sanitize_report),
+                        "decision": _encode_json(decision),
+                        "row": event_row,
+                    },
                 )
             cur = self._db.execute(
                 "INSERT INTO runs (event_row, kind, attempt, model, status, decision, system_prompt, user_prompt,"

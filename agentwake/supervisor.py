@@ -69,6 +69,11 @@ def log_event(event: InboxEvent) -> None:
     )
 
 
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
+
+
 def iso_at(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -220,6 +225,19 @@ class Supervisor:
     async def _serve_subscriptions(
         self, server: str, conn: ServerConnection, holder: dict[str, anyio.Event]
     ) -> None:
+        try:
+            await self._serve_listing(server, conn, holder)
+        except BaseExceptionGroup as group:
+            # A loop's ConnectionLost comes out of the task group wrapped; unwrapped, the reconnect
+            # retry (which matches DeliveryError) sees it. Anything else propagates as it is.
+            delivery = group.subgroup(DeliveryError)
+            if delivery is None:
+                raise
+            raise _first_leaf(delivery) from None
+
+    async def _serve_listing(
+        self, server: str, conn: ServerConnection, holder: dict[str, anyio.Event]
+    ) -> None:
         while True:
             descriptors = {d.name: d for d in await conn.list_events()}
             async with anyio.create_task_group() as tg:
@@ -323,21 +341,27 @@ class Supervisor:
                 return
             cleaned = agent.renderer.clean(event.data)
             decision = self._resumed(event)
+            fresh = decision is None
             if decision is None:
                 view = policy_view(event, cleaned.injection_score)
                 decision = await self._hook(self.policy.decide(view), view)
-                record = {**decision.to_record(), "injection_score": cleaned.injection_score}
-                if await self._ends_here(event, decision, record):
-                    return
             rule = decision.source or self.policy.rule(decision.rule)
             if (
-                rule is not None
+                decision.action == "agent"
+                and rule is not None
                 and rule.max_concurrent
                 and self._rule_active.get(rule.name, 0) >= rule.max_concurrent
             ):
-                # At the rule's limit: back to the inbox, not an attempt; another rule's events go meanwhile.
+                # At the rule's limit: back to the inbox, not an attempt, before any flow-control mark
+                # is taken; another rule's events go meanwhile.
                 await self.store.release(event.id, iso_at(self.clock() + timedelta(seconds=RULE_BUSY_S)))
                 return
+            if fresh:
+                record = {**decision.to_record(), "injection_score": cleaned.injection_score}
+                if await self._ends_here(event, decision, record):
+                    return
+            if rule is not None and rule.redact_pii and not self.config.sanitize.redact_pii:
+                cleaned = agent.renderer.clean(event.data, pii=True)
             server = self.config.servers.get(event.server)
             # Its tools come with its connection; without them the run could not act as allowed.
             if (
@@ -364,6 +388,9 @@ class Supervisor:
         except AgentwakeError as exc:
             logger.error("event %s failed: %s", event.event_id, exc)
             await self.store.finish([event.id], "failed", str(exc))
+        except Exception as exc:  # a bug must cost this event, not the service
+            logger.exception("event %s failed unexpectedly", event.event_id)
+            await self.store.finish([event.id], "failed", f"unexpected error: {type(exc).__name__}: {exc}")
         finally:
             self._active -= 1
             self._slot_freed.set()
@@ -464,7 +491,10 @@ class Supervisor:
             return False
         if outcome.verdict == "duplicate":
             assert rule.dedup is not None
-            why = f"duplicate: {rule.dedup.key} was seen in event row {outcome.other} within {rule.dedup.window_s:g}s"
+            why = (
+                f"duplicate: {rule.dedup.key} was seen in event {outcome.other_event_id} (row {outcome.other})"
+                f" within {rule.dedup.window_s:g}s"
+            )
             logger.info("event %s ignored by rule %s: %s", event.event_id, rule.name, why)
             await self.store.decide(event.id, {**record, "why": why}, "ignored")
         elif outcome.verdict == "over_limit":

@@ -3,6 +3,8 @@
 One replayable type, "feed.item", cursor = item number. Each poll returns up to
 ``maxEvents`` items after the cursor with ``hasMore`` until FEED_ITEMS is reached.
 A poll whose cursor is at least FEED_REVOKE_AT answers -32012 (access revoked).
+With FEED_CRASH_AT and FEED_CRASH_MARKER, the first process to be polled at or past that
+cursor dies on the spot (the marker file makes it once), as a server crash mid-drain.
 The tool ``unlock_extra`` adds a tool ``extra`` and announces that the tools changed.
 """
 
@@ -18,6 +20,8 @@ from agentwake.server import Event, EventContext, EventResult, EventsExtension, 
 
 ITEMS = int(os.environ.get("FEED_ITEMS", "10"))
 REVOKE_AT = int(os.environ.get("FEED_REVOKE_AT", "0")) or None
+CRASH_AT = int(os.environ.get("FEED_CRASH_AT", "0")) or None
+CRASH_MARKER = os.environ.get("FEED_CRASH_MARKER")
 
 events = EventsExtension()
 server = MCPServer("feed", extensions=[events])
@@ -29,6 +33,9 @@ def feed_item(ctx: EventContext, arguments: dict[str, Any], cursor: str | None) 
     if cursor is None:
         return EventResult(events=[], cursor="0")
     start = int(cursor)
+    if CRASH_AT is not None and CRASH_MARKER and start >= CRASH_AT and not os.path.exists(CRASH_MARKER):
+        open(CRASH_MARKER, "w").close()
+        os._exit(3)
     if REVOKE_AT is not None and start >= REVOKE_AT:
         raise forbidden("access revoked")
     end = min(start + ctx.max_events, ITEMS)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import anyio
 import pytest
-from conftest import demo_stdio
+from _support import SteppedSleep, set_cursor
+from conftest import REPO, demo_stdio
 
-from agentwake.config import AgentwakeConfig, ServerConfig
+from agentwake.config import AgentwakeConfig, ServerConfig, parse_config
+from agentwake.delivery.poll import subscription_key
 from agentwake.store import InboxEvent, Store
 from agentwake.supervisor import Supervisor
 
@@ -54,3 +57,50 @@ async def test_a_bad_subscription_and_a_dead_server_do_not_stop_the_good_one(
     assert status["good"]["status"] == "active" and status["good"]["events_received"] >= 3
     counts = store.state_counts_sync()
     assert counts["pending"] + counts["processing"] + counts["done"] == status["good"]["events_received"]
+
+
+async def test_a_server_that_dies_mid_drain_is_reconnected_and_nothing_is_lost_or_repeated(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = parse_config(
+        {
+            "store": {"path": str(tmp_path / "aw.db")},
+            "servers": {
+                "feed": {
+                    "command": sys.executable,
+                    "args": ["tests/feed_server.py"],
+                    "cwd": str(REPO),
+                    "env": {
+                        "FEED_ITEMS": "30",
+                        "FEED_CRASH_AT": "10",
+                        "FEED_CRASH_MARKER": str(tmp_path / "crashed"),
+                    },
+                }
+            },
+            "subscriptions": [{"name": "feed", "server": "feed", "event": "feed.item", "max_events": 5}],
+        },
+        env={},
+    )
+    store = await Store.open(tmp_path / "aw.db")
+    try:
+        key = subscription_key(cfg.subscriptions[0])
+        await set_cursor(store, key, "0")
+        sleep = SteppedSleep()
+        supervisor = Supervisor(
+            cfg, store, sleep=sleep, processing=False, reconnect_initial_s=0.01, reconnect_max_s=0.02
+        )
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(supervisor.run)
+            # The first sleep is the reconnect after the crash; the next is the quiet poll after the drain.
+            with anyio.fail_after(30):
+                while len(store.event_ids_sync("feed")) < 30:
+                    await sleep.next()
+                    sleep.release()
+            tg.cancel_scope.cancel()
+        assert (tmp_path / "crashed").exists()
+        assert store.event_ids_sync("feed") == [f"item-{n}" for n in range(1, 31)]
+        [row] = store.subscriptions_sync()
+        assert row["duplicates"] == 0
+        assert "server 'feed': connection closed; reconnecting" in caplog.text
+    finally:
+        await store.close()

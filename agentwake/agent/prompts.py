@@ -63,12 +63,13 @@ class PromptRenderer:
             lstrip_blocks=True,
         )
 
-    def clean(self, value: Any) -> Sanitized:
+    def clean(self, value: Any, *, pii: bool = False) -> Sanitized:
+        """Sanitize with the configured limits; ``pii`` (a rule's redact_pii) adds to the global setting."""
         options = self.sanitize
         return sanitize(
             value,
             limits=Limits(options.max_depth, options.max_string, options.max_list, options.max_bytes),
-            pii=options.redact_pii,
+            pii=options.redact_pii or pii,
         )
 
     def template_for(self, subscription: SubscriptionConfig | None, event_name: str) -> str:
