@@ -430,6 +430,8 @@ class DemoServer:
             if store.get(ticket_id) is None:
                 raise ToolError(f"no ticket {ticket_id!r}")
             store.comment(ticket_id, body)
+            # Said on stderr so `make run` shows the agent's effect on the help desk.
+            logger.info("%s: comment added: %s", ticket_id, body[:100])
             return f"comment added to {ticket_id}"
 
         @self.mcp.tool()
@@ -437,6 +439,7 @@ class DemoServer:
             """Mark a ticket closed."""
             if not store.set_status(ticket_id, "closed"):
                 raise ToolError(f"no ticket {ticket_id!r}")
+            logger.info("%s: closed", ticket_id)
             return f"{ticket_id} closed"
 
         @self.mcp.tool()
@@ -452,11 +455,10 @@ class DemoServer:
             """Acknowledge an alert so nobody else is paged for it."""
             if alert_id not in alerts:
                 raise ToolError(f"no recent alert {alert_id!r}")
-            return (
-                f"{alert_id} acknowledged"
-                if store.ack(alert_id, note)
-                else f"{alert_id} was already acknowledged"
-            )
+            if not store.ack(alert_id, note):
+                return f"{alert_id} was already acknowledged"
+            logger.info("%s: acknowledged: %s", alert_id, (note or "")[:100])
+            return f"{alert_id} acknowledged"
 
     # ---- background generators -------------------------------------------------
 
@@ -594,6 +596,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=logging.WARNING, stream=sys.stderr, format="demo_server %(levelname)s %(message)s"
     )
+    logger.setLevel(logging.INFO)  # its own lines: what callers changed
     demo = DemoServer(settings)
     try:
         if args.http:
