@@ -86,9 +86,9 @@ class SignalingRunner(AgentRunner):
     on_start: Callable[[], None] = lambda: None
     on_finish: Callable[[RunResult], None] = lambda result: None
 
-    async def run(self, event: InboxEvent, *, kind: RunKind = "agent") -> RunResult:
+    async def run(self, event: InboxEvent, *, kind: RunKind = "agent", **options: Any) -> RunResult:
         self.on_start()
-        result = await super().run(event, kind=kind)
+        result = await super().run(event, kind=kind, **options)
         self.on_finish(result)
         return result
 
@@ -159,7 +159,8 @@ async def run(count: int, warmup: int) -> Figures:
                 await store.register(key)
                 pool = ConnectionPool()  # no servers: the runs get no tools
                 runner = SignalingRunner(config, config.agent, store, pool, PromptRenderer(config.agent))
-                supervisor = Supervisor(config, store, agent=runner, pool=pool)
+                # No pool on the supervisor: it would wait for the never-connected server's tools.
+                supervisor = Supervisor(config, store, agent=runner, pool=None)
                 # As `agentwake run` does after start-up (agentwake/cli.py).
                 gc.collect()
                 gc.freeze()

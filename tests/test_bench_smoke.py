@@ -1,0 +1,41 @@
+"""The benchmarks still run end to end (tiny sizes); their figures are for `make bench`, not for tests."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "keys"),
+    [
+        (
+            "bench/poll_drain.py",
+            ["--events", "3000"],
+            {"events_per_s", "ratio", "baseline_store_events_per_s"},
+        ),
+        (
+            "bench/pipeline_overhead.py",
+            ["--events", "20", "--warmup", "2"],
+            {"overhead_p50_ms", "litellm_p50_ms"},
+        ),
+    ],
+)
+def test_the_benchmark_runs_and_prints_its_figures(script: str, args: list[str], keys: set[str]) -> None:
+    done = subprocess.run(
+        [sys.executable, script, *args, "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert keys <= figures.keys()
