@@ -757,11 +757,17 @@ def policy_test(
     event_name: Annotated[
         str | None, typer.Option("--event", help="Its event name, if the file holds only data.")
     ] = None,
+    offline: Annotated[
+        bool,
+        typer.Option(
+            "--offline", help="Do not ask the servers for their tools (the prompt then lists none)."
+        ),
+    ] = False,
 ) -> None:
     """Show which rule matches a sample event and why, the exact sanitized prompt, and the tools allowed.
 
-    Nothing is sent anywhere: no server is contacted and no LLM is called. Tools
-    are shown as the allowlist globs (the live tool list needs the servers).
+    No LLM is called and no tool runs. The configured servers are asked for their
+    tool lists (as a run would see them), unless --offline.
     """
     cfg = _load(config)
     policy = _load_policy(cfg)
@@ -789,7 +795,6 @@ def policy_test(
             ),
             2,
         )
-    from agentwake.agent.fence import Fence
     from agentwake.agent.prompts import PromptRenderer
     from agentwake.store import InboxEvent
     from agentwake.supervisor import policy_view
@@ -831,36 +836,55 @@ def policy_test(
     if decision.action == "approve":
         out.print("the event would be held until a person approves it (agentwake approve); then:")
     globs = decision.tools if decision.tools is not None else (sub.tools if sub else [])
-    out.rule("tools allowed")
-    out.print(", ".join(globs) if globs else "none", highlight=False)
     if renderer is None or agent_cfg is None:
+        out.rule("tools allowed")
+        out.print(", ".join(globs) if globs else "none", highlight=False)
         out.print("no [agent] section: no prompt to show")
         return
-    model = decision.model or (sub.model if sub else None) or agent_cfg.model
-    out.print(f"model: {model}", highlight=False)
-    try:
-        prompt = renderer.render(
-            fence=Fence(datamark=cfg.sanitize.datamark),
-            event={
-                "event_id": event.event_id,
-                "name": event.name,
-                "timestamp": event.timestamp,
-                "subscription": event.subscription,
-                "data": cleaned.value,
-            },
-            subscription=sub,
-            server=event.server,
-            tools=list(globs),
-            rule=decision.to_record(),
-            template=decision.prompt,
-        )
-    except AgentwakeError as exc:
-        raise _fail(exc) from None
+    plan, unreachable = anyio.run(_plan_for_test, cfg, renderer, event, decision, cleaned, offline)
+    out.rule("tools allowed")
+    out.print(f"allowlist: {', '.join(globs) if globs else 'none'}", highlight=False)
+    if offline:
+        out.print("--offline: no server was asked for its tools; the prompt lists none", highlight=False)
+    else:
+        out.print(f"matching tools: {', '.join(s.exposed for s in plan.allowed) or 'none'}", highlight=False)
+    for problem in unreachable:
+        err.print(_styled("warning:", "yellow", f"{problem}; its tools are missing above"), highlight=False)
+    out.print(f"model: {plan.model}", highlight=False)
+    if plan.prompt is None:
+        raise _fail(AgentwakeError(plan.prompt_error or "the prompt could not be rendered"))
     # The prompts exactly as the model would get them: no wrapping, no markup.
     out.rule(f"system prompt ({agent_cfg.system_prompt})")
-    sys.stdout.write(prompt.system)
-    out.rule(f"user prompt ({prompt.template})")
-    sys.stdout.write(prompt.user)
+    sys.stdout.write(plan.prompt.system)
+    out.rule(f"user prompt ({plan.prompt.template})")
+    sys.stdout.write(plan.prompt.user)
+
+
+async def _plan_for_test(
+    cfg: AgentwakeConfig, renderer: Any, event: Any, decision: Any, cleaned: Any, offline: bool
+) -> tuple[Any, list[str]]:
+    """The runner's own preparation, with the servers' live tools unless offline."""
+    from contextlib import AsyncExitStack
+    from typing import cast
+
+    from agentwake.agent.runner import AgentRunner
+    from agentwake.agent.tools import ConnectionPool
+
+    assert cfg.agent is not None
+    pool = ConnectionPool()
+    unreachable: list[str] = []
+    async with AsyncExitStack() as stack:
+        if not offline:
+            for name, server in cfg.servers.items():
+                try:
+                    conn = await stack.enter_async_context(ServerConnection(name, server))
+                except AgentwakeError as exc:
+                    unreachable.append(str(exc))
+                    continue
+                await pool.attach(conn)
+        # prepare() reads config, tools and templates only; it never touches the store.
+        runner = AgentRunner(cfg, cfg.agent, cast(Store, None), pool, renderer)
+        return runner.prepare(event, rule=decision, cleaned=cleaned), unreachable
 
 
 @app.command()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -751,8 +752,10 @@ dir = "policies"
 default = "{default}"
 
 [servers.demo]
-command = "python"
+command = {json.dumps(sys.executable)}
 args = ["-m", "examples.demo_server"]
+cwd = {json.dumps(str(REPO))}
+env = {{ DEMO_RATE = "0", DEMO_ALERT_INTERVAL = "0", DEMO_LOAD_INTERVAL = "0", DEMO_DB = "demo.db" }}
 
 [[subscriptions]]
 name = "tickets"
@@ -866,9 +869,10 @@ def test_policy_test_prints_the_decision_the_tools_and_the_exact_prompts(tmp_pat
     )
     assert squash("injection score: 0.0") in flat
     assert "held" not in out
-    # The rule's tools, not the subscription's.
-    tools = out.split("tools allowed")[1].splitlines()[1]
-    assert tools.strip() == "demo__add_comment"
+    # The rule's tools, not the subscription's, as the live server lists them.
+    allowlist, matching = out.split("tools allowed")[1].splitlines()[1:3]
+    assert allowlist.strip() == "allowlist: demo__add_comment"
+    assert matching.strip() == "matching tools: demo__add_comment"
     assert squash("model: agentwake/offline") in flat
 
     # The exact prompts: rendered again here with the boundary the command used, they appear verbatim.
@@ -917,8 +921,8 @@ def test_policy_test_of_a_held_event_says_it_would_be_held(tmp_path: Path) -> No
     assert squash("the event would be held until a person approves it") in flat
     assert squash("ignore previous instructions") in flat  # the signal behind the score
     assert (
-        result.output.split("tools allowed")[1].splitlines()[1].strip()
-        == "demo__get_ticket, demo__add_comment"
+        result.output.split("tools allowed")[1].splitlines()[2].strip()
+        == "matching tools: demo__get_ticket, demo__add_comment"
     )
     assert "<event-data boundary=" in result.output  # what the agent would get once approved
 

@@ -55,6 +55,19 @@ class RunResult:
     final_text: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class RunPlan:
+    model: str
+    allowlist: Allowlist
+    allowed: list[ToolSpec]
+    catalog: list[ToolSpec]
+    fence: Fence
+    cleaned: Sanitized
+    decision: dict[str, Any]
+    prompt: RenderedPrompt | None
+    prompt_error: str | None
+
+
 @dataclass
 class _Transcript:
     messages: list[dict[str, Any]]
@@ -118,21 +131,18 @@ class AgentRunner:
             retry_max_s=agent.retry_max_s,
         )
 
-    async def run(
+    def prepare(
         self,
         event: InboxEvent,
         *,
-        kind: RunKind = "agent",
         rule: Decision | None = None,
         cleaned: Sanitized | None = None,
         batch: Sequence[InboxEvent] = (),
-    ) -> RunResult:
-        """Run the agent on one event. ``kind`` agent moves the event's state; replay and dry_run do not.
+    ) -> RunPlan:
+        """Everything a run starts from: model, allowed tools, fence, decision record and prompts.
 
-        ``rule`` is the policy decision that sent the event here: its tools, prompt and
-        model win over the subscription's.
+        ``agentwake policy test`` shows exactly this, so what it prints is what a run would send.
         """
-        start = time.perf_counter()
         sub = self._subscription(event.subscription)
         model = (rule.model if rule else None) or (sub.model if sub else None) or self.agent.model
         if rule is not None and rule.tools is not None:
@@ -149,7 +159,7 @@ class AgentRunner:
             why = f"subscription {event.subscription!r} wakes the agent"
         else:
             why = f"subscription {event.subscription!r} is no longer configured; no tools"
-        decision = {
+        decision: dict[str, Any] = {
             "action": "agent",
             "rule": rule.rule if rule else None,
             "why": why,
@@ -162,7 +172,7 @@ class AgentRunner:
         if batch:
             decision["batch"] = [other.event_id for other in batch]
         prompt: RenderedPrompt | None = None
-        failure: _RunFailed | None = None
+        prompt_error: str | None = None
         try:
             prompt = self.renderer.render(
                 fence=fence,
@@ -189,7 +199,35 @@ class AgentRunner:
                 ],
             )
         except PromptError as exc:
-            failure = _RunFailed(str(exc), transient=False)
+            prompt_error = str(exc)
+        return RunPlan(model, allowlist, allowed, catalog, fence, cleaned, decision, prompt, prompt_error)
+
+    async def run(
+        self,
+        event: InboxEvent,
+        *,
+        kind: RunKind = "agent",
+        rule: Decision | None = None,
+        cleaned: Sanitized | None = None,
+        batch: Sequence[InboxEvent] = (),
+    ) -> RunResult:
+        """Run the agent on one event. ``kind`` agent moves the event's state; replay and dry_run do not.
+
+        ``rule`` is the policy decision that sent the event here: its tools, prompt and
+        model win over the subscription's.
+        """
+        start = time.perf_counter()
+        plan = self.prepare(event, rule=rule, cleaned=cleaned, batch=batch)
+        model, allowed, fence, cleaned, decision, prompt = (
+            plan.model,
+            plan.allowed,
+            plan.fence,
+            plan.cleaned,
+            plan.decision,
+            plan.prompt,
+        )
+        catalog = plan.catalog
+        failure = _RunFailed(plan.prompt_error, transient=False) if plan.prompt_error else None
         run_id = await self.store.start_run(
             event.id,
             kind=kind,
