@@ -279,3 +279,22 @@ async def test_tools_are_listed_again_when_the_server_says_they_changed(
             tg.cancel_scope.cancel()
     finally:
         await store.close()
+
+
+async def test_cost_comes_from_the_offline_price_map_when_the_model_is_known(rig: Rig) -> None:
+    # A known model name, served by the fake: litellm prices its usage from its bundled map.
+    runner = rig.runner(tools=[], model="openai/gpt-4o-mini")
+    rig.fake.script(text("fine", prompt_tokens=1000, completion_tokens=100))
+    result = await runner.run(await rig.event())
+    assert result.status == "completed"
+    [run] = rig.stored()["runs"]
+    assert run["model"] == "openai/gpt-4o-mini"
+    assert run["cost_usd"] is not None and 0 < run["cost_usd"] < 0.01
+    assert (run["prompt_tokens"], run["completion_tokens"]) == (1000, 100)
+
+
+async def test_an_unknown_model_has_no_cost_rather_than_a_wrong_one(rig: Rig) -> None:
+    runner = rig.runner(tools=[])
+    rig.fake.script(text("fine"))
+    await runner.run(await rig.event())
+    assert rig.stored()["runs"][0]["cost_usd"] is None
