@@ -567,9 +567,17 @@ class Store:
     def decide_sync(self, event_row: int, decision: dict[str, Any], state: EventState | None) -> None:
         """Store the policy decision; with a state (ignored, done, held) the event ends there, in one transaction."""
         with self._db.atomic():
+            score = decision.get("injection_score")
             self._db.execute(
-                "UPDATE events SET decision = ?, state = coalesce(?, state), state_changed_at = ? WHERE id = ?",
-                [_encode_json(decision), state, now_iso(), event_row],
+                "UPDATE events SET decision = ?, state = coalesce(?, state), state_changed_at = ?,"
+                " injection_score = coalesce(?, injection_score) WHERE id = ?",
+                [
+                    _encode_json(decision),
+                    state,
+                    now_iso(),
+                    score if isinstance(score, int | float) else None,
+                    event_row,
+                ],
             )
 
     async def decide(self, event_row: int, decision: dict[str, Any], state: EventState | None) -> None:

@@ -82,6 +82,7 @@ async def test_an_approve_rule_holds_the_event_until_a_person_approves_it(rig: R
     supervisor._active = 1
     await supervisor._agent_one(runner, await rig.event())
     assert rig.stored()["state"] == "held"
+    assert rig.stored()["injection_score"] == 0.0  # recorded with the event, though no run happened
     assert rig.fake.requests == []  # nothing reached the LLM
     [held] = json.loads(cli(rig, "approvals", "--json"))
     assert (held["event_id"], held["decision"]["rule"]) == (rig.ticket["id"], "hold-tickets")
