@@ -101,6 +101,11 @@ class SubscriptionConfig(_Model):
     max_age_ms: int | None = Field(default=None, ge=0)
     max_events: int = Field(default=DEFAULT_MAX_EVENTS, ge=1, le=MAX_EVENTS_LIMIT)
     poll_floor_ms: int = Field(default=DEFAULT_POLL_FLOOR_MS, ge=1)
+    heartbeat_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="push: the server's heartbeat interval; silence for twice this is a dead stream",
+    )
     agent: bool = Field(default=True, description="wake the agent for this subscription's events")
     tools: list[str] = Field(
         default_factory=list,

@@ -7,15 +7,18 @@ server's name attached.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from types import TracebackType
 from typing import Any, Final, Literal
 
 import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp import Client, StdioServerParameters
 from mcp.client.extension import ClientExtension, NotificationBinding
 from mcp.client.stdio import get_default_environment, stdio_client
@@ -130,6 +133,72 @@ def describe_connect_failure(
     return f"{where}: cannot connect: {type(exc).__name__}: {exc}"
 
 
+STREAM_NOTIFICATIONS: Final = (
+    protocol.NOTIFICATION_ACTIVE,
+    protocol.NOTIFICATION_EVENT,
+    protocol.NOTIFICATION_HEARTBEAT,
+    protocol.NOTIFICATION_ERROR,
+    protocol.NOTIFICATION_TERMINATED,
+)
+STREAM_BUFFER: Final = 50_000
+_stream_ids = itertools.count(1)
+
+
+@dataclass
+class StreamRoute:
+    """One events/stream's notifications, in wire order; ``overflowed`` says one was lost."""
+
+    request_id: str
+    send: MemoryObjectSendStream[tuple[str, dict[str, Any]]]
+    receive: MemoryObjectReceiveStream[tuple[str, dict[str, Any]]]
+    overflowed: bool = False
+
+    def offer(self, method: str, params: dict[str, Any]) -> None:
+        try:
+            self.send.send_nowait((method, params))
+        except anyio.WouldBlock:
+            # The loop fell this far behind: it reconnects from its last stored cursor.
+            self.overflowed = True
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass
+
+    def close(self) -> None:
+        self.send.close()
+        self.receive.close()
+
+
+@dataclass
+class _EventsClient(Client):
+    """The SDK client, with events/stream notifications taken off the receive path in wire order.
+
+    The SDK's own notification bindings go through a per-method queue that drops the
+    oldest on overflow and may reorder across methods; a stream's cursor must never get
+    ahead of an event not yet stored, so its notifications are routed here instead, the
+    way the SDK routes its own subscriptions/listen streams.
+    """
+
+    routes: dict[Any, StreamRoute] = field(default_factory=dict)
+
+    async def _build_session(self, exit_stack: AsyncExitStack) -> Any:
+        session: Any = await super()._build_session(exit_stack)
+        original = session._intercept_notification
+
+        def intercept(method: str, params: Any) -> bool:
+            if method in STREAM_NOTIFICATIONS and isinstance(params, Mapping):
+                meta = params.get("_meta")
+                request_id = meta.get(protocol.SUBSCRIPTION_ID_META) if isinstance(meta, Mapping) else None
+                route = self.routes.get(request_id)
+                if route is not None:
+                    route.offer(method, dict(params))
+                else:
+                    logger.debug("%s for no open stream (%r): dropped", method, request_id)
+                return True
+            return bool(original(method, params))
+
+        session._intercept_notification = intercept
+        return session
+
+
 class ServerConnection:
     """An open MCP session to one server. Use as ``async with ServerConnection(...)``."""
 
@@ -182,7 +251,7 @@ class ServerConnection:
         stack = AsyncExitStack()
         mode: Literal["auto", "legacy"] = self.config.protocol
         try:
-            client = Client(
+            client = _EventsClient(
                 self._transport(stack),
                 mode=mode,
                 # The handshake's bound; every later request passes request_timeout_s itself.
@@ -303,6 +372,52 @@ class ServerConnection:
                 f"malformed result: {exc.errors()[0]['msg']}",
                 server=self.name,
                 subscription=subscription,
+            ) from None
+
+    def open_stream_route(self) -> StreamRoute:
+        """A route for a new events/stream; register it before sending the request."""
+        client = self.client
+        assert isinstance(client, _EventsClient)
+        send, receive = anyio.create_memory_object_stream[tuple[str, dict[str, Any]]](STREAM_BUFFER)
+        route = StreamRoute(f"agentwake-stream-{next(_stream_ids)}", send, receive)
+        client.routes[route.request_id] = route
+        return route
+
+    def close_stream_route(self, route: StreamRoute) -> None:
+        client = self._client
+        if isinstance(client, _EventsClient):
+            client.routes.pop(route.request_id, None)
+        route.close()
+
+    async def stream(
+        self, route: StreamRoute, params: dict[str, Any], *, subscription: str | None = None
+    ) -> None:
+        """Send events/stream under the route's id and wait for its final frame (the server closed it).
+
+        No read timeout: the heartbeat is the liveness signal. Cancelling this (the
+        caller's scope) cancels the request: notifications/cancelled on stdio, the POST
+        stream aborted on HTTP, as the SDK does for any abandoned request.
+        """
+        session: Any = self.client.session
+        data = {"method": protocol.METHOD_STREAM, "params": params}
+        opts: dict[str, Any] = {"request_id": route.request_id}
+        session._stamp(data, opts)
+        try:
+            await session._dispatcher.send_raw_request(protocol.METHOD_STREAM, params, opts)
+        except MCPError as exc:
+            if exc.code == CONNECTION_CLOSED:
+                raise ConnectionLost(f"server {self.name!r}: connection closed", server=self.name) from None
+            raise events_call_error(
+                protocol.METHOD_STREAM,
+                exc.code,
+                exc.message,
+                exc.data,
+                server=self.name,
+                subscription=subscription,
+            ) from None
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, OSError) as exc:
+            raise ConnectionLost(
+                f"server {self.name!r}: {type(exc).__name__}: {exc}", server=self.name
             ) from None
 
     async def list_tools(self) -> list[Tool]:

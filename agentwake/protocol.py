@@ -23,6 +23,11 @@ METHOD_STREAM: Final = "events/stream"
 METHOD_SUBSCRIBE: Final = "events/subscribe"
 METHOD_UNSUBSCRIBE: Final = "events/unsubscribe"
 NOTIFICATION_LIST_CHANGED: Final = "notifications/events/list_changed"
+NOTIFICATION_ACTIVE: Final = "notifications/events/active"
+NOTIFICATION_EVENT: Final = "notifications/events/event"
+NOTIFICATION_HEARTBEAT: Final = "notifications/events/heartbeat"
+NOTIFICATION_ERROR: Final = "notifications/events/error"
+NOTIFICATION_TERMINATED: Final = "notifications/events/terminated"
 
 # Error codes (JSON-RPC and the extension's general-purpose codes).
 INVALID_PARAMS: Final = -32602

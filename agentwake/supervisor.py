@@ -28,6 +28,7 @@ from agentwake import protocol
 from agentwake.agent.runner import retry_at
 from agentwake.config import OFFLINE_MODEL, OFFLINE_NOTICE, AgentwakeConfig, SubscriptionConfig
 from agentwake.delivery.poll import PollLoop, Sleep, subscription_key
+from agentwake.delivery.push import PushLoop
 from agentwake.delivery.select import plan_subscription
 from agentwake.errors import (
     AgentwakeError,
@@ -35,7 +36,9 @@ from agentwake.errors import (
     ConnectError,
     ConnectionLost,
     DeliveryError,
+    EventsCallError,
     SubscriptionEnded,
+    TransientEventsError,
 )
 from agentwake.mcp import ServerConnection
 from agentwake.policy import MISSING, Decision, Policy, Rule, lookup
@@ -250,8 +253,16 @@ class Supervisor:
                     except ConfigError as exc:
                         await self._end(sub, str(exc))
                         continue
-                    loop = PollLoop(sub, conn, self.store, on_new_events=self._notify_new, sleep=self.sleep)
-                    tg.start_soon(self._run_loop, loop, plan.mode, name=f"poll:{sub.name}")
+                    loop: PollLoop | PushLoop
+                    if plan.mode == "push":
+                        loop = PushLoop(
+                            sub, conn, self.store, on_new_events=self._notify_new, sleep=self.sleep
+                        )
+                    else:
+                        loop = PollLoop(
+                            sub, conn, self.store, on_new_events=self._notify_new, sleep=self.sleep
+                        )
+                    tg.start_soon(self._run_loop, loop, plan.mode, name=f"{plan.mode}:{sub.name}")
                     running += 1
                 if not running:
                     tg.cancel_scope.cancel()
@@ -286,10 +297,15 @@ class Supervisor:
         ) as exc:  # not offered (older protocol, or the server declines): the notification path stays
             logger.debug("server %s: no tools change stream: %s", conn.name, exc)
 
-    async def _run_loop(self, loop: PollLoop, mode: protocol.DeliveryMode) -> None:
+    async def _run_loop(self, loop: PollLoop | PushLoop, mode: protocol.DeliveryMode) -> None:
         try:
             await loop.run()
         except SubscriptionEnded as exc:
+            await self._end(loop.subscription, str(exc))
+        except EventsCallError as exc:
+            if isinstance(exc, TransientEventsError):
+                raise
+            # InvalidParams, Unsupported and the like: retrying cannot help this subscription.
             await self._end(loop.subscription, str(exc))
 
     async def _end(self, sub: SubscriptionConfig, reason: str) -> None:

@@ -12,7 +12,10 @@ from agentwake.config import SubscriptionConfig
 from agentwake.errors import ConfigError
 
 # Modes this client implements today, in the spec's preference order (webhook > push > poll).
-CLIENT_MODES: Final[tuple[protocol.DeliveryMode, ...]] = ("poll",)
+CLIENT_MODES: Final[tuple[protocol.DeliveryMode, ...]] = ("poll", "push")
+# The modes `auto` may pick. Push is only chosen when asked for (delivery = "push") until it has
+# the whole acceptance of the push issue behind it.
+AUTO_MODES: Final[tuple[protocol.DeliveryMode, ...]] = ("poll",)
 PREFERENCE: Final[tuple[protocol.DeliveryMode, ...]] = ("webhook", "push", "poll")
 
 
@@ -28,6 +31,7 @@ def choose_mode(
     offered: list[str],
     *,
     client_modes: tuple[protocol.DeliveryMode, ...] = CLIENT_MODES,
+    auto_modes: tuple[protocol.DeliveryMode, ...] = AUTO_MODES,
 ) -> protocol.DeliveryMode:
     """The spec's Delivery Mode Selection: intersect, then prefer webhook, push, poll."""
     name = subscription.name
@@ -45,7 +49,7 @@ def choose_mode(
             )
         return forced
     for mode in PREFERENCE:
-        if mode in client_modes and mode in offered:
+        if mode in client_modes and mode in auto_modes and mode in offered:
             return mode
     raise ConfigError(
         f"subscription {name!r}: no compatible delivery mode: event {subscription.event!r} offers "

@@ -1,0 +1,225 @@
+"""The push loop of one subscription: an events/stream request, its notifications stored in order.
+
+Each event and each heartbeat carries a cursor; it is stored in the same transaction
+as the events before it, so the stored cursor never gets ahead of a stored event and
+never moves back. A stream that goes silent for more than twice the heartbeat
+interval is dead; it is cancelled and opened again from the stored cursor, with
+backoff and jitter. ``terminated`` ends the subscription; ``error`` is logged and
+counted and the stream goes on; a ``truncated`` active is a gap.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import anyio
+from pydantic import ValidationError
+
+from agentwake import protocol
+from agentwake.config import SubscriptionConfig
+from agentwake.delivery.poll import RETRY_INITIAL_S, RETRY_MAX_S, Sleep, subscription_key
+from agentwake.errors import DeliveryError, SubscriptionEnded, TransientEventsError
+from agentwake.mcp import ServerConnection, StreamRoute
+from agentwake.store import IncomingEvent, Store, SubscriptionKey
+
+logger = logging.getLogger(__name__)
+
+BATCH: Final = 1000
+
+
+class StreamInterrupted(DeliveryError):
+    """The stream stopped delivering (silence, lost notifications, a transient failure); open it again."""
+
+
+@dataclass
+class _Pending:
+    events: list[IncomingEvent] = field(default_factory=list)
+    cursor: str | None = None
+    truncated: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.events) or self.cursor is not None or self.truncated
+
+
+def _occurrence(params: dict[str, Any]) -> IncomingEvent:
+    event = protocol.EventOccurrence.model_validate(params)
+    meta = {k: v for k, v in (event.meta or {}).items() if k != protocol.SUBSCRIPTION_ID_META}
+    return IncomingEvent(event.event_id, event.name, event.timestamp, event.data, meta or None)
+
+
+@dataclass
+class PushLoop:
+    subscription: SubscriptionConfig
+    connection: ServerConnection
+    store: Store
+    on_new_events: Callable[[int], None] = lambda count: None
+    on_stored: Callable[[str | None], None] = lambda cursor: None
+    sleep: Sleep = anyio.sleep
+    retry_initial_s: float = RETRY_INITIAL_S
+    retry_max_s: float = RETRY_MAX_S
+    streams: int = field(default=0, init=False)
+    errors: int = field(default=0, init=False)
+
+    @property
+    def dead_after_s(self) -> float:
+        return 2 * self.subscription.heartbeat_s
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Stream until cancelled. SubscriptionEnded and ConnectionLost propagate to the caller."""
+        sub = self.subscription
+        key = subscription_key(sub)
+        cursor = await self.store.register(key)
+        await self.store.set_state(sub.name, status="active", mode="push")
+        logger.info(
+            "subscription %s: streaming %s on %s from %s",
+            sub.name,
+            sub.event,
+            sub.server,
+            f"cursor {cursor}" if cursor is not None else "now",
+        )
+        task_status.started()
+        resuming = cursor is not None
+        failures = 0
+        while True:
+            try:
+                await self._one_stream(key, cursor, resuming=resuming)
+                failures = 0
+                logger.info("subscription %s: the server closed the stream; opening it again", sub.name)
+            except StreamInterrupted as exc:
+                failures += 1
+                logger.warning("subscription %s: %s", sub.name, exc)
+                await self.store.record_error(sub.name, str(exc))
+            cursor = await self.store.cursor(sub.name)
+            resuming = cursor is not None
+            await self.sleep(self._backoff(failures))
+
+    def _backoff(self, failures: int) -> float:
+        if failures == 0:
+            return self.retry_initial_s * random.uniform(0.0, 1.0)
+        base = min(self.retry_max_s, self.retry_initial_s * float(2 ** (failures - 1)))
+        return base + random.uniform(0.0, self.retry_initial_s)
+
+    async def _one_stream(self, key: SubscriptionKey, cursor: str | None, *, resuming: bool) -> None:
+        sub = self.subscription
+        params: dict[str, Any] = {"name": sub.event, "cursor": cursor}
+        if sub.arguments:
+            params["arguments"] = dict(sub.arguments)
+        if resuming and sub.max_age_ms is not None:
+            params["maxAgeMs"] = sub.max_age_ms
+        route = self.connection.open_stream_route()
+        self.streams += 1
+        request_error: BaseException | None = None
+        consume_error: BaseException | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def request() -> None:
+                    nonlocal request_error
+                    try:
+                        await self.connection.stream(route, params, subscription=sub.name)
+                    except TransientEventsError as exc:
+                        request_error = StreamInterrupted(str(exc), server=sub.server)
+                    except Exception as exc:  # handed over below, after what came before it is stored
+                        request_error = exc
+                    finally:
+                        route.send.close()
+
+                tg.start_soon(request)
+                try:
+                    await self._consume(route, key, cursor)
+                except Exception as exc:  # re-raised outside the task group, unwrapped
+                    consume_error = exc
+                # Leaving: cancel the request if it is still open (the server stops streaming).
+                tg.cancel_scope.cancel()
+        finally:
+            self.connection.close_stream_route(route)
+        if consume_error is not None:
+            raise consume_error
+        if request_error is not None:
+            raise request_error
+
+    async def _consume(self, route: StreamRoute, key: SubscriptionKey, cursor: str | None) -> None:
+        sub = self.subscription
+        stored = cursor
+        while True:
+            batch: list[tuple[str, dict[str, Any]]] = []
+            with anyio.move_on_after(self.dead_after_s) as waited:
+                try:
+                    batch.append(await route.receive.receive())
+                except anyio.EndOfStream:
+                    return
+            if waited.cancelled_caught:
+                raise StreamInterrupted(
+                    f"no event or heartbeat for {self.dead_after_s:g}s; the stream is dead, reconnecting"
+                    f" from cursor {stored}"
+                )
+            while len(batch) < BATCH:
+                try:
+                    batch.append(route.receive.receive_nowait())
+                except (anyio.WouldBlock, anyio.EndOfStream):
+                    break
+            pending = _Pending()
+            for method, params in batch:
+                if method == protocol.NOTIFICATION_EVENT:
+                    try:
+                        pending.events.append(_occurrence(params))
+                    except ValidationError as exc:
+                        raise StreamInterrupted(
+                            f"malformed event notification: {exc.errors()[0]['msg']}"
+                        ) from None
+                    if params.get("cursor") is not None:
+                        pending.cursor = str(params["cursor"])
+                elif method in (protocol.NOTIFICATION_ACTIVE, protocol.NOTIFICATION_HEARTBEAT):
+                    if method == protocol.NOTIFICATION_ACTIVE and params.get("truncated"):
+                        stored = await self._store(key, pending, stored)
+                        pending = _Pending(truncated=True)
+                        logger.warning(
+                            "subscription %s: gap: the server skipped events (truncated)", sub.name
+                        )
+                    if params.get("cursor") is not None:
+                        pending.cursor = str(params["cursor"])
+                elif method == protocol.NOTIFICATION_ERROR:
+                    stored = await self._store(key, pending, stored)
+                    pending = _Pending()
+                    self.errors += 1
+                    error = params.get("error") or {}
+                    text = f"server reported an error on the stream: {error.get('message')} ({error.get('code')})"
+                    logger.warning("subscription %s: %s %s", sub.name, text, error.get("data") or "")
+                    await self.store.record_error(sub.name, text)
+                elif method == protocol.NOTIFICATION_TERMINATED:
+                    await self._store(key, pending, stored)
+                    error = params.get("error") or {}
+                    raise SubscriptionEnded(
+                        protocol.NOTIFICATION_TERMINATED,
+                        int(error.get("code") or protocol.INTERNAL_ERROR),
+                        f"the server ended the subscription: {error.get('message')}",
+                        error.get("data"),
+                        server=sub.server,
+                        subscription=sub.name,
+                    )
+            stored = await self._store(key, pending, stored)
+            if route.overflowed:
+                raise StreamInterrupted(
+                    f"stream notifications arrived faster than they were stored and some were lost;"
+                    f" reconnecting from cursor {stored}"
+                )
+
+    async def _store(self, key: SubscriptionKey, pending: _Pending, stored: str | None) -> str | None:
+        if not pending:
+            return stored
+        result = await self.store.ingest(
+            key, pending.events, pending.cursor, truncated=pending.truncated, cursor_before=stored
+        )
+        if result.duplicates:
+            logger.info(
+                "subscription %s: %d duplicate event(s) ignored", self.subscription.name, result.duplicates
+            )
+        if result.inserted:
+            self.on_new_events(result.inserted)
+        stored = pending.cursor if pending.cursor is not None else stored
+        self.on_stored(stored)
+        return stored

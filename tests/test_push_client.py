@@ -1,0 +1,243 @@
+"""The push loop against a hand-written events/stream server over a real stdio pipe (tests/push_server.py)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from _support import SteppedSleep, set_cursor
+from conftest import REPO
+
+from agentwake.config import ServerConfig, SubscriptionConfig, parse_config
+from agentwake.delivery.poll import subscription_key
+from agentwake.delivery.push import PushLoop
+from agentwake.errors import SubscriptionEnded
+from agentwake.mcp import ServerConnection
+from agentwake.store import Store
+from agentwake.supervisor import Supervisor
+
+pytestmark = pytest.mark.anyio
+
+
+def push_server(tmp_path: Path, **env: str) -> ServerConfig:
+    return ServerConfig(
+        command=sys.executable,
+        args=["tests/push_server.py"],
+        env={"PUSH_LOG": str(tmp_path / "push.log"), "PUSH_MARKER": str(tmp_path / "marker"), **env},
+        cwd=REPO,
+        protocol="legacy",
+    )
+
+
+def feed(name: str = "feed", **overrides: Any) -> SubscriptionConfig:
+    return SubscriptionConfig.model_validate(
+        {
+            "name": name,
+            "server": "push",
+            "event": "feed.item",
+            "delivery": "push",
+            "heartbeat_s": 5,
+            **overrides,
+        }
+    )
+
+
+class Progress:
+    """The cursors the loop stored, and a way to wait for one."""
+
+    def __init__(self) -> None:
+        self.cursors: list[str | None] = []
+        self._changed = anyio.Event()
+
+    def __call__(self, cursor: str | None) -> None:
+        self.cursors.append(cursor)
+        changed, self._changed = self._changed, anyio.Event()
+        changed.set()
+
+    async def until(self, done: Callable[[], bool], limit_s: float = 20) -> None:
+        with anyio.fail_after(limit_s):
+            while not done():
+                await self._changed.wait()
+
+
+async def run_loop(loop: PushLoop, progress: Progress, done: Callable[[], bool]) -> None:
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(loop.run)
+        await progress.until(done)
+        tg.cancel_scope.cancel()
+
+
+def log_lines(tmp_path: Path) -> list[str]:
+    path = tmp_path / "push.log"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+async def test_events_arrive_in_order_and_heartbeats_advance_the_cursor(tmp_path: Path, store: Store) -> None:
+    sub = feed()
+    await set_cursor(store, subscription_key(sub), "0")
+    progress = Progress()
+    async with ServerConnection("push", push_server(tmp_path, PUSH_SKIPPED="10")) as conn:
+        loop = PushLoop(sub, conn, store, on_stored=progress, sleep=SteppedSleep())
+        # Item 5 is the last event; the heartbeat then says 15 were checked.
+        await run_loop(loop, progress, lambda: "15" in progress.cursors)
+    assert store.event_ids_sync("feed") == [f"item-{n}" for n in range(1, 6)]
+    assert store.cursor_sync("feed") == "15"
+    assert progress.cursors.index("5") < progress.cursors.index("15")  # never backwards
+    [row] = store.subscriptions_sync()
+    assert (row["mode"], row["events_received"], row["gaps"]) == ("push", 5, 0)
+
+
+async def test_a_silent_stream_is_declared_dead_and_reopened_from_the_stored_cursor(
+    tmp_path: Path, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    sub = feed(heartbeat_s=0.2)  # dead after 0.4 s of silence; the server beats every 0.1 s
+    await set_cursor(store, subscription_key(sub), "0")
+    progress = Progress()
+    sleep = SteppedSleep()
+    async with ServerConnection("push", push_server(tmp_path, PUSH_SILENT_AT="3")) as conn:
+        loop = PushLoop(sub, conn, store, on_stored=progress, sleep=sleep)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(loop.run)
+            await sleep.next()  # the reconnect wait after the dead stream
+            sleep.release()
+            await progress.until(lambda: len(store.event_ids_sync("feed")) == 5)
+            tg.cancel_scope.cancel()
+    assert store.event_ids_sync("feed") == [f"item-{n}" for n in range(1, 6)]
+    opens = [line for line in log_lines(tmp_path) if line.startswith("open")]
+    assert opens == ["open 0", "open 3"]
+    assert any(line.startswith("cancel") for line in log_lines(tmp_path))  # the dead stream was cancelled
+    assert "no event or heartbeat for 0.4s; the stream is dead, reconnecting from cursor 3" in caplog.text
+
+
+async def test_a_mid_stream_gap_is_recorded(tmp_path: Path, store: Store) -> None:
+    sub = feed()
+    await set_cursor(store, subscription_key(sub), "0")
+    progress = Progress()
+    async with ServerConnection("push", push_server(tmp_path, PUSH_GAP_AT="2")) as conn:
+        loop = PushLoop(sub, conn, store, on_stored=progress, sleep=SteppedSleep())
+        await run_loop(loop, progress, lambda: "102" in progress.cursors)
+    assert store.event_ids_sync("feed") == ["item-1", "item-2"]
+    [gap] = store.gaps_sync("feed")
+    assert (gap["cursor_before"], gap["cursor_after"]) == ("2", "102")
+    assert store.subscriptions_sync()[0]["gaps"] == 1
+
+
+async def test_an_error_notification_is_counted_and_the_stream_goes_on(
+    tmp_path: Path, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    sub = feed()
+    await set_cursor(store, subscription_key(sub), "0")
+    progress = Progress()
+    async with ServerConnection("push", push_server(tmp_path, PUSH_ERROR_AT="2")) as conn:
+        loop = PushLoop(sub, conn, store, on_stored=progress, sleep=SteppedSleep())
+        await run_loop(loop, progress, lambda: len(store.event_ids_sync("feed")) == 5)
+    assert loop.errors == 1 and loop.streams == 1
+    assert "server reported an error on the stream: UpstreamError (-32603)" in caplog.text
+
+
+async def test_terminated_ends_the_subscription_with_the_reason(tmp_path: Path, store: Store) -> None:
+    sub = feed()
+    await set_cursor(store, subscription_key(sub), "0")
+    async with ServerConnection("push", push_server(tmp_path, PUSH_TERMINATE_AT="3")) as conn:
+        with pytest.raises(SubscriptionEnded) as ended, anyio.fail_after(20):
+            await PushLoop(sub, conn, store, sleep=SteppedSleep()).run()
+    assert ended.value.code == -32012 and "revoked" in str(ended.value)
+    assert store.event_ids_sync("feed") == ["item-1", "item-2", "item-3"]  # what came before it is kept
+    assert store.cursor_sync("feed") == "3"
+
+
+async def test_a_burst_of_10000_events_arrives_complete_and_in_order(tmp_path: Path, store: Store) -> None:
+    sub = feed()
+    await set_cursor(store, subscription_key(sub), "0")
+    progress = Progress()
+    async with ServerConnection("push", push_server(tmp_path, PUSH_ITEMS="10000")) as conn:
+        loop = PushLoop(sub, conn, store, on_stored=progress, sleep=SteppedSleep())
+        await run_loop(loop, progress, lambda: "10000" in progress.cursors)
+    ids = store.event_ids_sync("feed")
+    assert ids == [f"item-{n}" for n in range(1, 10001)]
+    assert loop.streams == 1  # nothing was lost, so no reconnect was needed
+
+
+async def test_several_streams_on_one_connection_are_routed_to_their_subscriptions(
+    tmp_path: Path, store: Store
+) -> None:
+    subs = [feed(f"feed-{p}", arguments={"prefix": p}) for p in ("a", "b", "c")]
+    for sub in subs:
+        await set_cursor(store, subscription_key(sub), "0")
+    progress = Progress()
+    async with ServerConnection("push", push_server(tmp_path)) as conn, anyio.create_task_group() as tg:
+        for sub in subs:
+            tg.start_soon(PushLoop(sub, conn, store, on_stored=progress, sleep=SteppedSleep()).run)
+        await progress.until(lambda: all(len(store.event_ids_sync(s.name)) == 5 for s in subs))
+        tg.cancel_scope.cancel()
+    for sub, prefix in zip(subs, "abc", strict=True):
+        assert store.event_ids_sync(sub.name) == [f"{prefix}-{n}" for n in range(1, 6)]
+        assert store.cursor_sync(sub.name) == "5"
+
+
+async def test_cancelling_the_loop_cancels_the_stream_on_the_server(tmp_path: Path, store: Store) -> None:
+    sub = feed()
+    progress = Progress()
+    async with ServerConnection("push", push_server(tmp_path)) as conn:
+        loop = PushLoop(sub, conn, store, on_stored=progress, sleep=SteppedSleep())
+        await run_loop(loop, progress, lambda: bool(progress.cursors))
+        # The server reads stdin in order: once it answers a later request, it has seen the cancel.
+        await conn.list_events()
+    lines = log_lines(tmp_path)
+    assert lines[0] == "open None"
+    assert lines[1].startswith("cancel agentwake-stream-")
+
+
+async def test_the_supervisor_reconnects_a_crashed_server_and_one_terminated_subscription_ends_alone(
+    tmp_path: Path,
+) -> None:
+    crash = push_server(tmp_path, PUSH_ITEMS="20", PUSH_CRASH_AT="7")
+    revoked = push_server(tmp_path / "b", PUSH_TERMINATE_AT="2")
+    (tmp_path / "b").mkdir()
+    cfg = parse_config(
+        {
+            "store": {"path": str(tmp_path / "aw.db")},
+            "servers": {
+                "crashy": crash.model_dump(mode="json", exclude_defaults=True),
+                "revoking": revoked.model_dump(mode="json", exclude_defaults=True),
+            },
+            "subscriptions": [
+                {"name": "crashy", "server": "crashy", "event": "feed.item", "delivery": "push"},
+                {"name": "revoked", "server": "revoking", "event": "feed.item", "delivery": "push"},
+            ],
+        },
+        env={},
+    )
+    store = await Store.open(tmp_path / "aw.db")
+    try:
+        for sub in cfg.subscriptions:
+            await set_cursor(store, subscription_key(sub), "0")
+        sleep = SteppedSleep()
+        supervisor = Supervisor(cfg, store, sleep=sleep, processing=False, reconnect_initial_s=0.01)
+
+        async def release_every_wait() -> None:
+            while True:
+                await sleep.next(limit_s=60)
+                sleep.release()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(supervisor.run)
+            tg.start_soon(release_every_wait)
+            with anyio.fail_after(30):
+                # The supervisor's processing wake-up fires after each commit of new events.
+                while len(store.event_ids_sync("crashy")) < 20:
+                    wake = supervisor._wake
+                    await wake.wait()
+                    supervisor._wake = anyio.Event()
+            tg.cancel_scope.cancel()
+        assert store.event_ids_sync("crashy") == [f"item-{n}" for n in range(1, 21)]
+        rows = {r["subscription"]: r for r in store.subscriptions_sync()}
+        assert rows["crashy"]["duplicates"] == 0
+        assert rows["revoked"]["status"] == "ended" and "revoked" in rows["revoked"]["last_error"]
+        assert store.event_ids_sync("revoked") == ["item-1", "item-2"]
+    finally:
+        await store.close()
