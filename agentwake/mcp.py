@@ -359,12 +359,12 @@ class ServerConnection:
 
     async def poll(
         self, params: protocol.PollParams, *, subscription: str | None = None
-    ) -> protocol.PollResult:
+    ) -> protocol.PollPage:
         body = params.model_dump(by_alias=True, exclude_none=True)
         body.setdefault("cursor", None)  # an explicit null reads better in server logs
         raw = await self.request(protocol.METHOD_POLL, body, subscription=subscription)
         try:
-            return protocol.PollResult.model_validate(raw)
+            return protocol.PollPage.validate(raw)
         except ValidationError as exc:
             raise TransientEventsError(
                 protocol.METHOD_POLL,

@@ -43,7 +43,7 @@ def subscription_key(sub: SubscriptionConfig) -> SubscriptionKey:
     return SubscriptionKey(sub.name, sub.server, sub.event, dict(sub.arguments))
 
 
-def next_delay_ms(result: protocol.PollResult, floor_ms: int) -> int:
+def next_delay_ms(result: protocol.PollPage, floor_ms: int) -> int:
     """How long to wait before the next poll. Zero when the server has more."""
     if result.has_more:
         return 0
@@ -53,7 +53,7 @@ def next_delay_ms(result: protocol.PollResult, floor_ms: int) -> int:
 
 @dataclass
 class _Prefetch:
-    result: protocol.PollResult | None = None
+    result: protocol.PollPage | None = None
     error: Exception | None = None
 
 
@@ -131,11 +131,12 @@ class PollLoop:
         except Exception as exc:  # handed to the loop in order, after the batch before it is stored
             slot.error = exc
 
-    async def _store_batch(
-        self, key: SubscriptionKey, result: protocol.PollResult, cursor: str | None
-    ) -> None:
+    async def _store_batch(self, key: SubscriptionKey, result: protocol.PollPage, cursor: str | None) -> None:
         sub = self.subscription
-        batch = [IncomingEvent(e.event_id, e.name, e.timestamp, e.data, e.meta) for e in result.events]
+        batch = [
+            IncomingEvent(e["eventId"], e["name"], e["timestamp"], e["data"], e.get("_meta"))
+            for e in result.events
+        ]
         ingest = await self.store.ingest(
             key, batch, result.cursor, truncated=result.truncated, cursor_before=cursor
         )
@@ -171,7 +172,7 @@ class PollLoop:
             )
             self._drained = 0
 
-    async def _poll_with_retry(self, params: protocol.PollParams) -> protocol.PollResult:
+    async def _poll_with_retry(self, params: protocol.PollParams) -> protocol.PollPage:
         sub = self.subscription
 
         async def note_retry(state: RetryCallState) -> None:
