@@ -3,8 +3,9 @@
     python -m examples.demo_server                       # stdio
     python -m examples.demo_server --http 127.0.0.1:8765 # Streamable HTTP at /mcp
 
-Event types:
+Event types (each offers poll and push delivery):
   ticket.created  replayable; backed by a durable SQLite file, cursor = ticket sequence number
+                  (push streams check the store every nextPollMs)
   alert.fired     emit-only; generated on a timer, served from the ring buffer
   system.load     emit-only with no replay (cursor is always null)
 
@@ -18,6 +19,8 @@ Settings come from flags or the environment (flags win):
   DEMO_ALERT_INTERVAL  seconds between alerts, 0 = none (default 5)
   DEMO_LOAD_INTERVAL   seconds between load samples, 0 = none (default 3)
   DEMO_NEXT_POLL_MS    nextPollMs the server recommends (default 1000)
+  DEMO_HEARTBEAT_MS    how long a push stream (events/stream) stays silent before a heartbeat,
+                       in ms (default 30000, at most 30000; larger values are capped)
   DEMO_TOKEN           when set, HTTP requests need "Authorization: Bearer <token>"
 """
 
@@ -43,6 +46,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from agentwake.server import (
+    MAX_HEARTBEAT_MS,
     EmitBuffer,
     Event,
     EventContext,
@@ -74,6 +78,7 @@ class DemoSettings:
     alert_interval: float = 5.0
     load_interval: float = 3.0
     next_poll_ms: int = 1000
+    heartbeat_ms: int = MAX_HEARTBEAT_MS
     token: str | None = None
 
     @classmethod
@@ -86,8 +91,17 @@ class DemoSettings:
             alert_interval=float(env.get("DEMO_ALERT_INTERVAL", "5")),
             load_interval=float(env.get("DEMO_LOAD_INTERVAL", "3")),
             next_poll_ms=int(env.get("DEMO_NEXT_POLL_MS", "1000")),
+            heartbeat_ms=heartbeat_ms(env.get("DEMO_HEARTBEAT_MS", str(MAX_HEARTBEAT_MS))),
             token=env.get("DEMO_TOKEN") or None,
         )
+
+
+def heartbeat_ms(value: str) -> int:
+    """A heartbeat interval in ms: a positive integer, capped at the spec's 30 seconds."""
+    interval = int(value)
+    if interval < 1:
+        raise ValueError(f"the heartbeat interval must be at least 1 ms, not {interval}")
+    return min(interval, MAX_HEARTBEAT_MS)
 
 
 class TicketStore:
@@ -299,6 +313,7 @@ class DemoServer:
         self.events = EventsExtension(
             emit_buffer=EmitBuffer(max_events=10_000),
             default_next_poll_ms=settings.next_poll_ms,
+            heartbeat_ms=settings.heartbeat_ms,
         )
         self._declare_events()
         self.mcp: MCPServer[Any] = MCPServer(
@@ -578,6 +593,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, DemoS
     parser.add_argument(
         "--next-poll-ms", type=int, default=env.next_poll_ms, help="recommended poll interval"
     )
+    parser.add_argument(
+        "--heartbeat-ms",
+        type=heartbeat_ms,
+        default=env.heartbeat_ms,
+        help=f"push stream heartbeat interval in ms (at most {MAX_HEARTBEAT_MS})",
+    )
     args = parser.parse_args(argv)
     settings = DemoSettings(
         db=args.db,
@@ -586,6 +607,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, DemoS
         alert_interval=args.alert_interval,
         load_interval=args.load_interval,
         next_poll_ms=args.next_poll_ms,
+        heartbeat_ms=args.heartbeat_ms,
         token=env.token,
     )
     return args, settings

@@ -299,14 +299,14 @@ async def test_events_list_describes_every_declared_type(mode: str) -> None:
         {
             "name": "ticket.created",
             "description": "A ticket was opened.",
-            "delivery": ["poll"],
+            "delivery": ["poll", "push"],
             "inputSchema": TICKET_INPUT,
             "payloadSchema": TICKET_PAYLOAD,
         },
         {
             "name": "incident.created",
             "description": "An incident was opened.",
-            "delivery": ["poll"],
+            "delivery": ["poll", "push"],
             "inputSchema": INCIDENT_INPUT,
             "payloadSchema": INCIDENT_PAYLOAD,
         },
@@ -621,9 +621,17 @@ async def test_an_mcp_error_raised_by_the_check_passes_through_unchanged(mode: s
 
 
 def test_a_type_whose_delivery_modes_are_not_served_yet_is_refused_at_declaration() -> None:
-    # The spec requires a non-empty delivery list; until push lands, a push-only type would list none.
-    with pytest.raises(ValueError, match=r"none of its delivery modes \['push'\] is served yet"):
-        ticket_extension(Upstream(), delivery=["push"])
+    # The spec requires a non-empty delivery list; until webhook lands, a webhook-only type would list none.
+    with pytest.raises(ValueError, match=r"none of its delivery modes \['webhook'\] is served yet"):
+        ticket_extension(Upstream(), delivery=["webhook"])
+
+
+@pytest.mark.anyio
+async def test_a_type_can_opt_out_of_push_and_list_poll_only() -> None:
+    async with connect(ticket_extension(Upstream(), delivery=["poll"])) as wire:
+        (descriptor,) = (await wire.list())["events"]
+
+    assert descriptor["delivery"] == ["poll"]
 
 
 @pytest.mark.anyio

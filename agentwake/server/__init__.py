@@ -12,14 +12,18 @@ from agentwake.server._extension import (
     unsupported_mode,
 )
 from agentwake.server._leases import DEFAULT_POLL_LEASE_TTL
+from agentwake.server._stream import DEFAULT_HEARTBEAT_MS, MAX_HEARTBEAT_MS, STREAM_NOTIFICATIONS
 from agentwake.server._types import Event, EventContext, EventResult, canonical_hash, isoformat
 
 __all__ = [
     "DEFAULT_BUFFER_MAX_AGE",
     "DEFAULT_BUFFER_MAX_EVENTS",
+    "DEFAULT_HEARTBEAT_MS",
     "DEFAULT_MAX_EVENTS",
     "DEFAULT_NEXT_POLL_MS",
     "DEFAULT_POLL_LEASE_TTL",
+    "MAX_HEARTBEAT_MS",
+    "STREAM_NOTIFICATIONS",
     "EmitBuffer",
     "Event",
     "EventContext",

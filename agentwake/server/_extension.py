@@ -10,9 +10,9 @@
     server = MCPServer("demo", extensions=[events])
     events.install(server)   # also advertise capabilities.events on the wire
 
-Poll is served here. Push (events/stream) and webhook (events/subscribe) plug
-into the same registry: every mode reads through ``_read`` and the same
-match/transform and lease machinery.
+Poll (events/poll) is served here and push (events/stream) in ``_stream``;
+webhook (events/subscribe) will plug into the same registry. Every mode reads
+through ``_read`` and the same match/transform and lifecycle-hook machinery.
 """
 
 from __future__ import annotations
@@ -20,15 +20,18 @@ from __future__ import annotations
 import base64
 import binascii
 import inspect
+import itertools
 import logging
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Final, TypeVar, cast
+from typing import Any, Final, Literal, TypeVar, cast
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 import jsonschema
 from mcp.server.context import HandlerResult, ServerRequestContext
 from mcp.server.extension import Extension, MethodBinding
@@ -39,6 +42,7 @@ from pydantic import ConfigDict, Field
 from agentwake import protocol
 from agentwake.server._buffer import EmitBuffer, RingBuffer
 from agentwake.server._leases import DEFAULT_POLL_LEASE_TTL, Lease, LeaseTable
+from agentwake.server._stream import DEFAULT_HEARTBEAT_MS, MAX_HEARTBEAT_MS, PushStream
 from agentwake.server._types import (
     CheckFunction,
     DeliveryModeName,
@@ -58,8 +62,8 @@ MAX_EVENTS_CEILING: Final = 10_000
 DEFAULT_NEXT_POLL_MS: Final = 5_000
 DEFAULT_LIST_PAGE_SIZE: Final = 100
 LEASE_SWEEP_INTERVAL_S: Final = 5.0
-# Modes this SDK can serve today; push and webhook join when they land.
-SERVED_MODES: Final[tuple[DeliveryModeName, ...]] = ("poll",)
+# Modes this SDK can serve today; webhook joins when it lands.
+SERVED_MODES: Final[tuple[DeliveryModeName, ...]] = ("poll", "push")
 
 T = TypeVar("T")
 
@@ -78,6 +82,13 @@ class _PollParams(_Params):
     cursor: str | None = None
     max_age_ms: int | None = Field(default=None, alias="maxAgeMs", ge=0)
     max_events: int | None = Field(default=None, alias="maxEvents", ge=1)
+
+
+class _StreamParams(_Params):
+    name: str
+    arguments: dict[str, Any] | None = None
+    cursor: str | None = None
+    max_age_ms: int | None = Field(default=None, alias="maxAgeMs", ge=0)
 
 
 @dataclass(slots=True)
@@ -143,6 +154,14 @@ async def _maybe_await(value: T | Any) -> T:
     return cast(T, value)
 
 
+def _on_event_loop() -> bool:
+    try:
+        anyio.lowlevel.current_token()
+    except RuntimeError:  # NoEventLoopError: a plain thread
+        return False
+    return True
+
+
 def _current_principal() -> str | None:
     """The authenticated subject of this request, if the transport has auth."""
     from mcp.server.auth.middleware.auth_context import get_access_token
@@ -166,17 +185,29 @@ class EventsExtension(Extension):
         default_max_events: int = DEFAULT_MAX_EVENTS,
         default_next_poll_ms: int = DEFAULT_NEXT_POLL_MS,
         list_page_size: int = DEFAULT_LIST_PAGE_SIZE,
+        heartbeat_ms: int = DEFAULT_HEARTBEAT_MS,
+        max_streams: int | None = None,
         clock: Callable[[], float] | None = None,
         now: Callable[[], datetime] = utc_now,
     ) -> None:
+        """``heartbeat_ms`` is how long a push stream may stay silent before a heartbeat
+        (1 to 30000, the spec's "at least every 30 seconds"). ``max_streams`` caps open
+        push streams across all connections (-32013 beyond it); None means no cap.
+        """
         if not 1 <= default_max_events <= MAX_EVENTS_CEILING:
             raise ValueError(f"default_max_events must be between 1 and {MAX_EVENTS_CEILING}")
         if list_page_size < 1:
             raise ValueError("list_page_size must be at least 1")
+        if not 1 <= heartbeat_ms <= MAX_HEARTBEAT_MS:
+            raise ValueError(f"heartbeat_ms must be between 1 and {MAX_HEARTBEAT_MS}")
+        if max_streams is not None and max_streams < 1:
+            raise ValueError("max_streams must be at least 1 (or None for no cap)")
         self.emit_buffer = emit_buffer or EmitBuffer()
         self.default_max_events = default_max_events
         self.default_next_poll_ms = default_next_poll_ms
         self.list_page_size = list_page_size
+        self.heartbeat_ms = heartbeat_ms
+        self.max_streams = max_streams
         self._now = now
         self._types: dict[str, EventType] = {}
         self._leases = (
@@ -187,6 +218,11 @@ class EventsExtension(Extension):
         # The SDK's Connection objects, not ctx.session: a ServerSession is a per-request
         # proxy that is collected as soon as the request returns.
         self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
+        # Open push streams by event name; the serial makes each one's hook subscription id unique.
+        self._streams: dict[str, set[PushStream]] = {}
+        self._stream_serial = itertools.count(1)
+        # The event loop the server runs on, so emit() from another thread can hop onto it.
+        self._loop_token: anyio.lowlevel.EventLoopToken | None = None
 
     # ---- what the SDK consumes -------------------------------------------------
 
@@ -197,6 +233,9 @@ class EventsExtension(Extension):
         return (
             MethodBinding(method=protocol.METHOD_LIST, params_type=_ListParams, handler=self._handle_list),
             MethodBinding(method=protocol.METHOD_POLL, params_type=_PollParams, handler=self._handle_poll),
+            MethodBinding(
+                method=protocol.METHOD_STREAM, params_type=_StreamParams, handler=self._handle_stream
+            ),
         )
 
     def install(self, server: Any) -> None:
@@ -337,6 +376,8 @@ class EventsExtension(Extension):
                 logger.debug("list_changed not delivered: %s", exc)
 
     def _remember_connection(self, ctx: ServerRequestContext[Any, Any]) -> None:
+        if self._loop_token is None:
+            self._loop_token = anyio.lowlevel.current_token()
         connection = getattr(ctx.session, "_connection", None)
         if connection is not None:
             self._connections.add(connection)
@@ -344,12 +385,82 @@ class EventsExtension(Extension):
     # ---- emitting --------------------------------------------------------------
 
     def emit(self, event: Event) -> None:
-        """Record an upstream occurrence for emit-only event types."""
+        """Record an upstream occurrence for emit-only event types.
+
+        The event goes into the type's ring buffer, and every open push stream of
+        the type is woken to read it (with its own arguments through match and
+        transform). Never waits for a stream: each sends at the pace its client reads.
+        Called from a thread other than the server's event loop, it hands the event to
+        the loop and returns once it is recorded.
+        """
         event_type = self._types.get(event.name)
         if event_type is None:
             raise ValueError(f"emit: unknown event type {event.name!r}")
+        if self._loop_token is not None and not _on_event_loop():
+            try:
+                anyio.from_thread.run_sync(self.emit, event, token=self._loop_token)
+                return
+            except RuntimeError:  # the loop has stopped: no stream is reading, just record it
+                self._loop_token = None
         if event_type.buffer is not None:
             event_type.buffer.append(event)
+            self.wake(event.name)
+
+    # ---- push streams ----------------------------------------------------------
+
+    def wake(self, name: str) -> None:
+        """Make every open push stream of ``name`` read again now.
+
+        For a check-function type, call it when you know the upstream changed, so
+        push clients see the change without waiting for the next poll interval.
+        """
+        for stream in list(self._streams.get(name, ())):
+            stream.wake()
+
+    def open_streams(self, name: str | None = None) -> int:
+        """How many push streams are open (for one event type, or all)."""
+        if name is not None:
+            return len(self._streams.get(name, ()))
+        return sum(len(streams) for streams in self._streams.values())
+
+    def close_streams(
+        self,
+        name: str | None = None,
+        *,
+        error: MCPError | None = None,
+        where: Callable[[dict[str, Any], str | None], bool] | None = None,
+    ) -> int:
+        """End open push streams from the server side; returns how many were asked to close.
+
+        With ``error`` (say ``forbidden("access revoked")``) each stream first sends
+        ``notifications/events/terminated`` carrying it; then it ends with the
+        StreamEventsResult. ``where(arguments, principal)`` picks the streams; by
+        default every stream (of ``name``, if given).
+        """
+        chosen = [
+            stream
+            for key, streams in self._streams.items()
+            if name is None or key == name
+            for stream in streams
+            if where is None or where(stream.arguments, stream.principal)
+        ]
+        for stream in chosen:
+            stream.close(error)
+        return len(chosen)
+
+    def forget_stream(self, stream: PushStream) -> None:
+        streams = self._streams.get(stream.event_type.name)
+        if streams is not None:
+            streams.discard(stream)
+            if not streams:
+                del self._streams[stream.event_type.name]
+
+    def serves(self, event_type: EventType) -> bool:
+        """Whether ``event_type`` is still declared (it may have been removed at runtime)."""
+        return self._types.get(event_type.name) is event_type
+
+    def now(self) -> datetime:
+        return self._now()
 
     # ---- lifecycle -------------------------------------------------------------
 
@@ -373,13 +484,22 @@ class EventsExtension(Extension):
         ended = self._leases.expired()
         for lease in ended:
             try:
-                await self._fire(self._on_unsubscribe, lease, request=None)
+                await self.fire_hooks("unsubscribe", lease, request=None)
             except Exception:  # one failed teardown must not skip the rest or stop the sweeper
                 logger.exception("on_unsubscribe for %s failed", lease.name)
         return len(ended)
 
-    async def _fire(self, hooks: dict[str, list[LifecycleHook]], lease: Lease, *, request: Any) -> None:
-        ctx = EventContext(lease.name, lease.principal, "poll", self.default_max_events, request=request)
+    async def fire_hooks(
+        self,
+        kind: Literal["subscribe", "unsubscribe"],
+        lease: Lease,
+        *,
+        request: Any,
+        mode: DeliveryModeName = "poll",
+    ) -> None:
+        """Run the on_subscribe or on_unsubscribe hooks of ``lease.name`` with ``(ctx, arguments, subscription_id)``."""
+        hooks = self._on_subscribe if kind == "subscribe" else self._on_unsubscribe
+        ctx = EventContext(lease.name, lease.principal, mode, self.default_max_events, request=request)
         for hook in hooks.get(lease.name, ()):
             await _maybe_await(hook(ctx, lease.arguments, lease.subscription_id))
 
@@ -438,7 +558,7 @@ class EventsExtension(Extension):
         lease, is_new = self._leases.touch(principal, event_type.name, arguments)
         if is_new:
             try:
-                await self._fire(self._on_subscribe, lease, request=ctx)
+                await self.fire_hooks("subscribe", lease, request=ctx)
             except BaseException:
                 self._leases.drop(principal, event_type.name, arguments)
                 raise
@@ -467,6 +587,50 @@ class EventsExtension(Extension):
                 if ms is not None
             ),
         }
+
+    async def _handle_stream(
+        self, ctx: ServerRequestContext[Any, Any], params: _StreamParams
+    ) -> dict[str, Any]:
+        """events/stream: validate like poll (errors come back at once, no stream), then stream."""
+        self._remember_connection(ctx)
+        arguments = params.arguments or {}
+        event_type = self._resolve(params.name, arguments, "push")
+        if ctx.request_id is None:  # a request always has one; the notifications are routed by it
+            raise invalid_params("events/stream must be a request with an id")
+        if self.max_streams is not None and self.open_streams() >= self.max_streams:
+            raise _error(
+                protocol.RESOURCE_EXHAUSTED,
+                "ResourceExhausted",
+                {"limit": "streams", "max": self.max_streams},
+            )
+        stream = PushStream(
+            self,
+            event_type,
+            ctx,
+            subscription_id=ctx.request_id,
+            arguments=arguments,
+            principal=_current_principal(),
+            cursor=params.cursor,
+            max_age_ms=params.max_age_ms,
+            serial=next(self._stream_serial),
+        )
+        # Registered before the opening read, so no emit between that read and the first wait is missed.
+        self._streams.setdefault(event_type.name, set()).add(stream)
+        try:
+            return await stream.serve()
+        finally:
+            self.forget_stream(stream)
+
+    async def read(
+        self,
+        event_type: EventType,
+        ctx: EventContext,
+        arguments: dict[str, Any],
+        cursor: str | None,
+        lease: Lease | None,
+    ) -> EventResult:
+        """One read, the same for every mode: the check function, or the ring buffer."""
+        return await self._read(event_type, ctx, arguments, cursor, lease)
 
     async def _read(
         self,

@@ -1,0 +1,346 @@
+"""Push delivery: ``events/stream``, one long-lived request per subscription.
+
+A stream is the request handler itself. It reads with the same ``_read`` as
+events/poll (the check function for check types, the ring buffer for emit-only
+types) and writes notifications on the request's own channel, the server
+session's ``related_request_id``: newline-delimited JSON on stdout over stdio,
+``data:`` frames of the POST's SSE response over Streamable HTTP. A second task
+sends a heartbeat whenever the stream has been quiet for the heartbeat interval.
+
+Every send is awaited, one at a time, so a client that reads slowly slows the
+stream down (pipe or TCP back-pressure) and nothing is queued per stream. For
+emit-only types the ring buffer is the only buffer: a stream that falls behind
+its retention gets a fresh ``active`` with ``truncated: true`` and goes on.
+
+Order on the wire: ``active`` first, then ``event``s (with a fresh ``active``
+``truncated: true`` before the events that follow a gap), ``heartbeat``s in
+quiet periods, ``error`` for a failed read (the stream stays open and retries),
+and ``terminated`` followed by the ``StreamEventsResult`` when the server ends
+the subscription. A client cancels with ``notifications/cancelled`` (stdio) or
+by closing the response (HTTP); the SDK then cancels the handler, and the
+stream's ``on_unsubscribe`` hooks run shielded.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Final, cast
+
+import anyio
+import anyio.lowlevel
+from mcp.server.context import ServerRequestContext
+from mcp.shared.exceptions import MCPError
+from mcp_types import RequestId
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import BaseModel
+
+from agentwake import protocol
+from agentwake.server._leases import Lease
+from agentwake.server._types import EventContext, EventResult
+
+if TYPE_CHECKING:
+    from agentwake.server._extension import EventsExtension, EventType
+
+logger = logging.getLogger(__name__)
+
+NOTIFICATION_ACTIVE: Final = "notifications/events/active"
+NOTIFICATION_EVENT: Final = "notifications/events/event"
+NOTIFICATION_HEARTBEAT: Final = "notifications/events/heartbeat"
+NOTIFICATION_ERROR: Final = "notifications/events/error"
+NOTIFICATION_TERMINATED: Final = "notifications/events/terminated"
+STREAM_NOTIFICATIONS: Final = frozenset(
+    {
+        NOTIFICATION_ACTIVE,
+        NOTIFICATION_EVENT,
+        NOTIFICATION_HEARTBEAT,
+        NOTIFICATION_ERROR,
+        NOTIFICATION_TERMINATED,
+    }
+)
+
+DEFAULT_HEARTBEAT_MS: Final = 30_000
+MAX_HEARTBEAT_MS: Final = 30_000
+# A failed read is retried after the poll interval, doubling per consecutive failure up to this.
+MAX_RETRY_MS: Final = 30_000
+# How long on_unsubscribe hooks may take once a stream has ended (they run shielded from cancellation).
+HOOK_TIMEOUT_S: Final = 10.0
+# Errors that end a subscription: retrying the same read cannot succeed.
+TERMINAL_CODES: Final = frozenset(
+    {protocol.NOT_FOUND, protocol.FORBIDDEN, protocol.INVALID_PARAMS, protocol.UNSUPPORTED}
+)
+
+
+def stream_result() -> dict[str, Any]:
+    """The StreamEventsResult: an empty typed result, the final frame of a stream the server ends."""
+    return {"_meta": {}}
+
+
+def error_object(exc: MCPError) -> dict[str, Any]:
+    body: dict[str, Any] = {"code": exc.error.code, "message": exc.error.message}
+    if exc.error.data is not None:
+        body["data"] = exc.error.data
+    return body
+
+
+class _Notification(BaseModel):
+    """A notification the SDK's typed union does not know; ``send_notification`` only dumps it."""
+
+    method: str
+    params: dict[str, Any]
+
+
+class PushStream:
+    """One open events/stream. Built and served by ``EventsExtension``; not for direct use."""
+
+    def __init__(
+        self,
+        extension: EventsExtension,
+        event_type: EventType,
+        request: ServerRequestContext[Any, Any],
+        *,
+        subscription_id: RequestId,
+        arguments: dict[str, Any],
+        principal: str | None,
+        cursor: str | None,
+        max_age_ms: int | None,
+        serial: int,
+    ) -> None:
+        self.extension = extension
+        self.event_type = event_type
+        self.request = request
+        self.subscription_id = subscription_id
+        self.arguments = arguments
+        self.principal = principal
+        # Types without replay have no position the client could hand back: start from now.
+        self.requested_cursor = cursor if event_type.replay else None
+        not_before = None
+        if max_age_ms is not None and self.requested_cursor is not None:
+            not_before = extension.now() - timedelta(milliseconds=max_age_ms)
+        self.opening_ctx = EventContext(
+            event_name=event_type.name,
+            principal=principal,
+            mode="push",
+            max_events=extension.default_max_events,
+            max_age_ms=max_age_ms if event_type.replay else None,
+            not_before=not_before,
+            request=request,
+        )
+        # maxAgeMs bounds the replay only; live reads take whatever is new.
+        self.live_ctx = replace(self.opening_ctx, max_age_ms=None, not_before=None)
+        # The lease carries the hooks' subscription id, and the position of a no-replay buffer read.
+        self.lease = Lease(
+            principal,
+            event_type.name,
+            dict(arguments),
+            math.inf,
+            subscription_id=f"push:{serial}:{subscription_id}",
+        )
+        self.cursor: str | None = None  # the position read up to (the check's cursor, even without replay)
+        self._meta = {protocol.SUBSCRIPTION_ID_META: subscription_id}
+        self._wake = anyio.Event()
+        self._lock = anyio.Lock()
+        self._last_frame = anyio.current_time()
+        self._close_requested = False
+        self._close_error: MCPError | None = None
+
+    # ---- called from outside the stream's task ------------------------------------
+
+    def wake(self) -> None:
+        """Read again now: an emit happened, or the author says the upstream changed."""
+        self._wake.set()
+
+    def close(self, error: MCPError | None) -> None:
+        """End the stream from the server side: ``terminated`` (if ``error``), then the result."""
+        self._close_requested = True
+        self._close_error = error
+        self._wake.set()
+
+    # ---- the stream -------------------------------------------------------------------
+
+    async def serve(self) -> dict[str, Any]:
+        """Run the stream until the server ends it (returns the result) or the client cancels."""
+        extension = self.extension
+        await extension.fire_hooks("subscribe", self.lease, request=self.request, mode="push")
+        try:
+            # A failure here is the request's JSON-RPC error: no stream was opened.
+            self.cursor = self.requested_cursor
+            first = await self._read(self.opening_ctx, self.requested_cursor)
+            start = self._start_cursor(first, fallback=self.requested_cursor)
+            await self._send(
+                NOTIFICATION_ACTIVE,
+                {"cursor": self._wire(start), "truncated": first.truncated and self.event_type.replay},
+            )
+            # If the heartbeat finds the client gone it cancels this group; the result is then
+            # written nowhere (the transport drops it), which is all an abandoned stream needs.
+            result = stream_result()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._heartbeats, tg.cancel_scope)
+                result = await self._loop(first)
+                tg.cancel_scope.cancel()
+            return result
+        finally:
+            extension.forget_stream(self)
+            with anyio.move_on_after(HOOK_TIMEOUT_S, shield=True) as scope:
+                try:
+                    await extension.fire_hooks("unsubscribe", self.lease, request=self.request, mode="push")
+                except Exception:  # the stream is over either way
+                    logger.exception("on_unsubscribe for %s failed", self.event_type.name)
+            if scope.cancelled_caught:
+                logger.warning("on_unsubscribe for %s took over %gs", self.event_type.name, HOOK_TIMEOUT_S)
+
+    async def _loop(self, batch: EventResult | None) -> dict[str, Any]:
+        failures = 0
+        opening = True
+        while True:
+            if batch is not None:
+                if batch.truncated and not opening and self.event_type.replay:
+                    start = self._start_cursor(batch, fallback=self.cursor)
+                    await self._send(NOTIFICATION_ACTIVE, {"cursor": self._wire(start), "truncated": True})
+                await self._deliver(batch)
+                delay = 0.0 if batch.has_more else self._idle_delay(batch)
+            else:
+                delay = self._retry_delay(failures)
+            opening = False
+            if delay != 0.0:
+                with anyio.move_on_after(math.inf if delay is None else delay):
+                    await self._wake.wait()
+            if self._close_requested:
+                if self._close_error is not None:
+                    await self._send(NOTIFICATION_TERMINATED, {"error": error_object(self._close_error)})
+                return stream_result()
+            if not self.extension.serves(self.event_type):
+                # The type was removed (events/list_changed): this subscription cannot go on.
+                exc = MCPError(
+                    code=protocol.NOT_FOUND,
+                    message="NotFound",
+                    data={"kind": "event", "name": self.event_type.name},
+                )
+                await self._send(NOTIFICATION_TERMINATED, {"error": error_object(exc)})
+                return stream_result()
+            # A fresh event before reading: an emit during the read or the sends wakes the next wait.
+            self._wake = anyio.Event()
+            try:
+                batch = await self._read(self.live_ctx, self.cursor)
+                failures = 0
+            except MCPError as exc:
+                if exc.error.code in TERMINAL_CODES:
+                    await self._send(NOTIFICATION_TERMINATED, {"error": error_object(exc)})
+                    return stream_result()
+                failures += 1
+                batch = None
+                await self._send(NOTIFICATION_ERROR, {"error": error_object(exc)})
+
+    async def _read(self, ctx: EventContext, cursor: str | None) -> EventResult:
+        try:
+            return await self.extension.read(self.event_type, ctx, self.arguments, cursor, self.lease)
+        except MCPError:
+            raise
+        except Exception as exc:  # a match/transform hook; _read already wraps check failures
+            logger.exception("reading %s for a push stream failed", self.event_type.name)
+            raise MCPError(
+                code=protocol.INTERNAL_ERROR, message="UpstreamError", data={"reason": type(exc).__name__}
+            ) from exc
+
+    async def _deliver(self, batch: EventResult) -> None:
+        events = batch.events
+        last = len(events) - 1
+        for index, event in enumerate(events):
+            # An event without its own cursor gets a safe one: the batch's end for the last
+            # event, else the position before the batch (persisting it replays, never skips).
+            cursor = (
+                event.cursor if event.cursor is not None else (batch.cursor if index == last else self.cursor)
+            )
+            params = event.to_wire()
+            params["cursor"] = self._wire(cursor)
+            async with self._lock:
+                await self._send_locked(NOTIFICATION_EVENT, params)
+                self.cursor = cursor
+        self.cursor = batch.cursor
+
+    async def _heartbeats(self, stream_scope: anyio.CancelScope) -> None:
+        """Heartbeat after every quiet interval; also, about once an interval, see if the client left."""
+        interval = self.extension.heartbeat_ms / 1000
+        while True:
+            quiet_for = anyio.current_time() - self._last_frame
+            if quiet_for < interval:
+                await anyio.sleep(interval - quiet_for)
+            if await self._client_gone():
+                logger.info("events/stream %s: the client closed the response", self.subscription_id)
+                stream_scope.cancel()
+                return
+            async with self._lock:
+                if anyio.current_time() - self._last_frame >= interval:
+                    await self._send_locked(NOTIFICATION_HEARTBEAT, {"cursor": self._wire(self.cursor)})
+
+    async def _client_gone(self) -> bool:
+        """Whether a handshake-era Streamable HTTP client closed this request's response.
+
+        On 2026-era HTTP and on stdio the SDK cancels the handler itself (disconnect,
+        ``notifications/cancelled``). Handshake-era HTTP only drops what is written to a
+        closed response, so the heartbeat asks the HTTP request.
+        """
+        if self.request.session.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return False
+        is_disconnected = cast(
+            "Callable[[], Awaitable[bool]] | None", getattr(self.request.request, "is_disconnected", None)
+        )
+        if is_disconnected is None:
+            return False
+        try:
+            return await is_disconnected()
+        except Exception:  # not the request object we expect; never fail the stream over this
+            return False
+
+    # ---- helpers -----------------------------------------------------------------------
+
+    def _wire(self, cursor: str | None) -> str | None:
+        return cursor if self.event_type.replay else None
+
+    def _start_cursor(self, batch: EventResult, *, fallback: str | None) -> str | None:
+        """The position delivery starts from: just before the first event, when that is known."""
+        if not batch.events:
+            return batch.cursor
+        buffer, first = self.event_type.buffer, batch.events[0].cursor
+        if buffer is not None and first is not None:
+            position = buffer.parse_cursor(first)
+            if position is not None:
+                return buffer.cursor_for(position - 1)
+        return fallback
+
+    def _poll_ms(self, batch: EventResult | None) -> int:
+        candidates = (
+            batch.next_poll_ms if batch is not None else None,
+            self.event_type.next_poll_ms,
+            self.extension.default_next_poll_ms,
+        )
+        return next(ms for ms in candidates if ms is not None)
+
+    def _idle_delay(self, batch: EventResult) -> float | None:
+        """How long to wait before reading again; None = until an emit (or a close) wakes us."""
+        if self.event_type.buffer is not None:
+            return None
+        return self._poll_ms(batch) / 1000
+
+    def _retry_delay(self, failures: int) -> float:
+        base = self._poll_ms(None)
+        backoff: int = base << max(failures - 1, 0)
+        return min(backoff, max(MAX_RETRY_MS, base)) / 1000
+
+    async def _send(self, method: str, params: dict[str, Any]) -> None:
+        async with self._lock:
+            await self._send_locked(method, params)
+
+    async def _send_locked(self, method: str, params: dict[str, Any]) -> None:
+        meta = params.get("_meta")
+        params["_meta"] = {**meta, **self._meta} if isinstance(meta, dict) else self._meta
+        notification = _Notification(method=method, params=params)
+        await self.request.session.send_notification(
+            cast(Any, notification), related_request_id=self.subscription_id
+        )
+        self._last_frame = anyio.current_time()
+        # The in-process dispatcher delivers without a checkpoint: let others run between frames.
+        await anyio.lowlevel.checkpoint()
