@@ -71,7 +71,7 @@ def test_help_does_not_import_litellm() -> None:
 def test_check_shows_each_subscription_with_its_mode(tmp_path: Path) -> None:
     result = runner.invoke(app, ["check", "-c", str(demo_config(tmp_path, TICKETS))])
     assert result.exit_code == 0, result.output
-    assert "tickets" in result.output and "poll" in result.output and "config OK" in result.output
+    assert "tickets" in result.output and "push" in result.output and "config OK" in result.output
 
 
 def test_check_names_an_unknown_event_and_the_fix(tmp_path: Path) -> None:
@@ -120,7 +120,7 @@ def test_events_lists_types_with_modes_and_arguments(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     listing = {e["name"]: e for e in json.loads(result.output)}
     assert set(listing) == {"ticket.created", "alert.fired", "system.load"}
-    assert listing["ticket.created"]["delivery"] == ["poll"]
+    assert listing["ticket.created"]["delivery"] == ["poll", "push"]
     assert "queue" in listing["ticket.created"]["inputSchema"]["properties"]
     table = runner.invoke(app, ["events", "-c", str(demo_config(tmp_path))])
     assert "ticket.created" in table.output

@@ -20,9 +20,15 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 BACKLOG = 30_000
 
 
-def write_config(tmp_path: Path) -> Path:
+def write_config(tmp_path: Path, delivery: str) -> Path:
     env = ", ".join(
-        f'{k} = "{v}"' for k, v in {**QUIET_DEMO, "DEMO_DB": "demo.db", "DEMO_BACKLOG": str(BACKLOG)}.items()
+        f'{k} = "{v}"'
+        for k, v in {
+            **QUIET_DEMO,
+            "DEMO_DB": "demo.db",
+            "DEMO_BACKLOG": str(BACKLOG),
+            "DEMO_HEARTBEAT_MS": "300",
+        }.items()
     )
     path = tmp_path / "agentwake.toml"
     path.write_text(
@@ -40,6 +46,7 @@ name = "tickets"
 server = "demo"
 event = "ticket.created"
 max_events = 500
+delivery = "{delivery}"
 """
     )
     return path
@@ -78,8 +85,19 @@ async def run_until(config: Path, marker: str, *, kill: bool) -> None:
         await process.aclose()
 
 
-async def test_sigkill_mid_drain_then_restart_stores_every_event_exactly_once(tmp_path: Path) -> None:
-    config_path = write_config(tmp_path)
+# The log line that says the drain is under way, and the one that says it is over, per mode.
+MARKERS = {
+    "poll": ("draining backlog", "caught up after draining"),
+    "push": ("events so far", "stream caught up after"),
+}
+
+
+@pytest.mark.parametrize("delivery", ["poll", "push"])
+async def test_sigkill_mid_drain_then_restart_stores_every_event_exactly_once(
+    tmp_path: Path, delivery: str
+) -> None:
+    midway, done = MARKERS[delivery]
+    config_path = write_config(tmp_path, delivery)
     config = load_config(config_path)
     seeded = Store.open_sync(config.store.path)
     key = subscription_key(config.subscriptions[0])
@@ -87,13 +105,13 @@ async def test_sigkill_mid_drain_then_restart_stores_every_event_exactly_once(tm
     seeded.ingest_sync(key, [], "0")  # start from the beginning of the backlog
     seeded.close_sync()
 
-    await run_until(config_path, "draining backlog", kill=True)
+    await run_until(config_path, midway, kill=True)
     after_kill = Store.open_sync(config.store.path)
     partial = len(after_kill.event_ids_sync())
     after_kill.close_sync()
     assert 0 < partial < BACKLOG, "the kill should land mid-drain"
 
-    await run_until(config_path, "caught up after draining", kill=False)
+    await run_until(config_path, done, kill=False)
     final = Store.open_sync(config.store.path)
     ids = final.event_ids_sync()
     [status] = final.subscriptions_sync()

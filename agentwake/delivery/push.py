@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from agentwake import protocol
 from agentwake.config import SubscriptionConfig
-from agentwake.delivery.poll import RETRY_INITIAL_S, RETRY_MAX_S, Sleep, subscription_key
+from agentwake.delivery.poll import PROGRESS_EVERY, RETRY_INITIAL_S, RETRY_MAX_S, Sleep, subscription_key
 from agentwake.errors import DeliveryError, SubscriptionEnded, TransientEventsError
 from agentwake.mcp import ServerConnection, StreamRoute
 from agentwake.store import IncomingEvent, Store, SubscriptionKey
@@ -63,6 +63,8 @@ class PushLoop:
     retry_max_s: float = RETRY_MAX_S
     streams: int = field(default=0, init=False)
     errors: int = field(default=0, init=False)
+    received: int = field(default=0, init=False)
+    _since_quiet: int = field(default=0, init=False)
 
     @property
     def dead_after_s(self) -> float:
@@ -173,7 +175,14 @@ class PushLoop:
                         ) from None
                     if params.get("cursor") is not None:
                         pending.cursor = str(params["cursor"])
+                    self._since_quiet += 1
                 elif method in (protocol.NOTIFICATION_ACTIVE, protocol.NOTIFICATION_HEARTBEAT):
+                    if method == protocol.NOTIFICATION_HEARTBEAT and self._since_quiet:
+                        # A heartbeat comes after a quiet spell: whatever was owed has arrived.
+                        logger.info(
+                            "subscription %s: stream caught up after %d events", sub.name, self._since_quiet
+                        )
+                        self._since_quiet = 0
                     if method == protocol.NOTIFICATION_ACTIVE and params.get("truncated"):
                         stored = await self._store(key, pending, stored)
                         pending = _Pending(truncated=True)
@@ -220,6 +229,9 @@ class PushLoop:
             )
         if result.inserted:
             self.on_new_events(result.inserted)
+        before, self.received = self.received, self.received + len(pending.events)
+        if self.received // PROGRESS_EVERY > before // PROGRESS_EVERY:
+            logger.info("subscription %s: streamed %d events so far", self.subscription.name, self.received)
         stored = pending.cursor if pending.cursor is not None else stored
         self.on_stored(stored)
         return stored

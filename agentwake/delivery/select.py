@@ -13,9 +13,8 @@ from agentwake.errors import ConfigError
 
 # Modes this client implements today, in the spec's preference order (webhook > push > poll).
 CLIENT_MODES: Final[tuple[protocol.DeliveryMode, ...]] = ("poll", "push")
-# The modes `auto` may pick. Push is only chosen when asked for (delivery = "push") until it has
-# the whole acceptance of the push issue behind it.
-AUTO_MODES: Final[tuple[protocol.DeliveryMode, ...]] = ("poll",)
+# The modes `auto` may pick (webhook joins when its delivery lands).
+AUTO_MODES: Final[tuple[protocol.DeliveryMode, ...]] = ("poll", "push")
 PREFERENCE: Final[tuple[protocol.DeliveryMode, ...]] = ("webhook", "push", "poll")
 
 
