@@ -154,10 +154,13 @@ class StreamRoute:
     overflowed: bool = False
 
     def offer(self, method: str, params: dict[str, Any]) -> None:
+        if self.overflowed:
+            # Keep what is queued a gap-free prefix: nothing after a lost notification is taken.
+            return
         try:
             self.send.send_nowait((method, params))
         except anyio.WouldBlock:
-            # The loop fell this far behind: it reconnects from its last stored cursor.
+            # The loop fell this far behind: it stores the prefix and reconnects from its cursor.
             self.overflowed = True
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass

@@ -197,6 +197,12 @@ def _flow_control(db: sqlite_utils.Database) -> None:
     db.execute("CREATE INDEX events_batch ON events (batch_leader) WHERE batch_leader IS NOT NULL")
 
 
+@migrations(name="0005_stream_errors")
+def _stream_errors(db: sqlite_utils.Database) -> None:
+    # notifications/events/error on a push stream: counted, the stream goes on.
+    db.execute("ALTER TABLE subscriptions ADD COLUMN stream_errors INTEGER NOT NULL DEFAULT 0")
+
+
 # One encoder for the hot path: json.dumps with options builds a new encoder per call.
 _encode_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -431,6 +437,17 @@ class Store:
 
     async def record_error(self, name: str, error: str) -> None:
         await self._run(self.record_error_sync, name, error)
+
+    def count_stream_error_sync(self, name: str, error: str) -> None:
+        with self._db.atomic():
+            self._db.execute(
+                "UPDATE subscriptions SET stream_errors = stream_errors + 1, last_error = ?, updated_at = ?"
+                " WHERE name = ?",
+                [error, now_iso(), name],
+            )
+
+    async def count_stream_error(self, name: str, error: str) -> None:
+        await self._run(self.count_stream_error_sync, name, error)
 
     # ---- the inbox ---------------------------------------------------------------
 
@@ -1054,7 +1071,7 @@ class Store:
     def subscriptions_sync(self) -> list[dict[str, Any]]:
         rows = self._db.execute(
             "SELECT name, server, event, arguments, mode, cursor, last_poll_at, events_received, duplicates,"
-            " gaps, status, last_error, cursor_updated_at FROM subscriptions ORDER BY name"
+            " gaps, status, last_error, cursor_updated_at, stream_errors FROM subscriptions ORDER BY name"
         ).fetchall()
         return [
             {
@@ -1071,6 +1088,7 @@ class Store:
                 "status": r[10],
                 "last_error": r[11],
                 "cursor_updated_at": r[12],
+                "stream_errors": r[13],
             }
             for r in rows
         ]

@@ -12,10 +12,12 @@ import pytest
 from _support import SteppedSleep, set_cursor
 from conftest import REPO
 
+from agentwake import mcp as mcp_module
 from agentwake.config import ServerConfig, SubscriptionConfig, parse_config
 from agentwake.delivery.poll import subscription_key
 from agentwake.delivery.push import PushLoop
-from agentwake.errors import SubscriptionEnded
+from agentwake.delivery.select import choose_mode
+from agentwake.errors import ConfigError, SubscriptionEnded
 from agentwake.mcp import ServerConnection
 from agentwake.store import Store
 from agentwake.supervisor import Supervisor
@@ -241,3 +243,47 @@ async def test_the_supervisor_reconnects_a_crashed_server_and_one_terminated_sub
         assert store.event_ids_sync("revoked") == ["item-1", "item-2"]
     finally:
         await store.close()
+
+
+async def test_lost_notifications_are_detected_and_recovered_from_the_stored_cursor(
+    tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A small route buffer makes the receive path overrun the loop during a burst.
+    monkeypatch.setattr(mcp_module, "STREAM_BUFFER", 64)
+    sub = feed()
+    await set_cursor(store, subscription_key(sub), "0")
+    progress = Progress()
+    sleep = SteppedSleep()
+    async with ServerConnection("push", push_server(tmp_path, PUSH_ITEMS="3000")) as conn:
+        loop = PushLoop(sub, conn, store, on_stored=progress, sleep=sleep, retry_initial_s=0.01)
+
+        async def release_every_wait() -> None:
+            while True:
+                await sleep.next(limit_s=60)
+                sleep.release()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(loop.run)
+            tg.start_soon(release_every_wait)
+            await progress.until(lambda: "3000" in progress.cursors, limit_s=60)
+            tg.cancel_scope.cancel()
+    assert loop.streams > 1  # it noticed the loss and reopened the stream
+    assert store.event_ids_sync("feed") == [f"item-{n}" for n in range(1, 3001)]  # every one, once
+
+
+async def test_error_notifications_are_counted_in_the_store(tmp_path: Path, store: Store) -> None:
+    sub = feed()
+    await set_cursor(store, subscription_key(sub), "0")
+    progress = Progress()
+    async with ServerConnection("push", push_server(tmp_path, PUSH_ERROR_AT="2")) as conn:
+        loop = PushLoop(sub, conn, store, on_stored=progress, sleep=SteppedSleep())
+        await run_loop(loop, progress, lambda: len(store.event_ids_sync("feed")) == 5)
+    assert store.subscriptions_sync()[0]["stream_errors"] == 1
+
+
+def test_forcing_push_on_a_type_that_does_not_offer_it_is_a_clear_error() -> None:
+    sub = feed(name="ticks")
+    with pytest.raises(ConfigError, match=r"does not offer 'push' delivery \(it offers poll\)"):
+        choose_mode(sub, ["poll"])
+    assert choose_mode(feed(delivery="auto"), ["poll", "push"]) == "push"
+    assert choose_mode(feed(delivery="auto"), ["poll"]) == "poll"

@@ -92,9 +92,10 @@ class PushLoop:
                 failures = 0
                 logger.info("subscription %s: the server closed the stream; opening it again", sub.name)
             except StreamInterrupted as exc:
-                failures += 1
                 logger.warning("subscription %s: %s", sub.name, exc)
                 await self.store.record_error(sub.name, str(exc))
+                # Backoff grows only while streams deliver nothing; one that made progress starts it over.
+                failures = 1 if await self.store.cursor(sub.name) != cursor else failures + 1
             cursor = await self.store.cursor(sub.name)
             resuming = cursor is not None
             await self.sleep(self._backoff(failures))
@@ -149,16 +150,29 @@ class PushLoop:
         stored = cursor
         while True:
             batch: list[tuple[str, dict[str, Any]]] = []
-            with anyio.move_on_after(self.dead_after_s) as waited:
-                try:
-                    batch.append(await route.receive.receive())
-                except anyio.EndOfStream:
-                    return
-            if waited.cancelled_caught:
-                raise StreamInterrupted(
-                    f"no event or heartbeat for {self.dead_after_s:g}s; the stream is dead, reconnecting"
-                    f" from cursor {stored}"
-                )
+            if route.overflowed:
+                # What is still queued is the gap-free prefix before the loss: store it all first.
+                while len(batch) < BATCH:
+                    try:
+                        batch.append(route.receive.receive_nowait())
+                    except (anyio.WouldBlock, anyio.EndOfStream):
+                        break
+                if not batch:
+                    raise StreamInterrupted(
+                        f"stream notifications arrived faster than they were stored and some were lost;"
+                        f" reconnecting from cursor {stored}"
+                    )
+            else:
+                with anyio.move_on_after(self.dead_after_s) as waited:
+                    try:
+                        batch.append(await route.receive.receive())
+                    except anyio.EndOfStream:
+                        return
+                if waited.cancelled_caught:
+                    raise StreamInterrupted(
+                        f"no event or heartbeat for {self.dead_after_s:g}s; the stream is dead, reconnecting"
+                        f" from cursor {stored}"
+                    )
             while len(batch) < BATCH:
                 try:
                     batch.append(route.receive.receive_nowait())
@@ -198,7 +212,7 @@ class PushLoop:
                     error = params.get("error") or {}
                     text = f"server reported an error on the stream: {error.get('message')} ({error.get('code')})"
                     logger.warning("subscription %s: %s %s", sub.name, text, error.get("data") or "")
-                    await self.store.record_error(sub.name, text)
+                    await self.store.count_stream_error(sub.name, text)
                 elif method == protocol.NOTIFICATION_TERMINATED:
                     await self._store(key, pending, stored)
                     error = params.get("error") or {}
@@ -211,11 +225,6 @@ class PushLoop:
                         subscription=sub.name,
                     )
             stored = await self._store(key, pending, stored)
-            if route.overflowed:
-                raise StreamInterrupted(
-                    f"stream notifications arrived faster than they were stored and some were lost;"
-                    f" reconnecting from cursor {stored}"
-                )
 
     async def _store(self, key: SubscriptionKey, pending: _Pending, stored: str | None) -> str | None:
         if not pending:
