@@ -15,7 +15,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from types import TracebackType
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -48,6 +48,7 @@ from agentwake.errors import (
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
 MAX_LIST_PAGES: Final = 1000
 TOOLS_LIST_CHANGED: Final = "notifications/tools/list_changed"
 _RESULT: Final = TypeAdapter(dict[str, Any])
@@ -338,12 +339,27 @@ class ServerConnection:
                 f"server {self.name!r}: {type(exc).__name__}: {exc}", server=self.name
             ) from None
 
-    async def list_events(self) -> list[protocol.EventDescriptor]:
-        """events/list, every page."""
-        descriptors: list[protocol.EventDescriptor] = []
+    async def _all_pages(
+        self, what: str, fetch: Callable[[str | None], Awaitable[tuple[list[T], str | None]]]
+    ) -> list[T]:
+        """Every page of a paginated list, guarding against a server that loops or never ends."""
+        items: list[T] = []
         cursor: str | None = None
         seen: set[str] = set()
         for _ in range(MAX_LIST_PAGES):
+            page, cursor = await fetch(cursor)
+            items.extend(page)
+            if not cursor:
+                return items
+            if cursor in seen:
+                raise DeliveryError(f"server {self.name!r}: {what} repeats the page cursor {cursor!r}")
+            seen.add(cursor)
+        raise DeliveryError(f"server {self.name!r}: {what} has more than {MAX_LIST_PAGES} pages")
+
+    async def list_events(self) -> list[protocol.EventDescriptor]:
+        """events/list, every page."""
+
+        async def fetch(cursor: str | None) -> tuple[list[protocol.EventDescriptor], str | None]:
             raw = await self.request(protocol.METHOD_LIST, {"cursor": cursor} if cursor else {})
             try:
                 page = protocol.ListEventsResult.model_validate(raw)
@@ -351,14 +367,9 @@ class ServerConnection:
                 raise DeliveryError(
                     f"server {self.name!r} sent a malformed events/list result: {exc}"
                 ) from None
-            descriptors.extend(page.events)
-            cursor = page.next_cursor
-            if not cursor:
-                return descriptors
-            if cursor in seen:
-                raise DeliveryError(f"server {self.name!r}: events/list repeats the page cursor {cursor!r}")
-            seen.add(cursor)
-        raise DeliveryError(f"server {self.name!r}: events/list has more than {MAX_LIST_PAGES} pages")
+            return page.events, page.next_cursor
+
+        return await self._all_pages(protocol.METHOD_LIST, fetch)
 
     async def poll(
         self, params: protocol.PollParams, *, subscription: str | None = None
@@ -425,10 +436,8 @@ class ServerConnection:
 
     async def list_tools(self) -> list[Tool]:
         """tools/list, every page."""
-        tools: list[Tool] = []
-        cursor: str | None = None
-        seen: set[str] = set()
-        for _ in range(MAX_LIST_PAGES):
+
+        async def fetch(cursor: str | None) -> tuple[list[Tool], str | None]:
             try:
                 page = await self.client.list_tools(cursor=cursor, cache_mode="refresh")
             except MCPError as exc:
@@ -437,14 +446,9 @@ class ServerConnection:
                         f"server {self.name!r}: connection closed", server=self.name
                     ) from None
                 raise DeliveryError(f"server {self.name!r}: tools/list failed: {exc.message}") from None
-            tools.extend(page.tools)
-            cursor = page.next_cursor
-            if not cursor:
-                return tools
-            if cursor in seen:
-                raise DeliveryError(f"server {self.name!r}: tools/list repeats the page cursor {cursor!r}")
-            seen.add(cursor)
-        raise DeliveryError(f"server {self.name!r}: tools/list has more than {MAX_LIST_PAGES} pages")
+            return list(page.tools), page.next_cursor
+
+        return await self._all_pages("tools/list", fetch)
 
     async def call_tool(self, name: str, arguments: dict[str, Any], *, timeout_s: float) -> CallToolResult:
         """tools/call through the SDK; protocol errors come back as MCPError, a dead peer as ConnectionLost."""
