@@ -966,3 +966,28 @@ def test_policy_test_without_an_event_name_says_how_to_give_one(tmp_path: Path) 
     )
     assert result.exit_code == 2
     assert squash("pass --event or --subscription") in squash(result.stderr)
+
+
+def test_policy_test_offline_asks_no_server(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"10-triage.toml": TRIAGE, "20-rest.toml": CATCH_ALL})
+    # A server that cannot even start: --offline must not try it.
+    text = config.read_text().replace(json.dumps(sys.executable), '"/nonexistent/python"')
+    config.write_text(text)
+    data = {"ticketId": "T-9", "queue": "support", "title": "Printer jammed", "reporter": "ann@example.com"}
+    result = cli_runner.invoke(
+        cli.app,
+        [
+            "policy",
+            "test",
+            str(event_file(tmp_path, data)),
+            "--subscription",
+            "tickets",
+            "--offline",
+            "-c",
+            str(config),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "--offline: no server was asked for its tools" in result.output
+    assert "warning" not in result.output
+    assert '<event-data boundary="' in result.output
