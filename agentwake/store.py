@@ -774,31 +774,9 @@ class Store:
             )
             return int(cur.lastrowid or 0)
 
-    async def start_run(
-        self,
-        event_row: int,
-        *,
-        kind: RunKind,
-        attempt: int,
-        model: str,
-        decision: dict[str, Any],
-        system_prompt: str | None,
-        user_prompt: str | None,
-        sanitize_report: dict[str, Any] | None = None,
-    ) -> int:
-        return await self._run(
-            partial(
-                self.start_run_sync,
-                event_row,
-                kind=kind,
-                attempt=attempt,
-                model=model,
-                decision=decision,
-                system_prompt=system_prompt,
-                user_prompt=user_prompt,
-                sanitize_report=sanitize_report,
-            )
-        )
+    async def start_run(self, event_row: int, **options: Any) -> int:
+        """start_run_sync in the store's thread; the same keyword arguments."""
+        return await self._run(partial(self.start_run_sync, event_row, **options))
 
     def _write_progress(self, run_id: int, progress: RunProgress) -> None:
         self._db.execute(
@@ -878,27 +856,9 @@ class Store:
                         [verdict.state, verdict.error, now, run_id],
                     )
 
-    async def finish_run(
-        self,
-        run_id: int,
-        *,
-        status: RunStatus,
-        reason: str | None,
-        progress: RunProgress,
-        duration_ms: int,
-        verdict: EventVerdict | None,
-    ) -> None:
-        await self._run(
-            partial(
-                self.finish_run_sync,
-                run_id,
-                status=status,
-                reason=reason,
-                progress=progress,
-                duration_ms=duration_ms,
-                verdict=verdict,
-            )
-        )
+    async def finish_run(self, run_id: int, **options: Any) -> None:
+        """finish_run_sync in the store's thread; the same keyword arguments."""
+        await self._run(partial(self.finish_run_sync, run_id, **options))
 
     def actions_sync(self, limit: int) -> list[dict[str, Any]]:
         """The most recent runs, newest first, one summary each."""

@@ -11,7 +11,7 @@ import importlib
 import logging
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Final
 
@@ -125,7 +125,7 @@ def describe(exc: BaseException) -> str:
 class LLMSettings:
     model: str
     api_base: str | None
-    api_key: str | None
+    api_key: str | None = field(repr=False)  # never in a log line or traceback
     max_tokens: int
     temperature: float | None
     request_timeout_s: float
