@@ -884,3 +884,11 @@ def test_describe_names_a_litellm_error_once(litellm: ModuleType, name: str, mes
     described = describe(exc)
     assert described.startswith(f"{name}: ") and described.endswith(message)
     assert described.count(name) == 1 and "litellm." not in described
+
+
+def test_the_api_key_never_shows_in_the_settings_repr() -> None:
+    from agentwake.agent.llm import LLMSettings
+
+    settings = LLMSettings("openai/x", None, "sk-do-not-print-me", 10, None, 5.0, 0, 0.1, 1.0)
+    assert "sk-do-not-print-me" not in repr(settings)
+    assert settings.api_key == "sk-do-not-print-me"
