@@ -279,7 +279,7 @@ async def _check(cfg: AgentwakeConfig) -> tuple[list[str], list[str], list[tuple
         for sub in subs:
             allowed = _allowed_tools(sub, catalog, cfg, warnings)
             try:
-                plan = plan_subscription(sub, descriptors)
+                plan = plan_subscription(sub, descriptors, receiver=cfg.webhook is not None)
             except ConfigError as exc:
                 problems.append(str(exc))
                 rows.append((sub.name, sub.server, sub.event, "-", allowed, "invalid"))
@@ -377,7 +377,9 @@ def _open_store(cfg: AgentwakeConfig) -> Store:
 
 @app.command()
 def status(config: ConfigOption = DEFAULT_CONFIG_PATH, as_json: JsonOption = False) -> None:
-    """Show each subscription: server, event, mode, cursor, last poll, counts, gaps, failed events and last error."""
+    """Show each subscription: server, event, mode, cursor, last poll, counts, gaps, failed events, last error
+    and, for webhook delivery, the subscription id, when it is refreshed next and the delivery status.
+    """
     cfg = _load(config)
     store = _open_store(cfg)
     try:
@@ -411,6 +413,7 @@ def status(config: ConfigOption = DEFAULT_CONFIG_PATH, as_json: JsonOption = Fal
         "gaps",
         "done",
         "failed",
+        "webhook",
     )
     for column in columns:
         table.add_column(column, overflow="fold")
@@ -429,9 +432,28 @@ def status(config: ConfigOption = DEFAULT_CONFIG_PATH, as_json: JsonOption = Fal
             str(r["gaps"]),
             str(r["events_done"]),
             str(r["events_failed"]),
+            _describe_webhook(r["webhook"]),
             r["last_error"] or r["last_failure"] or "",
         )
     out.print(table)
+
+
+def _describe_webhook(webhook: dict[str, Any] | None) -> str:
+    if webhook is None:
+        return "-"
+    lines = [webhook["id"] or "not subscribed yet"]
+    lines.append("no expiry" if webhook["no_expiry"] else f"refresh by {webhook['refresh_before'] or '-'}")
+    status = webhook["delivery_status"]
+    if status:
+        state = "active" if status.get("active", True) else "suspended"
+        if status.get("lastError"):
+            state += f", {status['lastError']}"
+        if status.get("throttled"):
+            state += ", throttled"
+        lines.append(state)
+    if webhook["rotation_pending"]:
+        lines.append("rotation pending")
+    return "\n".join(lines)
 
 
 @app.command()
@@ -961,6 +983,42 @@ def deny(
 ) -> None:
     """Deny a held event: the agent never runs on it, and the reason is recorded."""
     _answer(config, event_id, server, approve=False, note=reason)
+
+
+@app.command("rotate-secret")
+def rotate_secret(
+    subscription: Annotated[
+        str | None,
+        typer.Argument(help="The webhook subscription to rotate; every webhook subscription when omitted."),
+    ] = None,
+    config: ConfigOption = DEFAULT_CONFIG_PATH,
+) -> None:
+    """Give webhook subscriptions a new signing secret.
+
+    The new secret is stored now and sent on the next refresh (the running service
+    looks every few seconds); deliveries signed with the old secret are still
+    accepted for [webhook] rotation_grace_s after that. Secrets are never printed.
+    """
+    from agentwake.signing import generate_secret
+
+    cfg = _load(config)
+    store = _open_store(cfg)
+    try:
+        names = None if subscription is None else [subscription]
+        rotated = store.request_rotation_sync(names, generate_secret)
+    finally:
+        store.close_sync()
+    if not rotated:
+        what = (
+            f"no webhook subscription named {subscription!r}" if subscription else "no webhook subscription"
+        )
+        raise _fail(AgentwakeError(f"{what} in {cfg.store.path} (see 'agentwake status')"), 2)
+    grace = cfg.webhook.rotation_grace_s if cfg.webhook else 0
+    for name in rotated:
+        out.print(
+            f"{name}: new secret stored; sent on the next refresh, the old one accepted {grace:g}s after that",
+            highlight=False,
+        )
 
 
 def main() -> None:

@@ -34,6 +34,12 @@ MAX_EVENTS_LIMIT: Final = 10_000
 DEFAULT_POLL_FLOOR_MS: Final = 1000
 DEFAULT_CONNECT_TIMEOUT_S: Final = 30.0
 DEFAULT_REQUEST_TIMEOUT_S: Final = 60.0
+DEFAULT_WEBHOOK_LISTEN: Final = "127.0.0.1:8787"
+DEFAULT_WEBHOOK_TTL_MS: Final = 3_600_000
+DEFAULT_HEALTH_REFRESH_S: Final = 3_600.0
+DEFAULT_ROTATION_GRACE_S: Final = 600.0
+# The spec's delivery profile: receivers may refuse bodies over 256 KiB with 413.
+DEFAULT_WEBHOOK_MAX_BODY: Final = 256 * 1024
 OFFLINE_MODEL: Final = "agentwake/offline"
 OFFLINE_NOTICE: Final = f"{OFFLINE_MODEL} is a deterministic stand-in for a real model; no LLM is called"
 
@@ -92,6 +98,76 @@ class ServerConfig(_Model):
         return "stdio" if self.command is not None else "http"
 
 
+def parse_listen(value: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` for IPv6) into its parts; ValueError with the reason."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"listen must be HOST:PORT (e.g. {DEFAULT_WEBHOOK_LISTEN!r}), got {value!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+class WebhookConfig(_Model):
+    """[webhook]: the receiver inside `agentwake run`, and how webhook subscriptions are kept alive."""
+
+    listen: str = Field(
+        default=DEFAULT_WEBHOOK_LISTEN, description="HOST:PORT the receiver listens on (aiohttp)"
+    )
+    public_url: str = Field(
+        description="https URL under which servers reach the receiver; each subscription gets <public_url>/<name>"
+    )
+    tls_cert: Path | None = Field(default=None, description="PEM certificate chain to terminate TLS here")
+    tls_key: Path | None = Field(default=None, description="PEM private key of tls_cert")
+    ttl_ms: int | None = Field(
+        default=DEFAULT_WEBHOOK_TTL_MS, ge=1, description="suggested subscription lifetime (ttlMs)"
+    )
+    no_expiry: bool = Field(default=False, description="ask for a subscription with no expiry (ttlMs: null)")
+    health_refresh_s: float = Field(
+        default=DEFAULT_HEALTH_REFRESH_S,
+        gt=0,
+        description="refresh cadence when the server grants no expiry (cursor and deliveryStatus)",
+    )
+    rotation_grace_s: float = Field(
+        default=DEFAULT_ROTATION_GRACE_S,
+        ge=0,
+        description="how long the old secret is still accepted after a rotation",
+    )
+    max_body_bytes: int = Field(
+        default=DEFAULT_WEBHOOK_MAX_BODY, ge=1024, description="larger deliveries are refused with 413"
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _valid_listen(cls, value: str) -> str:
+        parse_listen(value)
+        return value
+
+    @field_validator("public_url")
+    @classmethod
+    def _https_public_url(cls, value: str) -> str:
+        if not re.match(r"^https://[^/\s?#]+(/[^\s?#]*)?$", value):
+            raise ValueError(
+                f"public_url must be an https:// URL without query or fragment (the spec requires https"
+                f" for callbacks), got {value!r}"
+            )
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> WebhookConfig:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("set both tls_cert and tls_key to terminate TLS here, or neither")
+        return self
+
+    def callback_url(self, subscription: str) -> str:
+        """The delivery.url of one subscription: distinct per subscription, so each is its own server key."""
+        return f"{self.public_url}/{subscription}"
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return parse_listen(self.listen)
+
+
 class SubscriptionConfig(_Model):
     name: str = Field(default="", description='unique; defaults to "<server>.<event>"')
     server: str
@@ -105,6 +181,11 @@ class SubscriptionConfig(_Model):
         default=30.0,
         gt=0,
         description="push: the server's heartbeat interval; silence for twice this is a dead stream",
+    )
+    ttl_ms: int | None = Field(
+        default=None,
+        ge=1,
+        description="webhook: suggested lifetime for this subscription; default [webhook] ttl_ms",
     )
     agent: bool = Field(default=True, description="wake the agent for this subscription's events")
     tools: list[str] = Field(
@@ -227,6 +308,7 @@ class AgentwakeConfig(_Model):
     agent: AgentConfig | None = None
     sanitize: SanitizeConfig = Field(default_factory=SanitizeConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    webhook: WebhookConfig | None = None
     servers: dict[str, ServerConfig] = Field(default_factory=dict)
     subscriptions: list[SubscriptionConfig] = Field(default_factory=list)
 
@@ -256,6 +338,11 @@ class AgentwakeConfig(_Model):
             if sub.name in seen:
                 raise ValueError(f"subscription name {sub.name!r} is used twice; give each a unique 'name'")
             seen.add(sub.name)
+            if sub.delivery == "webhook" and self.webhook is None:
+                raise ValueError(
+                    f'subscriptions[{index}] ({sub.name!r}) sets delivery = "webhook", but there is no'
+                    " [webhook] section; add one with at least 'public_url'"
+                )
             if self.agent is None and (sub.tools or sub.model or sub.prompt):
                 raise ValueError(
                     f"subscriptions[{index}] ({sub.name!r}) sets tools, model or prompt, but there is no"
@@ -342,7 +429,14 @@ def _resolve_paths(config: AgentwakeConfig, base: Path) -> AgentwakeConfig:
     if agent is not None:
         agent = agent.model_copy(update={"prompts": _under(base, agent.prompts)})
     policy = config.policy.model_copy(update={"dir": _under(base, config.policy.dir)})
-    return config.model_copy(update={"store": store, "servers": servers, "agent": agent, "policy": policy})
+    webhook = config.webhook
+    if webhook is not None and webhook.tls_cert is not None and webhook.tls_key is not None:
+        webhook = webhook.model_copy(
+            update={"tls_cert": _under(base, webhook.tls_cert), "tls_key": _under(base, webhook.tls_key)}
+        )
+    return config.model_copy(
+        update={"store": store, "servers": servers, "agent": agent, "policy": policy, "webhook": webhook}
+    )
 
 
 def _under(base: Path, path: Path) -> Path:

@@ -317,12 +317,24 @@ class ServerConnection:
         *,
         subscription: str | None = None,
         read_timeout_s: float | None = None,
+        keep_nulls: bool = False,
     ) -> dict[str, Any]:
-        """Send one events/* request; every failure comes back as a DeliveryError."""
-        request = _EventsRequest(method=method, params=_Params.model_validate(params))
+        """Send one events/* request; every failure comes back as a DeliveryError.
+
+        The SDK drops null params; ``keep_nulls`` sends them as written, for fields
+        where null differs from absent (events/subscribe's ``ttlMs: null`` asks for
+        no expiry, absent for the server's default).
+        """
+        timeout = read_timeout_s or self.config.request_timeout_s
         try:
+            if keep_nulls:
+                session: Any = self.client.session
+                opts: dict[str, Any] = {"timeout": timeout}
+                session._stamp({"method": method, "params": params}, opts)
+                return dict(await session._dispatcher.send_raw_request(method, params, opts))
+            request = _EventsRequest(method=method, params=_Params.model_validate(params))
             return await self.client.session.send_request(  # type: ignore[type-var]
-                request, _RESULT, request_read_timeout_seconds=read_timeout_s or self.config.request_timeout_s
+                request, _RESULT, request_read_timeout_seconds=timeout
             )
         except MCPError as exc:
             if exc.code == CONNECTION_CLOSED:
@@ -338,6 +350,34 @@ class ServerConnection:
             raise ConnectionLost(
                 f"server {self.name!r}: {type(exc).__name__}: {exc}", server=self.name
             ) from None
+
+    async def subscribe(
+        self, params: dict[str, Any], *, subscription: str | None = None
+    ) -> protocol.SubscribeResult:
+        """events/subscribe (webhook); a malformed result is a transient error, as for poll."""
+        raw = await self.request(
+            protocol.METHOD_SUBSCRIBE, params, subscription=subscription, keep_nulls=True
+        )
+        try:
+            return protocol.SubscribeResult.model_validate(raw)
+        except ValidationError as exc:
+            raise TransientEventsError(
+                protocol.METHOD_SUBSCRIBE,
+                protocol.INTERNAL_ERROR,
+                f"malformed result: {exc.errors()[0]['msg']}",
+                server=self.name,
+                subscription=subscription,
+            ) from None
+
+    async def unsubscribe(
+        self, event: str, arguments: dict[str, Any], url: str, *, subscription: str | None = None
+    ) -> None:
+        """events/unsubscribe by the subscription key (name, arguments, delivery.url)."""
+        await self.request(
+            protocol.METHOD_UNSUBSCRIBE,
+            {"name": event, "arguments": arguments, "delivery": {"url": url}},
+            subscription=subscription,
+        )
 
     async def _all_pages(
         self, what: str, fetch: Callable[[str | None], Awaitable[tuple[list[T], str | None]]]

@@ -154,6 +154,33 @@ class PollPage:
         )
 
 
+class DeliveryStatus(WireModel):
+    """What a webhook refresh says about deliveries; ``last_error`` is a category, never raw detail."""
+
+    active: bool = True
+    last_delivery_at: str | None = None
+    last_error: str | None = None
+    failed_since: str | None = None
+    throttled: bool | None = None
+    retry_after_ms: int | None = None
+
+
+class SubscribeResult(WireModel):
+    """events/subscribe: the server-derived id, the TTL grant (None: no expiry) and the watermark cursor."""
+
+    id: str = Field(min_length=1, max_length=256)
+    refresh_before: str | None
+    cursor: str | None = None
+    truncated: bool = False
+    delivery_status: DeliveryStatus | None = None
+
+
+# The lastError categories, also data.reason of -32015 CallbackEndpointError.
+DELIVERY_ERROR_CATEGORIES: Final = frozenset(
+    {"connection_refused", "timeout", "tls_error", "http_4xx", "http_5xx", "challenge_failed"}
+)
+
+
 class ErrorObject(WireModel):
     code: int
     message: str

@@ -15,7 +15,7 @@ import os
 import sqlite3
 import stat
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -203,8 +203,60 @@ def _stream_errors(db: sqlite_utils.Database) -> None:
     db.execute("ALTER TABLE subscriptions ADD COLUMN stream_errors INTEGER NOT NULL DEFAULT 0")
 
 
+@migrations(name="0006_webhooks")
+def _webhooks(db: sqlite_utils.Database) -> None:
+    # One row per webhook subscription: the key it was subscribed under (server, event, arguments, url),
+    # its secrets (the receiver must hold them in clear to verify HMACs; the file is 0600), the
+    # server-derived id the receiver routes by, and what the last refresh said.
+    db.execute(
+        """
+        CREATE TABLE webhooks (
+            subscription TEXT PRIMARY KEY,
+            server TEXT NOT NULL,
+            event TEXT NOT NULL,
+            arguments TEXT NOT NULL,
+            url TEXT NOT NULL,
+            secret TEXT NOT NULL,
+            pending_secret TEXT,
+            previous_secret TEXT,
+            previous_until TEXT,
+            webhook_id TEXT,
+            refresh_before TEXT,
+            no_expiry INTEGER NOT NULL DEFAULT 0,
+            delivery_status TEXT,
+            refreshes INTEGER NOT NULL DEFAULT 0,
+            last_refresh_at TEXT,
+            created_at TEXT NOT NULL
+        )
+        """
+    )
+    # Server-side subscriptions we gave up (removed from the config, key changed, ended): the receiver
+    # answers 410 to their ids, and those not yet unsubscribed are, at the next connect to their server.
+    db.execute(
+        """
+        CREATE TABLE webhooks_retired (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            subscription TEXT NOT NULL,
+            server TEXT NOT NULL,
+            event TEXT NOT NULL,
+            arguments TEXT NOT NULL,
+            url TEXT NOT NULL,
+            webhook_id TEXT,
+            reason TEXT NOT NULL,
+            retired_at TEXT NOT NULL,
+            unsubscribed_at TEXT
+        )
+        """
+    )
+    db.execute("CREATE INDEX webhooks_retired_id ON webhooks_retired (webhook_id)")
+
+
 # One encoder for the hot path: json.dumps with options builds a new encoder per call.
 _encode_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+def _canonical(arguments: dict[str, Any]) -> str:
+    return json.dumps(arguments, sort_keys=True, separators=(",", ":"))
 
 
 def now_iso() -> str:
@@ -220,7 +272,7 @@ class SubscriptionKey:
 
     @property
     def arguments_json(self) -> str:
-        return json.dumps(self.arguments, sort_keys=True, separators=(",", ":"))
+        return _canonical(self.arguments)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +282,59 @@ class IncomingEvent:
     timestamp: str
     data: dict[str, Any]
     meta: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookRecord:
+    """A stored webhook subscription. Secrets stay out of reprs (and so out of logs and tracebacks)."""
+
+    subscription: str
+    server: str
+    event: str
+    arguments: dict[str, Any]
+    url: str
+    secret: str = field(repr=False)
+    pending_secret: str | None = field(default=None, repr=False)
+    previous_secret: str | None = field(default=None, repr=False)
+    previous_until: str | None = None
+    webhook_id: str | None = None
+    refresh_before: str | None = None
+    no_expiry: bool = False
+    delivery_status: dict[str, Any] | None = None
+    refreshes: int = 0
+    last_refresh_at: str | None = None
+
+    def same_key(self, key: SubscriptionKey, url: str) -> bool:
+        """Whether this row was subscribed under the same server-side key."""
+        return (self.server, self.event, _canonical(self.arguments), self.url) == (
+            key.server,
+            key.event,
+            key.arguments_json,
+            url,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RetiredWebhook:
+    """A server-side webhook subscription still to be unsubscribed."""
+
+    id: int
+    subscription: str
+    server: str
+    event: str
+    arguments: dict[str, Any]
+    url: str
+    webhook_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookDelivery:
+    """One accepted webhook body for the inbox: an event with its cursor, or a gap (cursor only)."""
+
+    key: SubscriptionKey
+    event: IncomingEvent | None
+    cursor: str | None
+    truncated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -449,6 +554,197 @@ class Store:
     async def count_stream_error(self, name: str, error: str) -> None:
         await self._run(self.count_stream_error_sync, name, error)
 
+    # ---- webhook subscriptions -------------------------------------------------------
+
+    _WEBHOOK_COLUMNS: Final = (
+        "subscription, server, event, arguments, url, secret, pending_secret, previous_secret, previous_until,"
+        " webhook_id, refresh_before, no_expiry, delivery_status, refreshes, last_refresh_at"
+    )
+
+    @staticmethod
+    def _webhook_record(row: Sequence[Any]) -> WebhookRecord:
+        return WebhookRecord(
+            row[0],
+            row[1],
+            row[2],
+            json.loads(row[3]),
+            row[4],
+            row[5],
+            row[6],
+            row[7],
+            row[8],
+            row[9],
+            row[10],
+            bool(row[11]),
+            json.loads(row[12]) if row[12] else None,
+            row[13],
+            row[14],
+        )
+
+    def webhook_sync(self, name: str) -> WebhookRecord | None:
+        row = self._db.execute(
+            f"SELECT {self._WEBHOOK_COLUMNS} FROM webhooks WHERE subscription = ?", [name]
+        ).fetchone()
+        return None if row is None else self._webhook_record(row)
+
+    async def webhook(self, name: str) -> WebhookRecord | None:
+        return await self._run(self.webhook_sync, name)
+
+    def webhooks_sync(self) -> list[WebhookRecord]:
+        rows = self._db.execute(f"SELECT {self._WEBHOOK_COLUMNS} FROM webhooks ORDER BY subscription")
+        return [self._webhook_record(row) for row in rows.fetchall()]
+
+    async def webhooks(self) -> list[WebhookRecord]:
+        return await self._run(self.webhooks_sync)
+
+    def prepare_webhook_sync(self, key: SubscriptionKey, url: str, new_secret: str) -> WebhookRecord:
+        """The stored webhook of this subscription, or a new one with ``new_secret``.
+
+        A row stored under another key (server, event, arguments or url changed) is a
+        different server-side subscription: it is retired, to be unsubscribed, and a
+        fresh row with a fresh secret takes its place.
+        """
+        with self._db.atomic():
+            current = self.webhook_sync(key.name)
+            if current is not None and current.same_key(key, url):
+                return current
+            if current is not None:
+                self._retire(
+                    current, "its server, event, arguments or callback url changed", unsubscribed=False
+                )
+            now = now_iso()
+            self._db.execute(
+                "INSERT INTO webhooks (subscription, server, event, arguments, url, secret, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [key.name, key.server, key.event, key.arguments_json, url, new_secret, now],
+            )
+            record = self.webhook_sync(key.name)
+            assert record is not None
+            return record
+
+    async def prepare_webhook(self, key: SubscriptionKey, url: str, new_secret: str) -> WebhookRecord:
+        return await self._run(self.prepare_webhook_sync, key, url, new_secret)
+
+    def webhook_subscribed_sync(
+        self,
+        name: str,
+        *,
+        webhook_id: str,
+        sent_secret: str,
+        refresh_before: str | None,
+        delivery_status: dict[str, Any] | None,
+        previous_until: str,
+    ) -> WebhookRecord:
+        """Record a successful subscribe or refresh.
+
+        If it carried a new secret (a rotation), that secret becomes current and the
+        old one is kept as previous until ``previous_until``; a newer pending secret
+        (rotated again meanwhile) stays pending for the next refresh.
+        """
+        now = now_iso()
+        with self._db.atomic():
+            self._db.execute(
+                "UPDATE webhooks SET"
+                " previous_secret = CASE WHEN secret = :sent THEN previous_secret ELSE secret END,"
+                " previous_until = CASE WHEN secret = :sent THEN previous_until ELSE :until END,"
+                " secret = :sent,"
+                " pending_secret = CASE WHEN pending_secret = :sent THEN NULL ELSE pending_secret END,"
+                " webhook_id = :id, refresh_before = :refresh, no_expiry = :no_expiry,"
+                " delivery_status = :status, refreshes = refreshes + 1, last_refresh_at = :now"
+                " WHERE subscription = :name",
+                {
+                    "sent": sent_secret,
+                    "until": previous_until,
+                    "id": webhook_id,
+                    "refresh": refresh_before,
+                    "no_expiry": int(refresh_before is None),
+                    "status": _encode_json(delivery_status) if delivery_status is not None else None,
+                    "now": now,
+                    "name": name,
+                },
+            )
+            record = self.webhook_sync(name)
+            if record is None:
+                raise StoreError(f"webhook subscription {name!r} is not stored")
+            return record
+
+    async def webhook_subscribed(self, name: str, **fields: Any) -> WebhookRecord:
+        """webhook_subscribed_sync in the store's thread; the same keyword arguments."""
+        return await self._run(partial(self.webhook_subscribed_sync, name, **fields))
+
+    def request_rotation_sync(self, names: Sequence[str] | None, make_secret: Callable[[], str]) -> list[str]:
+        """Give each named webhook subscription (all, with None) a pending secret; returns the names."""
+        with self._db.atomic():
+            rows = self._db.execute("SELECT subscription FROM webhooks ORDER BY subscription").fetchall()
+            chosen = [r[0] for r in rows if names is None or r[0] in names]
+            for name in chosen:
+                self._db.execute(
+                    "UPDATE webhooks SET pending_secret = ? WHERE subscription = ?", [make_secret(), name]
+                )
+            return chosen
+
+    def _retire(self, record: WebhookRecord, reason: str, *, unsubscribed: bool) -> None:
+        now = now_iso()
+        self._db.execute(
+            "INSERT INTO webhooks_retired (subscription, server, event, arguments, url, webhook_id, reason,"
+            " retired_at, unsubscribed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                record.subscription,
+                record.server,
+                record.event,
+                _canonical(record.arguments),
+                record.url,
+                record.webhook_id,
+                reason,
+                now,
+                now if unsubscribed else None,
+            ],
+        )
+        self._db.execute("DELETE FROM webhooks WHERE subscription = ?", [record.subscription])
+
+    def retire_webhook_sync(self, name: str, reason: str, *, unsubscribed: bool) -> WebhookRecord | None:
+        """Stop using a webhook subscription: its id answers 410 from now on.
+
+        ``unsubscribed`` says the server already dropped it (terminated, or it never
+        existed); otherwise it waits in the retired table for events/unsubscribe.
+        """
+        with self._db.atomic():
+            record = self.webhook_sync(name)
+            if record is not None:
+                self._retire(record, reason, unsubscribed=unsubscribed)
+            return record
+
+    async def retire_webhook(self, name: str, reason: str, *, unsubscribed: bool) -> WebhookRecord | None:
+        return await self._run(partial(self.retire_webhook_sync, name, reason, unsubscribed=unsubscribed))
+
+    def to_unsubscribe_sync(self, server: str | None = None) -> list[RetiredWebhook]:
+        """Retired webhook subscriptions not yet unsubscribed (of one server, or all)."""
+        where, args = "unsubscribed_at IS NULL", []
+        if server is not None:
+            where, args = where + " AND server = ?", [server]
+        rows = self._db.execute(
+            "SELECT id, subscription, server, event, arguments, url, webhook_id FROM webhooks_retired"
+            f" WHERE {where} ORDER BY id",
+            args,
+        ).fetchall()
+        return [RetiredWebhook(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6]) for r in rows]
+
+    async def to_unsubscribe(self, server: str | None = None) -> list[RetiredWebhook]:
+        return await self._run(self.to_unsubscribe_sync, server)
+
+    def mark_unsubscribed_sync(self, retired_id: int) -> None:
+        with self._db.atomic():
+            self._db.execute(
+                "UPDATE webhooks_retired SET unsubscribed_at = ? WHERE id = ?", [now_iso(), retired_id]
+            )
+
+    async def mark_unsubscribed(self, retired_id: int) -> None:
+        await self._run(self.mark_unsubscribed_sync, retired_id)
+
+    def retired_webhook_ids_sync(self) -> set[str]:
+        rows = self._db.execute("SELECT webhook_id FROM webhooks_retired WHERE webhook_id IS NOT NULL")
+        return {r[0] for r in rows.fetchall()}
+
     # ---- the inbox ---------------------------------------------------------------
 
     def ingest_sync(
@@ -466,6 +762,18 @@ class Store:
         (server, event name, eventId) is counted, not stored again.
         """
         now = now_iso()
+        with self._db.atomic():
+            return self._ingest(key, events, cursor, truncated, cursor_before, now)
+
+    def _ingest(
+        self,
+        key: SubscriptionKey,
+        events: Sequence[IncomingEvent],
+        cursor: str | None,
+        truncated: bool,
+        cursor_before: str | None,
+        now: str,
+    ) -> IngestResult:
         rows = [
             (
                 key.server,
@@ -481,28 +789,53 @@ class Store:
             for event in events
         ]
         conn = self._db.conn
-        with self._db.atomic():
-            before = conn.total_changes
-            if rows:
-                conn.executemany(INSERT_EVENT_SQL, rows)
-            inserted = conn.total_changes - before
-            duplicates = len(rows) - inserted
+        before = conn.total_changes
+        if rows:
+            conn.executemany(INSERT_EVENT_SQL, rows)
+        inserted = conn.total_changes - before
+        duplicates = len(rows) - inserted
+        conn.execute(
+            "UPDATE subscriptions SET"
+            " cursor = coalesce(?, cursor),"
+            " cursor_updated_at = CASE WHEN ? IS NULL THEN cursor_updated_at ELSE ? END,"
+            " last_poll_at = ?, events_received = events_received + ?, duplicates = duplicates + ?,"
+            " gaps = gaps + ?, status = 'active', last_error = NULL, updated_at = ?"
+            " WHERE name = ?",
+            [cursor, cursor, now, now, inserted, duplicates, int(truncated), now, key.name],
+        )
+        if truncated:
             conn.execute(
-                "UPDATE subscriptions SET"
-                " cursor = coalesce(?, cursor),"
-                " cursor_updated_at = CASE WHEN ? IS NULL THEN cursor_updated_at ELSE ? END,"
-                " last_poll_at = ?, events_received = events_received + ?, duplicates = duplicates + ?,"
-                " gaps = gaps + ?, status = 'active', last_error = NULL, updated_at = ?"
-                " WHERE name = ?",
-                [cursor, cursor, now, now, inserted, duplicates, int(truncated), now, key.name],
+                "INSERT INTO gaps (subscription, server, event, detected_at, cursor_before, cursor_after)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                [key.name, key.server, key.event, now, cursor_before, cursor],
             )
-            if truncated:
-                conn.execute(
-                    "INSERT INTO gaps (subscription, server, event, detected_at, cursor_before, cursor_after)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    [key.name, key.server, key.event, now, cursor_before, cursor],
-                )
         return IngestResult(inserted, duplicates)
+
+    def ingest_deliveries_sync(self, deliveries: Sequence[WebhookDelivery]) -> list[IngestResult]:
+        """Webhook bodies accepted together (group commit): every event and its cursor in ONE transaction.
+
+        The receiver answers 2xx to each only after this returns, so an accepted
+        delivery is always on disk; a retry of one is a counted duplicate.
+        """
+        now = now_iso()
+        conn = self._db.conn
+        results: list[IngestResult] = []
+        with self._db.atomic():
+            for delivery in deliveries:
+                before = None
+                if delivery.truncated:
+                    row = conn.execute(
+                        "SELECT cursor FROM subscriptions WHERE name = ?", [delivery.key.name]
+                    ).fetchone()
+                    before = row[0] if row else None
+                events = [delivery.event] if delivery.event is not None else []
+                results.append(
+                    self._ingest(delivery.key, events, delivery.cursor, delivery.truncated, before, now)
+                )
+        return results
+
+    async def ingest_deliveries(self, deliveries: Sequence[WebhookDelivery]) -> list[IngestResult]:
+        return await self._run(self.ingest_deliveries_sync, list(deliveries))
 
     async def ingest(
         self,
@@ -1030,8 +1363,11 @@ class Store:
 
     def subscriptions_sync(self) -> list[dict[str, Any]]:
         rows = self._db.execute(
-            "SELECT name, server, event, arguments, mode, cursor, last_poll_at, events_received, duplicates,"
-            " gaps, status, last_error, cursor_updated_at, stream_errors FROM subscriptions ORDER BY name"
+            "SELECT s.name, s.server, s.event, s.arguments, s.mode, s.cursor, s.last_poll_at, s.events_received,"
+            " s.duplicates, s.gaps, s.status, s.last_error, s.cursor_updated_at, s.stream_errors,"
+            " w.webhook_id, w.url, w.refresh_before, w.no_expiry, w.delivery_status, w.refreshes,"
+            " w.last_refresh_at, w.pending_secret IS NOT NULL, w.previous_until"
+            " FROM subscriptions s LEFT JOIN webhooks w ON w.subscription = s.name ORDER BY s.name"
         ).fetchall()
         return [
             {
@@ -1049,6 +1385,20 @@ class Store:
                 "last_error": r[11],
                 "cursor_updated_at": r[12],
                 "stream_errors": r[13],
+                # No secret here: this is what `status --json` prints.
+                "webhook": None
+                if r[15] is None
+                else {
+                    "id": r[14],
+                    "url": r[15],
+                    "refresh_before": r[16],
+                    "no_expiry": bool(r[17]),
+                    "delivery_status": json.loads(r[18]) if r[18] else None,
+                    "refreshes": r[19],
+                    "last_refresh_at": r[20],
+                    "rotation_pending": bool(r[21]),
+                    "previous_secret_until": r[22],
+                },
             }
             for r in rows
         ]

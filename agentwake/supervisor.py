@@ -29,7 +29,9 @@ from agentwake.agent.runner import retry_at
 from agentwake.config import OFFLINE_MODEL, OFFLINE_NOTICE, AgentwakeConfig, SubscriptionConfig
 from agentwake.delivery.poll import PollLoop, Sleep, subscription_key
 from agentwake.delivery.push import PushLoop
-from agentwake.delivery.select import plan_subscription
+from agentwake.delivery.receiver import Receiver, WebhookRoutes
+from agentwake.delivery.select import SubscriptionPlan, plan_subscription
+from agentwake.delivery.webhook import WebhookLoop, bind_route
 from agentwake.errors import (
     AgentwakeError,
     ConfigError,
@@ -42,7 +44,7 @@ from agentwake.errors import (
 )
 from agentwake.mcp import ServerConnection
 from agentwake.policy import MISSING, Decision, Policy, Rule, lookup
-from agentwake.store import FlowGate, InboxEvent, Store
+from agentwake.store import FlowGate, InboxEvent, Store, SubscriptionKey
 
 if TYPE_CHECKING:
     from agentwake.agent.runner import AgentRunner
@@ -156,6 +158,8 @@ class Supervisor:
     _active: int = field(default=0, init=False)
     _rule_active: dict[str, int] = field(default_factory=dict, init=False)
     _ended: set[str] = field(default_factory=set, init=False)
+    routes: WebhookRoutes = field(default_factory=WebhookRoutes)
+    receiver: Receiver | None = field(default=None, init=False)
 
     def subscriptions_of(self, server: str) -> list[SubscriptionConfig]:
         return [s for s in self.config.subscriptions if s.server == server and s.name not in self._ended]
@@ -163,15 +167,129 @@ class Supervisor:
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         for sub in self.config.subscriptions:
             await self.store.register(subscription_key(sub))
+        await self._retire_unconfigured_webhooks()
+        cleanup = {retired.server for retired in await self.store.to_unsubscribe()}
+        for server in sorted(cleanup - set(self.config.servers)):
+            logger.warning(
+                "server %s is no longer configured: its webhook subscriptions cannot be unsubscribed and"
+                " lapse at their TTL; their deliveries are refused (410)",
+                server,
+            )
         async with anyio.create_task_group() as tg:
+            if self.config.webhook is not None:
+                await self._load_routes()
+                self.receiver = Receiver(
+                    self.config.webhook,
+                    self.store,
+                    self.routes,
+                    on_new_events=self._notify_new,
+                    on_terminated=self._on_terminated,
+                )
+                # Listening before any subscribe: the server verifies the endpoint during it.
+                await tg.start(self.receiver.serve)
             for server in self.config.servers:
-                if self.subscriptions_of(server):
+                if self.subscriptions_of(server) or server in cleanup:
                     tg.start_soon(self._server_forever, server, name=f"server:{server}")
             if self.processing and self.agent is not None:
                 tg.start_soon(self._agent_forever, self.agent, name="agent")
             elif self.processing:
                 tg.start_soon(self._process_forever, name="processing")
             task_status.started()
+
+    # ---- webhook bookkeeping ----------------------------------------------------
+
+    async def _retire_unconfigured_webhooks(self) -> None:
+        """Webhook subscriptions whose subscription left the config (or moved) are retired, to be unsubscribed.
+
+        A restart with the same config retires nothing: the refresh picks up where it was.
+        """
+        configured = {s.name: s for s in self.config.subscriptions}
+        for record in await self.store.webhooks():
+            sub = configured.get(record.subscription)
+            if sub is None:
+                reason = "removed from the config"
+            elif self.config.webhook is None:
+                reason = "the config has no [webhook] section any more"
+            elif not record.same_key(subscription_key(sub), self.config.webhook.callback_url(sub.name)):
+                reason = "its server, event, arguments or callback url changed"
+            else:
+                continue
+            await self._retire(record.subscription, reason)
+
+    async def _retire(self, name: str, reason: str, *, unsubscribed: bool = False) -> None:
+        record = await self.store.retire_webhook(name, reason, unsubscribed=unsubscribed)
+        self.routes.unbind(name)
+        if record is not None and record.webhook_id is not None:
+            self.routes.retire(record.webhook_id)
+        if record is not None and not unsubscribed:
+            logger.info("subscription %s: webhook subscription retired (%s); unsubscribing it", name, reason)
+
+    async def _load_routes(self) -> None:
+        for record in await self.store.webhooks():
+            bind_route(
+                self.routes,
+                SubscriptionKey(record.subscription, record.server, record.event, record.arguments),
+                record,
+            )
+        for webhook_id in await anyio.to_thread.run_sync(self.store.retired_webhook_ids_sync):
+            self.routes.retire(webhook_id)
+
+    async def _on_terminated(self, name: str, error: dict[str, object]) -> None:
+        """A ``terminated`` envelope: the server dropped the subscription; it ends here too."""
+        data = error.get("data")
+        detail = data.get("reason") if isinstance(data, dict) else None
+        reason = f"{error.get('message') or 'terminated'} ({error.get('code')})" + (
+            f": {detail}" if detail else ""
+        )
+        await self._retire(name, f"terminated by the server: {reason}", unsubscribed=True)
+        sub = next((s for s in self.config.subscriptions if s.name == name), None)
+        if sub is not None:
+            await self._end(sub, f"the server ended the webhook subscription: {reason}")
+        self.routes.end(name, reason)
+
+    async def _unsubscribe_stale(
+        self, server: str, conn: ServerConnection, plans: list[SubscriptionPlan]
+    ) -> None:
+        """Retire this server's webhook subscriptions that no planned subscription uses, then unsubscribe them."""
+        webhook = self.config.webhook
+        planned = {p.subscription.name: p.subscription for p in plans if p.mode == "webhook"}
+        for record in await self.store.webhooks():
+            if record.server != server:
+                continue
+            sub = planned.get(record.subscription)
+            if sub is None:
+                await self._retire(record.subscription, "the subscription no longer uses webhook delivery")
+            elif webhook is not None and not record.same_key(
+                subscription_key(sub), webhook.callback_url(sub.name)
+            ):
+                await self._retire(record.subscription, "its event, arguments or callback url changed")
+        for retired in await self.store.to_unsubscribe(server):
+            try:
+                await conn.unsubscribe(
+                    retired.event, retired.arguments, retired.url, subscription=retired.subscription
+                )
+            except TransientEventsError as exc:
+                logger.warning(
+                    "subscription %s: events/unsubscribe failed, retrying later: %s",
+                    retired.subscription,
+                    exc,
+                )
+                continue
+            except EventsCallError as exc:
+                if exc.code != protocol.NOT_FOUND:
+                    logger.warning(
+                        "subscription %s: events/unsubscribe refused (%s); it lapses at its TTL",
+                        retired.subscription,
+                        exc,
+                    )
+            else:
+                logger.info(
+                    "subscription %s: webhook unsubscribed on server %s (%s)",
+                    retired.subscription,
+                    server,
+                    retired.url,
+                )
+            await self.store.mark_unsubscribed(retired.id)
 
     # ---- delivery --------------------------------------------------------------
 
@@ -246,15 +364,30 @@ class Supervisor:
             async with anyio.create_task_group() as tg:
                 if self.pool is not None:
                     tg.start_soon(self._watch_tools, conn, holder, name=f"tools:{server}")
-                running = 0
+                plans: list[SubscriptionPlan] = []
                 for sub in self.subscriptions_of(server):
                     try:
-                        plan = plan_subscription(sub, descriptors)
+                        plans.append(
+                            plan_subscription(sub, descriptors, receiver=self.config.webhook is not None)
+                        )
                     except ConfigError as exc:
                         await self._end(sub, str(exc))
-                        continue
-                    loop: PollLoop | PushLoop
-                    if plan.mode == "push":
+                await self._unsubscribe_stale(server, conn, plans)
+                running = 0
+                for plan in plans:
+                    sub = plan.subscription
+                    loop: PollLoop | PushLoop | WebhookLoop
+                    if plan.mode == "webhook":
+                        assert self.config.webhook is not None
+                        loop = WebhookLoop(
+                            sub,
+                            conn,
+                            self.store,
+                            self.routes,
+                            self.config.webhook,
+                            on_new_events=self._notify_new,
+                        )
+                    elif plan.mode == "push":
                         loop = PushLoop(
                             sub, conn, self.store, on_new_events=self._notify_new, sleep=self.sleep
                         )
@@ -297,7 +430,7 @@ class Supervisor:
         ) as exc:  # not offered (older protocol, or the server declines): the notification path stays
             logger.debug("server %s: no tools change stream: %s", conn.name, exc)
 
-    async def _run_loop(self, loop: PollLoop | PushLoop, mode: protocol.DeliveryMode) -> None:
+    async def _run_loop(self, loop: PollLoop | PushLoop | WebhookLoop, mode: protocol.DeliveryMode) -> None:
         try:
             await loop.run()
         except SubscriptionEnded as exc:
@@ -309,6 +442,8 @@ class Supervisor:
             await self._end(loop.subscription, str(exc))
 
     async def _end(self, sub: SubscriptionConfig, reason: str) -> None:
+        if sub.name in self._ended:
+            return
         logger.error("subscription %s stopped: %s", sub.name, reason)
         self._ended.add(sub.name)
         await self.store.set_state(sub.name, status="ended", error=reason)

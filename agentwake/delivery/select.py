@@ -11,10 +11,9 @@ from agentwake import protocol
 from agentwake.config import SubscriptionConfig
 from agentwake.errors import ConfigError
 
-# Modes this client implements today, in the spec's preference order (webhook > push > poll).
-CLIENT_MODES: Final[tuple[protocol.DeliveryMode, ...]] = ("poll", "push")
-# The modes `auto` may pick (webhook joins when its delivery lands).
-AUTO_MODES: Final[tuple[protocol.DeliveryMode, ...]] = ("poll", "push")
+# Modes this client implements; webhook only with a [webhook] section (a receiver to deliver to).
+CLIENT_MODES: Final[tuple[protocol.DeliveryMode, ...]] = ("poll", "push", "webhook")
+WITHOUT_RECEIVER: Final[tuple[protocol.DeliveryMode, ...]] = ("poll", "push")
 PREFERENCE: Final[tuple[protocol.DeliveryMode, ...]] = ("webhook", "push", "poll")
 
 
@@ -29,17 +28,21 @@ def choose_mode(
     subscription: SubscriptionConfig,
     offered: list[str],
     *,
-    client_modes: tuple[protocol.DeliveryMode, ...] = CLIENT_MODES,
-    auto_modes: tuple[protocol.DeliveryMode, ...] = AUTO_MODES,
+    receiver: bool = False,
 ) -> protocol.DeliveryMode:
-    """The spec's Delivery Mode Selection: intersect, then prefer webhook, push, poll."""
+    """The spec's Delivery Mode Selection: intersect, then prefer webhook, push, poll.
+
+    Webhook is usable only with a receiver (a [webhook] section), as the spec's
+    "Webhook if the client has WebhookConfig set".
+    """
     name = subscription.name
+    client_modes = CLIENT_MODES if receiver else WITHOUT_RECEIVER
     if subscription.delivery != "auto":
         forced = subscription.delivery
         if forced not in client_modes:
             raise ConfigError(
-                f"subscription {name!r}: delivery = {forced!r} is not supported by this version of agentwake "
-                f'(it supports {", ".join(client_modes)}); set delivery = "auto" or "poll"'
+                f"subscription {name!r}: delivery = {forced!r} needs a [webhook] section with a public_url"
+                ' the server can reach; add one, or set delivery = "auto"'
             )
         if forced not in offered:
             raise ConfigError(
@@ -48,7 +51,7 @@ def choose_mode(
             )
         return forced
     for mode in PREFERENCE:
-        if mode in client_modes and mode in auto_modes and mode in offered:
+        if mode in client_modes and mode in offered:
             return mode
     raise ConfigError(
         f"subscription {name!r}: no compatible delivery mode: event {subscription.event!r} offers "
@@ -67,7 +70,10 @@ def argument_errors(schema: dict[str, Any], arguments: dict[str, Any]) -> list[s
 
 
 def plan_subscription(
-    subscription: SubscriptionConfig, descriptors: dict[str, protocol.EventDescriptor]
+    subscription: SubscriptionConfig,
+    descriptors: dict[str, protocol.EventDescriptor],
+    *,
+    receiver: bool = False,
 ) -> SubscriptionPlan:
     """Check a configured subscription against the server's events/list; one clear error if it cannot run."""
     name = subscription.name
@@ -85,4 +91,6 @@ def plan_subscription(
             + "; ".join(errors)
             + "; fix 'arguments' (see 'agentwake events')"
         )
-    return SubscriptionPlan(subscription, choose_mode(subscription, descriptor.delivery), descriptor)
+    return SubscriptionPlan(
+        subscription, choose_mode(subscription, descriptor.delivery, receiver=receiver), descriptor
+    )

@@ -1,0 +1,442 @@
+"""The webhook receiver: an aiohttp server inside `agentwake run` that accepts MCP Events deliveries.
+
+Order of checks for each request, cheapest first, so a flood costs little:
+
+    POST only (405) -> Content-Length over the limit (413) -> JSON only (415)
+    -> the four headers present and sane, webhook-timestamp within 5 minutes (401)
+    -> X-MCP-Subscription-Id known (else 410 if we unsubscribed it, 503 while a subscribe
+       is in flight, 404) -> body read up to the limit (413)
+    -> Standard Webhooks signature over the raw bytes, under any secret of that subscription (401)
+    -> JSON parse and shape (400) -> durable accept
+
+Durable accept: an event (and the cursor it carries) is committed to the inbox before
+the 2xx goes out; concurrent deliveries share one transaction (group commit). A
+duplicate is answered 2xx without a second row. The agent runs later, never in the
+request. Error responses carry a status and its reason phrase only.
+
+Control envelopes: ``verification`` echoes the challenge (the server's endpoint check,
+which arrives while our subscribe is still in flight: the subscription is then
+recognised by which in-flight secret verifies); ``gap`` stores the fresh cursor and
+records a gap; ``terminated`` ends the subscription with the server's reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import anyio
+import anyio.abc
+from aiohttp import web
+from pydantic import TypeAdapter, ValidationError
+
+from agentwake import protocol, signing
+from agentwake.config import WebhookConfig
+from agentwake.errors import ConfigError, StoreError
+from agentwake.store import IncomingEvent, IngestResult, Store, SubscriptionKey, WebhookDelivery
+
+logger = logging.getLogger(__name__)
+
+MAX_HEADER_VALUE: Final = 256
+READ_CHUNK: Final = 64 * 1024
+# Deliveries waiting for a commit before new ones are told to come back later (503).
+MAX_PENDING_COMMITS: Final = 10_000
+REJECT_LOG_INTERVAL_S: Final = 60.0
+SHUTDOWN_TIMEOUT_S: Final = 2.0
+LISTEN_BACKLOG: Final = 1024
+
+_EVENT: Final = TypeAdapter(protocol.PollEvent)
+_JSON_TYPES: Final = frozenset({"application/json"})
+
+OnTerminated = Callable[[str, dict[str, Any]], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where a subscription id's deliveries go, and the secrets they may be signed with."""
+
+    webhook_id: str
+    key: SubscriptionKey
+    # (key bytes, accepted until (epoch seconds) or None for no limit)
+    secrets: tuple[tuple[bytes, float | None], ...] = field(repr=False)
+
+    def keys(self, now: float) -> list[bytes]:
+        return [key for key, until in self.secrets if until is None or now < until]
+
+
+@dataclass(slots=True)
+class _InFlight:
+    key: SubscriptionKey
+    secrets: list[bytes] = field(repr=False)
+
+
+class WebhookRoutes:
+    """The receiver's routing table: subscription id -> route; ids we retired; subscribes in flight.
+
+    The webhook loops keep it current; the receiver only reads it (and binds an id
+    when a verification challenge for an in-flight subscribe proves which one it is).
+    """
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, Route] = {}
+        self._id_of: dict[str, str] = {}
+        self._retired: set[str] = set()
+        self._in_flight: dict[str, _InFlight] = {}
+        self._ended: dict[str, anyio.Event] = {}
+        self.end_reasons: dict[str, str] = {}
+
+    def bind(
+        self,
+        webhook_id: str,
+        key: SubscriptionKey,
+        secrets: list[tuple[str, float | None]],
+    ) -> None:
+        """Route ``webhook_id`` to ``key``'s subscription, accepting each secret until its time (None: always)."""
+        old = self._id_of.get(key.name)
+        if old is not None and old != webhook_id:
+            self._by_id.pop(old, None)
+        decoded = tuple((signing.decode_secret(secret), until) for secret, until in secrets)
+        self._by_id[webhook_id] = Route(webhook_id, key, decoded)
+        self._id_of[key.name] = webhook_id
+
+    def unbind(self, name: str) -> str | None:
+        webhook_id = self._id_of.pop(name, None)
+        if webhook_id is not None:
+            self._by_id.pop(webhook_id, None)
+        return webhook_id
+
+    def retire(self, webhook_id: str) -> None:
+        self._retired.add(webhook_id)
+
+    def lookup(self, webhook_id: str) -> Route | None:
+        return self._by_id.get(webhook_id)
+
+    def is_retired(self, webhook_id: str) -> bool:
+        return webhook_id in self._retired
+
+    def begin_subscribe(self, key: SubscriptionKey, secrets: list[str]) -> None:
+        self._in_flight[key.name] = _InFlight(key, [signing.decode_secret(s) for s in secrets])
+
+    def end_subscribe(self, name: str) -> None:
+        self._in_flight.pop(name, None)
+
+    @property
+    def subscribing(self) -> bool:
+        return bool(self._in_flight)
+
+    def match_in_flight(
+        self, msg_id: str, stamp: str, header: str, body: bytes
+    ) -> tuple[SubscriptionKey, bytes] | None:
+        """The in-flight subscribe whose secret signed this body, if any."""
+        for pending in self._in_flight.values():
+            key = signing.verify(pending.secrets, msg_id, stamp, header, body)
+            if key is not None:
+                return pending.key, key
+        return None
+
+    def ended(self, name: str) -> anyio.Event:
+        """Set when the server terminated this subscription (a ``terminated`` envelope)."""
+        return self._ended.setdefault(name, anyio.Event())
+
+    def end(self, name: str, reason: str) -> None:
+        self.end_reasons[name] = reason
+        self.ended(name).set()
+
+
+@dataclass(slots=True)
+class _Pending:
+    delivery: WebhookDelivery
+    done: anyio.Event = field(default_factory=anyio.Event)
+    result: IngestResult | None = None
+    failed: bool = False
+
+
+class _GroupCommit:
+    """Deliveries that arrive together are committed together: one transaction, one thread hop."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._queue: list[_Pending] = []
+        self._ready = anyio.Event()
+        self._open = False
+
+    @property
+    def backlog(self) -> int:
+        return len(self._queue)
+
+    async def submit(self, delivery: WebhookDelivery) -> IngestResult | None:
+        """Commit one delivery; None if it could not be stored (the caller answers 503)."""
+        if not self._open:
+            return None
+        pending = _Pending(delivery)
+        self._queue.append(pending)
+        self._ready.set()
+        await pending.done.wait()
+        return pending.result
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        self._open = True
+        task_status.started()
+        try:
+            while True:
+                await self._ready.wait()
+                self._ready = anyio.Event()
+                batch, self._queue = self._queue, []
+                if not batch:
+                    continue
+                try:
+                    results = await self._store.ingest_deliveries([p.delivery for p in batch])
+                except StoreError as exc:
+                    logger.error("webhook receiver: %d delivery(ies) not stored: %s", len(batch), exc)
+                    for pending in batch:
+                        pending.failed = True
+                        pending.done.set()
+                    continue
+                for pending, result in zip(batch, results, strict=True):
+                    pending.result = result
+                    pending.done.set()
+        finally:
+            # Whatever was not committed is answered 503 and retried by the sender.
+            self._open = False
+            for pending in self._queue:
+                pending.failed = True
+                pending.done.set()
+            self._queue = []
+
+
+def _status(code: int) -> web.Response:
+    """A response with no detail: the reason phrase is all a sender (or an attacker) learns."""
+    return web.Response(status=code)
+
+
+def tls_context(config: WebhookConfig) -> ssl.SSLContext | None:
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(config.tls_cert, config.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(
+            f"[webhook] tls_cert {config.tls_cert} / tls_key {config.tls_key} cannot be loaded: {exc}"
+        ) from None
+    return context
+
+
+class Receiver:
+    """The aiohttp app. ``await tg.start(receiver.serve)`` returns once it listens."""
+
+    def __init__(
+        self,
+        config: WebhookConfig,
+        store: Store,
+        routes: WebhookRoutes,
+        *,
+        on_new_events: Callable[[int], None] = lambda count: None,
+        on_terminated: OnTerminated | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.routes = routes
+        self.on_new_events = on_new_events
+        self.on_terminated = on_terminated
+        self.clock = clock
+        self.port: int | None = None
+        self.counts: Counter[str] = Counter()
+        self._commit = _GroupCommit(store)
+        self._rejected: Counter[str] = Counter()
+        self._rejects_logged_at = 0.0
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.config.max_body_bytes)
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        return app
+
+    async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        host, port = self.config.address
+        context = tls_context(self.config)
+        runner = web.AppRunner(
+            self.app(), access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S
+        )
+        async with anyio.create_task_group() as tg:
+            await tg.start(self._commit.run)
+            await runner.setup()
+            try:
+                site = web.TCPSite(runner, host, port, ssl_context=context, backlog=LISTEN_BACKLOG)
+                try:
+                    await site.start()
+                except OSError as exc:
+                    raise ConfigError(
+                        f"the webhook receiver cannot listen on {self.config.listen}: {exc.strerror or exc};"
+                        " check [webhook] listen"
+                    ) from None
+                server = site._server
+                sockets = getattr(server, "sockets", None) or []
+                self.port = sockets[0].getsockname()[1] if sockets else port
+                logger.info(
+                    "webhook receiver listening on %s://%s:%s (servers deliver to %s/<subscription>)",
+                    "https" if context else "http",
+                    host,
+                    self.port,
+                    self.config.public_url,
+                )
+                task_status.started()
+                await anyio.sleep_forever()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await runner.cleanup()
+                tg.cancel_scope.cancel()
+
+    # ---- one request ------------------------------------------------------------------
+
+    def _reject(self, code: int, why: str) -> web.Response:
+        self._rejected[why] += 1
+        self.counts[f"rejected_{code}"] += 1
+        logger.debug("webhook receiver: %d: %s", code, why)
+        now = self.clock()
+        if now - self._rejects_logged_at >= REJECT_LOG_INTERVAL_S:
+            summary = ", ".join(f"{count} {reason}" for reason, count in self._rejected.most_common())
+            logger.warning("webhook receiver refused request(s) since the last report: %s", summary)
+            self._rejected.clear()
+            self._rejects_logged_at = now
+        return _status(code)
+
+    async def _read_body(self, request: web.Request) -> bytes | None:
+        """The body, or None once it passes the limit (nothing beyond the limit is read)."""
+        limit = self.config.max_body_bytes
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            chunk = await request.content.read(min(READ_CHUNK, limit + 1 - size))
+            if not chunk:
+                return b"".join(chunks)
+            size += len(chunk)
+            if size > limit:
+                return None
+            chunks.append(chunk)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method != "POST":
+            return self._reject(405, "not a POST")
+        length = request.content_length
+        if length is not None and length > self.config.max_body_bytes:
+            return self._reject(413, "body over the limit")
+        if request.content_type not in _JSON_TYPES:
+            return self._reject(415, "not application/json")
+        headers = request.headers
+        msg_id = headers.get(signing.HEADER_ID, "")
+        stamp = headers.get(signing.HEADER_TIMESTAMP, "")
+        header = headers.get(signing.HEADER_SIGNATURE, "")
+        webhook_id = headers.get(signing.HEADER_SUBSCRIPTION, "")
+        if not (msg_id and stamp and header and webhook_id):
+            return self._reject(401, "missing webhook headers")
+        if len(msg_id) > MAX_HEADER_VALUE or len(webhook_id) > MAX_HEADER_VALUE:
+            return self._reject(401, "oversized webhook headers")
+        stale = signing.timestamp_error(stamp, self.clock())
+        if stale is not None:
+            return self._reject(401, f"webhook-timestamp {stale}")
+        route = self.routes.lookup(webhook_id)
+        if route is None:
+            if self.routes.is_retired(webhook_id):
+                return self._reject(410, "unsubscribed subscription id")
+            if not self.routes.subscribing:
+                return self._reject(404, "unknown subscription id")
+        body = await self._read_body(request)
+        if body is None:
+            return self._reject(413, "body over the limit")
+        if route is None:
+            return await self._unrouted(webhook_id, msg_id, stamp, header, body)
+        if signing.verify(route.keys(self.clock()), msg_id, stamp, header, body) is None:
+            return self._reject(401, "bad signature")
+        try:
+            document = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            return self._reject(400, "body is not JSON")
+        if not isinstance(document, dict):
+            return self._reject(400, "body is not a JSON object")
+        if "type" in document:
+            return await self._control(route, document)
+        return await self._event(route, document)
+
+    async def _unrouted(
+        self, webhook_id: str, msg_id: str, stamp: str, header: str, body: bytes
+    ) -> web.StreamResponse:
+        """An id we do not know yet while a subscribe is in flight: only its verification can come now."""
+        matched = self.routes.match_in_flight(msg_id, stamp, header, body)
+        if matched is not None:
+            try:
+                document = json.loads(body)
+            except (ValueError, UnicodeDecodeError):
+                document = None
+            if isinstance(document, dict) and document.get("type") == "verification":
+                key, _secret = matched
+                return self._verification(key.name, webhook_id, document)
+        # The subscribe response has not reached us yet: the sender retries after its backoff.
+        return self._reject(503, "subscription id not known yet (subscribe in flight)")
+
+    def _verification(self, name: str, webhook_id: str, document: dict[str, Any]) -> web.StreamResponse:
+        challenge = document.get("challenge")
+        if not isinstance(challenge, str) or not challenge or len(challenge) > MAX_HEADER_VALUE:
+            return self._reject(400, "verification without a challenge")
+        self.counts["verifications"] += 1
+        logger.info("subscription %s: webhook endpoint verification answered (id %s)", name, webhook_id)
+        return web.json_response({"challenge": challenge})
+
+    async def _control(self, route: Route, document: dict[str, Any]) -> web.StreamResponse:
+        kind = document.get("type")
+        name = route.key.name
+        if kind == "verification":
+            return self._verification(name, route.webhook_id, document)
+        if kind == "gap":
+            cursor = document.get("cursor")
+            if cursor is not None and not isinstance(cursor, str):
+                return self._reject(400, "gap with a non-string cursor")
+            result = await self._commit.submit(WebhookDelivery(route.key, None, cursor, truncated=True))
+            if result is None:
+                return self._reject(503, "not stored")
+            self.counts["gaps"] += 1
+            logger.warning(
+                "subscription %s: gap: the server skipped events (webhook gap); now at cursor %s",
+                name,
+                cursor,
+            )
+            return _status(204)
+        if kind == "terminated":
+            error = document.get("error")
+            error = error if isinstance(error, dict) else {}
+            self.counts["terminated"] += 1
+            if self.on_terminated is not None:
+                await self.on_terminated(name, error)
+            return _status(204)
+        logger.info(
+            "subscription %s: webhook control envelope of unknown type %r ignored", name, str(kind)[:40]
+        )
+        return _status(204)
+
+    async def _event(self, route: Route, document: dict[str, Any]) -> web.StreamResponse:
+        try:
+            event = _EVENT.validate_python(document)
+        except ValidationError as exc:
+            return self._reject(400, f"not an EventOccurrence ({exc.errors()[0]['msg']})")
+        cursor = event.get("cursor")
+        meta = event.get("_meta")
+        incoming = IncomingEvent(
+            event["eventId"], event["name"], event["timestamp"], event["data"], meta or None
+        )
+        if self._commit.backlog >= MAX_PENDING_COMMITS:
+            return self._reject(503, "too many deliveries waiting to be stored")
+        result = await self._commit.submit(WebhookDelivery(route.key, incoming, cursor))
+        if result is None:
+            return self._reject(503, "not stored")
+        if result.inserted:
+            self.counts["accepted"] += 1
+            self.on_new_events(result.inserted)
+        else:
+            self.counts["duplicates"] += 1
+        return _status(204)

@@ -1,0 +1,310 @@
+"""The webhook side of one subscription: events/subscribe, then a refresh loop that keeps it alive.
+
+The subscription's ``whsec_`` secret comes from the CSPRNG and lives in the store
+(never in a log line). Each subscribe carries the last persisted cursor (and
+``maxAgeMs`` on the first one after a start) and the configured ``ttlMs``; the
+response's id routes deliveries in the receiver, its cursor is persisted as any
+other (a gap when ``truncated``), and its ``deliveryStatus`` is stored for
+`agentwake status`. The next refresh goes well before ``refreshBefore``, at a
+jittered 50 to 75% of the time left; a grant with no expiry gets an occasional
+health refresh instead. `agentwake rotate-secret` leaves a pending secret in the
+store, which the next refresh (within ``ROTATION_CHECK_S``) sends; the old secret
+is still accepted for ``rotation_grace_s``.
+
+Errors name the subscription: -32602, -32012 and -32014 end it (retrying cannot
+help); -32013 and -32015 are retried with backoff while the grant lasts.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+import anyio
+
+from agentwake import protocol, signing
+from agentwake.config import SubscriptionConfig, WebhookConfig
+from agentwake.delivery.poll import RETRY_INITIAL_S, RETRY_MAX_S, subscription_key
+from agentwake.delivery.receiver import WebhookRoutes
+from agentwake.errors import EventsCallError, SubscriptionEnded, TransientEventsError
+from agentwake.mcp import ServerConnection
+from agentwake.store import Store, SubscriptionKey, WebhookRecord
+
+logger = logging.getLogger(__name__)
+
+# When to refresh: this fraction of the time left before refreshBefore, drawn at random.
+REFRESH_FRACTION: Final = (0.5, 0.75)
+HEALTH_REFRESH_JITTER: Final = (0.8, 1.0)
+MIN_REFRESH_S: Final = 0.05
+# How often a waiting loop looks for a rotation asked for by `agentwake rotate-secret`.
+ROTATION_CHECK_S: Final = 2.0
+ENDING_SUBSCRIBE_CODES: Final = frozenset(
+    {protocol.INVALID_PARAMS, protocol.NOT_FOUND, protocol.FORBIDDEN, protocol.UNSUPPORTED}
+)
+
+
+def parse_time(value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def refresh_delay(
+    refresh_before: datetime | None, now: datetime, *, health_refresh_s: float, rng: random.Random
+) -> float:
+    """Seconds until the next refresh: well before the grant ends, jittered; occasional without expiry."""
+    if refresh_before is None:
+        return health_refresh_s * rng.uniform(*HEALTH_REFRESH_JITTER)
+    remaining = (refresh_before - now).total_seconds()
+    if remaining <= 0:
+        return 0.0
+    return max(MIN_REFRESH_S, remaining * rng.uniform(*REFRESH_FRACTION))
+
+
+def describe_subscribe_error(exc: EventsCallError, sub: SubscriptionConfig, config: WebhookConfig) -> str:
+    """One clear sentence per events/subscribe error code, naming the subscription and what to do."""
+    data = exc.data if isinstance(exc.data, dict) else {}
+    where = f"subscription {sub.name!r} (event {sub.event!r} on server {sub.server!r})"
+    code = exc.code
+    if code == protocol.INVALID_PARAMS:
+        return (
+            f"{where}: the server rejected the webhook subscribe as invalid: {exc.error_message}"
+            " (check 'arguments' and [webhook] public_url, which must be https)"
+        )
+    if code == protocol.FORBIDDEN:
+        reason = data.get("reason")
+        return (
+            f"{where}: the server refused the webhook subscription (Forbidden"
+            + (f": {reason}" if reason else "")
+            + "); webhook delivery needs an authenticated connection (an Authorization header in"
+            f" [servers.{sub.server}] headers) whose principal may subscribe to this event"
+        )
+    if code == protocol.RESOURCE_EXHAUSTED:
+        limit = data.get("limit", "a limit")
+        ceiling = f" (at most {data['max']})" if "max" in data else ""
+        return f"{where}: the server's {limit} limit is reached{ceiling}; retrying with backoff"
+    if code == protocol.UNSUPPORTED:
+        value = data.get("value", "webhook")
+        return (
+            f"{where}: the server does not support {data.get('feature', 'this option')} {value!r} here;"
+            ' set delivery = "auto", "push" or "poll"'
+        )
+    if code == protocol.CALLBACK_ENDPOINT_ERROR:
+        reason = data.get("reason")
+        category = reason if reason in protocol.DELIVERY_ERROR_CATEGORIES else "unknown"
+        return (
+            f"{where}: the server could not verify our webhook endpoint {config.callback_url(sub.name)}"
+            f" ({category}); check that [webhook] public_url reaches this receiver (listening on"
+            f" {config.listen}); retrying with backoff"
+        )
+    if code == protocol.NOT_FOUND:
+        return f"{where}: the server does not know this event (NotFound); fix 'event'"
+    return str(exc)
+
+
+def bind_route(routes: WebhookRoutes, key: SubscriptionKey, record: WebhookRecord) -> None:
+    """Tell the receiver which secrets this subscription's deliveries may carry (current, pending, previous)."""
+    if record.webhook_id is None:
+        return
+    secrets: list[tuple[str, float | None]] = [(record.secret, None)]
+    if record.pending_secret:
+        secrets.append((record.pending_secret, None))
+    until = parse_time(record.previous_until)
+    if record.previous_secret and until is not None:
+        secrets.append((record.previous_secret, until.timestamp()))
+    routes.bind(record.webhook_id, key, secrets)
+
+
+def _describe_status(status: protocol.DeliveryStatus | None) -> str:
+    if status is None:
+        return "no delivery status"
+    text = "active" if status.active else "suspended"
+    if status.last_error:
+        text += f", last error {status.last_error}"
+        if status.failed_since:
+            text += f" since {status.failed_since}"
+    if status.throttled:
+        text += ", throttled" + (f" for about {status.retry_after_ms} ms" if status.retry_after_ms else "")
+    return text
+
+
+@dataclass
+class WebhookLoop:
+    subscription: SubscriptionConfig
+    connection: ServerConnection
+    store: Store
+    routes: WebhookRoutes
+    config: WebhookConfig
+    on_new_events: Callable[[int], None] = lambda count: None
+    retry_initial_s: float = RETRY_INITIAL_S
+    retry_max_s: float = RETRY_MAX_S
+    rotation_check_s: float = ROTATION_CHECK_S
+    rng: random.Random = field(default_factory=random.Random)
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    subscribes: int = field(default=0, init=False)
+    _status: str | None = field(default=None, init=False)
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Subscribe and refresh until cancelled. SubscriptionEnded and ConnectionLost propagate."""
+        sub = self.subscription
+        key = subscription_key(sub)
+        cursor = await self.store.register(key)
+        url = self.config.callback_url(sub.name)
+        record = await self.store.prepare_webhook(key, url, signing.generate_secret())
+        self._bind(key, record)
+        await self.store.set_state(sub.name, status="active", mode="webhook")
+        logger.info(
+            "subscription %s: webhook delivery of %s on %s to %s, from %s",
+            sub.name,
+            sub.event,
+            sub.server,
+            url,
+            f"cursor {cursor}" if cursor is not None else "now",
+        )
+        task_status.started()
+        ended = self.routes.ended(sub.name)
+        resuming = cursor is not None
+        failures = 0
+        while True:
+            current = await self.store.webhook(sub.name)
+            if current is None or ended.is_set():
+                raise self._terminated()
+            try:
+                record = await self._subscribe(key, current, resuming=resuming)
+                resuming = False
+                failures = 0
+                delay = refresh_delay(
+                    parse_time(record.refresh_before),
+                    self.clock(),
+                    health_refresh_s=self.config.health_refresh_s,
+                    rng=self.rng,
+                )
+            except EventsCallError as exc:
+                if exc.code in ENDING_SUBSCRIBE_CODES and not isinstance(exc, TransientEventsError):
+                    message = describe_subscribe_error(exc, sub, self.config)
+                    raise SubscriptionEnded(
+                        exc.method, exc.code, message, exc.data, server=sub.server, subscription=sub.name
+                    ) from None
+                failures += 1
+                delay = self._backoff(failures)
+                message = describe_subscribe_error(exc, sub, self.config)
+                logger.warning("%s; next try in %.1fs", message, delay)
+                await self.store.record_error(sub.name, message)
+            await self._wait(delay, ended)
+
+    def _backoff(self, failures: int) -> float:
+        base = min(self.retry_max_s, self.retry_initial_s * float(2 ** (failures - 1)))
+        return base + self.rng.uniform(0.0, self.retry_initial_s)
+
+    def _terminated(self) -> SubscriptionEnded:
+        sub = self.subscription
+        reason = self.routes.end_reasons.get(sub.name, "the subscription was retired")
+        return SubscriptionEnded(
+            "webhook terminated",
+            protocol.FORBIDDEN,
+            f"the server ended the webhook subscription: {reason}",
+            server=sub.server,
+            subscription=sub.name,
+        )
+
+    def _bind(self, key: SubscriptionKey, record: WebhookRecord) -> None:
+        bind_route(self.routes, key, record)
+
+    def _params(
+        self, record: WebhookRecord, secret: str, cursor: str | None, *, resuming: bool
+    ) -> dict[str, Any]:
+        sub = self.subscription
+        params: dict[str, Any] = {
+            "name": sub.event,
+            "arguments": dict(sub.arguments),
+            "delivery": {"mode": "webhook", "url": record.url, "secret": secret},
+            "cursor": cursor,
+        }
+        if resuming and sub.max_age_ms is not None:
+            params["maxAgeMs"] = sub.max_age_ms
+        if self.config.no_expiry:
+            params["ttlMs"] = None
+        else:
+            ttl = sub.ttl_ms if sub.ttl_ms is not None else self.config.ttl_ms
+            if ttl is not None:
+                params["ttlMs"] = ttl
+        return params
+
+    async def _subscribe(
+        self, key: SubscriptionKey, record: WebhookRecord, *, resuming: bool
+    ) -> WebhookRecord:
+        sub = self.subscription
+        secret = record.pending_secret or record.secret
+        rotating = secret != record.secret
+        cursor = await self.store.cursor(sub.name)
+        params = self._params(record, secret, cursor, resuming=resuming)
+        # Routed deliveries may be signed with the new secret as soon as the server has it.
+        self._bind(key, record)
+        self.routes.begin_subscribe(key, [secret])
+        try:
+            result = await self.connection.subscribe(params, subscription=sub.name)
+        finally:
+            self.routes.end_subscribe(sub.name)
+        self.subscribes += 1
+        status = result.delivery_status
+        updated = await self.store.webhook_subscribed(
+            sub.name,
+            webhook_id=result.id,
+            sent_secret=secret,
+            refresh_before=result.refresh_before,
+            delivery_status=status.model_dump(by_alias=True, exclude_none=True) if status else None,
+            previous_until=(self.clock() + timedelta(seconds=self.config.rotation_grace_s))
+            .isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z"),
+        )
+        self._bind(key, updated)
+        ingest = await self.store.ingest(
+            key, [], result.cursor, truncated=result.truncated, cursor_before=cursor
+        )
+        del ingest
+        if result.truncated:
+            logger.warning(
+                "subscription %s: gap: the server starts delivery after our cursor (truncated); now at cursor %s",
+                sub.name,
+                result.cursor,
+            )
+        expiry = "no expiry" if result.refresh_before is None else f"refresh before {result.refresh_before}"
+        described = _describe_status(status)
+        if self.subscribes == 1:
+            logger.info("subscription %s: webhook subscribed as %s (%s)", sub.name, result.id, expiry)
+        elif rotating:
+            logger.info(
+                "subscription %s: webhook secret rotated; the old one is accepted for %gs more",
+                sub.name,
+                self.config.rotation_grace_s,
+            )
+        else:
+            logger.debug("subscription %s: webhook refreshed (%s; %s)", sub.name, expiry, described)
+        if status is not None and described != self._status:
+            level = logging.WARNING if (not status.active or status.last_error) else logging.INFO
+            logger.log(level, "subscription %s: the server reports webhook delivery %s", sub.name, described)
+        self._status = described if status is not None else self._status
+        return updated
+
+    async def _wait(self, delay: float, ended: anyio.Event) -> None:
+        """Wait ``delay`` seconds; return early when the server ended us or a rotation is asked for."""
+        deadline = anyio.current_time() + delay
+        while True:
+            remaining = deadline - anyio.current_time()
+            if remaining <= 0:
+                return
+            with anyio.move_on_after(min(remaining, self.rotation_check_s)):
+                await ended.wait()
+            if ended.is_set():
+                return
+            record = await self.store.webhook(self.subscription.name)
+            if record is None or record.pending_secret:
+                return

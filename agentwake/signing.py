@@ -1,0 +1,130 @@
+"""Standard Webhooks signatures, as the MCP Events webhook profile uses them. Pure functions.
+
+    signature = "v1," + base64(HMAC-SHA256(secret, f"{webhook-id}.{webhook-timestamp}." + body))
+
+``body`` is the raw request body bytes; ``secret`` is the base64-decoded part of a
+``whsec_`` value. A header may carry several space-separated signatures (secret
+rotation); a receiver accepts if any of them verifies under any secret it holds.
+
+The ``standardwebhooks`` package is the reference implementation and our tests check
+interop against it; it is not used here because its verifier takes one secret per
+call, decodes the body as text (raising on bytes that are not UTF-8) and raises
+``ValueError`` or ``binascii.Error`` on a signature entry without a comma or with
+bad base64, where a receiver must answer 401 and go on.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import secrets
+from collections.abc import Iterable, Sequence
+from typing import Final
+
+SECRET_PREFIX: Final = "whsec_"
+SECRET_MIN_BYTES: Final = 24
+SECRET_MAX_BYTES: Final = 64
+GENERATED_SECRET_BYTES: Final = 32
+# The receiver's freshness window, both ways (the spec: reject more than 5 minutes old).
+TIMESTAMP_TOLERANCE_S: Final = 300
+
+HEADER_ID: Final = "webhook-id"
+HEADER_TIMESTAMP: Final = "webhook-timestamp"
+HEADER_SIGNATURE: Final = "webhook-signature"
+HEADER_SUBSCRIPTION: Final = "X-MCP-Subscription-Id"
+SIGNATURE_VERSION: Final = "v1"
+# Longest signature header we look at: a handful of signatures, not an attacker's megabyte.
+MAX_SIGNATURE_HEADER: Final = 4096
+
+
+class SecretError(ValueError):
+    """A value that is not a Standard Webhooks symmetric secret (whsec_ + base64 of 24 to 64 bytes)."""
+
+
+def generate_secret(size: int = GENERATED_SECRET_BYTES) -> str:
+    """A fresh ``whsec_`` secret from the operating system's CSPRNG."""
+    if not SECRET_MIN_BYTES <= size <= SECRET_MAX_BYTES:
+        raise ValueError(f"a secret has {SECRET_MIN_BYTES} to {SECRET_MAX_BYTES} bytes, not {size}")
+    return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(size)).decode("ascii")
+
+
+def decode_secret(value: str) -> bytes:
+    """The key bytes of a ``whsec_`` secret; SecretError if it is not one. The message never holds the value."""
+    if not isinstance(value, str) or not value.startswith(SECRET_PREFIX):
+        raise SecretError(f"the secret must start with {SECRET_PREFIX!r}")
+    encoded = value[len(SECRET_PREFIX) :]
+    try:
+        key = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        raise SecretError(f"the part after {SECRET_PREFIX!r} is not valid base64") from None
+    if not SECRET_MIN_BYTES <= len(key) <= SECRET_MAX_BYTES:
+        raise SecretError(
+            f"the secret decodes to {len(key)} bytes; Standard Webhooks secrets have"
+            f" {SECRET_MIN_BYTES} to {SECRET_MAX_BYTES}"
+        )
+    return key
+
+
+def _digest(key: bytes, msg_id: str, timestamp: str, body: bytes) -> bytes:
+    mac = hmac.new(key, f"{msg_id}.{timestamp}.".encode(), hashlib.sha256)
+    mac.update(body)
+    return mac.digest()
+
+
+def sign(keys: Sequence[bytes], msg_id: str, timestamp: int | str, body: bytes) -> str:
+    """The ``webhook-signature`` header value: one ``v1,`` signature per key, space-separated."""
+    if not keys:
+        raise ValueError("sign needs at least one key")
+    stamp = str(timestamp)
+    return " ".join(
+        f"{SIGNATURE_VERSION},{base64.b64encode(_digest(key, msg_id, stamp, body)).decode('ascii')}"
+        for key in keys
+    )
+
+
+def signatures(header: str) -> list[bytes]:
+    """The decoded ``v1`` signatures of a header; entries that are malformed or of another version are skipped."""
+    found: list[bytes] = []
+    if len(header) > MAX_SIGNATURE_HEADER:
+        return found
+    for entry in header.split(" "):
+        version, comma, encoded = entry.partition(",")
+        if not comma or version != SIGNATURE_VERSION or not encoded:
+            continue
+        try:
+            decoded = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
+            continue
+        if len(decoded) == hashlib.sha256().digest_size:
+            found.append(decoded)
+    return found
+
+
+def verify(keys: Iterable[bytes], msg_id: str, timestamp: str, header: str, body: bytes) -> bytes | None:
+    """The key under which one of the header's signatures verifies, or None. Constant-time compares."""
+    candidates = signatures(header)
+    if not candidates:
+        return None
+    for key in keys:
+        expected = _digest(key, msg_id, timestamp, body)
+        # Every candidate is compared, so timing does not tell which one matched.
+        matched = False
+        for candidate in candidates:
+            matched |= hmac.compare_digest(expected, candidate)
+        if matched:
+            return key
+    return None
+
+
+def timestamp_error(value: str, now: float, tolerance_s: int = TIMESTAMP_TOLERANCE_S) -> str | None:
+    """Why a ``webhook-timestamp`` is unacceptable (malformed, too old, in the future), or None."""
+    if not (value.isascii() and value.isdigit()) or len(value) > 12:
+        return "malformed"
+    stamp = int(value)
+    if stamp < now - tolerance_s:
+        return "too old"
+    if stamp > now + tolerance_s:
+        return "in the future"
+    return None
