@@ -15,7 +15,7 @@ from agentwake.cli import app
 from agentwake.store import IncomingEvent, Store, SubscriptionKey
 
 runner = CliRunner()
-COMMANDS = ["run", "check", "events", "status", "inbox"]
+COMMANDS = ["run", "check", "events", "status", "inbox", "rotate-secret"]
 
 
 def demo_config(tmp_path: Path, subscriptions: str = "", **env: str) -> Path:
@@ -108,11 +108,11 @@ def test_check_rejects_bad_config_before_connecting(tmp_path: Path) -> None:
     assert "servers.a.port: unknown key" in result.output
 
 
-def test_a_forced_mode_the_client_lacks_is_a_clear_error(tmp_path: Path) -> None:
+def test_forcing_webhook_without_a_receiver_is_a_clear_config_error(tmp_path: Path) -> None:
     forced = TICKETS + 'delivery = "webhook"\n'
     result = runner.invoke(app, ["check", "-c", str(demo_config(tmp_path, forced))])
-    assert result.exit_code == 1
-    assert "delivery = 'webhook' is not supported" in " ".join(result.output.split())
+    assert result.exit_code == 2
+    assert 'sets delivery = "webhook", but there is no [webhook] section' in " ".join(result.output.split())
 
 
 def test_events_lists_types_with_modes_and_arguments(tmp_path: Path) -> None:

@@ -1,0 +1,242 @@
+"""Webhook delivery on the client: config, mode choice, refresh timing, error messages, the stored subscription."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import stat
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from agentwake import protocol, signing
+from agentwake.cli import app
+from agentwake.config import SubscriptionConfig, WebhookConfig, parse_config
+from agentwake.delivery.select import choose_mode
+from agentwake.delivery.webhook import describe_subscribe_error, refresh_delay
+from agentwake.errors import ConfigError, events_call_error
+from agentwake.store import Store, SubscriptionKey
+
+runner = CliRunner()
+pytestmark = pytest.mark.anyio
+NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+HOOK = WebhookConfig(public_url="https://hooks.example.com/agentwake")
+
+
+def tickets(**overrides: object) -> SubscriptionConfig:
+    return SubscriptionConfig.model_validate(
+        {"name": "tickets", "server": "demo", "event": "ticket.created", **overrides}
+    )
+
+
+# ---- config ----------------------------------------------------------------------------
+
+
+def test_webhook_config_needs_an_https_public_url_and_both_tls_files() -> None:
+    for bad in ("http://hooks.example.com", "hooks.example.com", "https://h.example.com/x?y=1"):
+        with pytest.raises(ConfigError, match="public_url must be an https:// URL"):
+            parse_config({"webhook": {"public_url": bad}}, env={})
+    with pytest.raises(ConfigError, match="set both tls_cert and tls_key"):
+        parse_config({"webhook": {"public_url": "https://h.example", "tls_cert": "c.pem"}}, env={})
+    with pytest.raises(ConfigError, match="listen must be HOST:PORT"):
+        parse_config({"webhook": {"public_url": "https://h.example", "listen": "8787"}}, env={})
+
+
+def test_each_subscription_gets_its_own_callback_url_under_the_public_url() -> None:
+    config = WebhookConfig(public_url="https://hooks.example.com/agentwake/", listen="[::1]:9000")
+    assert config.callback_url("tickets") == "https://hooks.example.com/agentwake/tickets"
+    assert config.address == ("::1", 9000)
+
+
+def test_tls_paths_resolve_against_the_config_folder(tmp_path: Path) -> None:
+    config = parse_config(
+        {"webhook": {"public_url": "https://h.example", "tls_cert": "c.pem", "tls_key": "k.pem"}},
+        source=tmp_path / "agentwake.toml",
+        env={},
+    )
+    assert config.webhook is not None
+    assert config.webhook.tls_cert == tmp_path / "c.pem"
+
+
+def test_forcing_webhook_without_a_webhook_section_is_a_config_error() -> None:
+    data = {
+        "servers": {"demo": {"url": "http://127.0.0.1:1/mcp"}},
+        "subscriptions": [{"server": "demo", "event": "ticket.created", "delivery": "webhook"}],
+    }
+    with pytest.raises(ConfigError, match=r"there is no \[webhook\] section"):
+        parse_config(data, env={})
+
+
+# ---- mode choice ------------------------------------------------------------------------
+
+
+def test_auto_prefers_webhook_when_there_is_a_receiver_and_the_type_offers_it() -> None:
+    auto = tickets(delivery="auto")
+    assert choose_mode(auto, ["poll", "push", "webhook"], receiver=True) == "webhook"
+    assert choose_mode(auto, ["poll", "push", "webhook"], receiver=False) == "push"
+    assert choose_mode(auto, ["poll", "push"], receiver=True) == "push"
+    assert choose_mode(tickets(delivery="webhook"), ["webhook"], receiver=True) == "webhook"
+    with pytest.raises(ConfigError, match=r"needs a \[webhook\] section"):
+        choose_mode(tickets(delivery="webhook"), ["webhook"], receiver=False)
+    with pytest.raises(ConfigError, match="does not offer 'webhook' delivery"):
+        choose_mode(tickets(delivery="webhook"), ["poll"], receiver=True)
+
+
+# ---- refresh timing ------------------------------------------------------------------------
+
+
+def test_refresh_comes_well_before_refresh_before_with_jitter() -> None:
+    rng = random.Random(7)
+    delays = [
+        refresh_delay(NOW + timedelta(seconds=100), NOW, health_refresh_s=3600, rng=rng) for _ in range(200)
+    ]
+    assert all(50 <= d <= 75 for d in delays)
+    assert len({round(d, 3) for d in delays}) > 100  # jittered, not one cadence for everyone
+
+
+def test_an_expired_grant_refreshes_at_once_and_no_expiry_gets_a_health_refresh() -> None:
+    rng = random.Random(1)
+    assert refresh_delay(NOW - timedelta(seconds=1), NOW, health_refresh_s=3600, rng=rng) == 0.0
+    health = refresh_delay(None, NOW, health_refresh_s=3600, rng=rng)
+    assert 0.8 * 3600 <= health <= 3600
+
+
+# ---- error messages --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("code", "data", "expected"),
+    [
+        (protocol.INVALID_PARAMS, None, "rejected the webhook subscribe as invalid: bad url"),
+        (protocol.FORBIDDEN, {"reason": "no principal"}, "needs an authenticated connection"),
+        (
+            protocol.RESOURCE_EXHAUSTED,
+            {"limit": "subscriptions", "max": 5},
+            "subscriptions limit is reached (at most 5)",
+        ),
+        (
+            protocol.UNSUPPORTED,
+            {"feature": "deliveryMode", "value": "webhook"},
+            "does not support deliveryMode 'webhook'",
+        ),
+        (
+            protocol.CALLBACK_ENDPOINT_ERROR,
+            {"reason": "challenge_failed"},
+            "could not verify our webhook endpoint",
+        ),
+    ],
+)
+def test_each_subscribe_error_is_a_clear_message_naming_the_subscription(
+    code: int, data: object, expected: str
+) -> None:
+    exc = events_call_error("events/subscribe", code, "bad url", data, server="demo", subscription="tickets")
+    message = describe_subscribe_error(exc, tickets(), HOOK)
+    assert "subscription 'tickets'" in message
+    assert expected in message
+    if code == protocol.CALLBACK_ENDPOINT_ERROR:
+        assert "https://hooks.example.com/agentwake/tickets (challenge_failed)" in message
+
+
+def test_an_unknown_callback_error_reason_is_not_echoed() -> None:
+    exc = events_call_error(
+        "events/subscribe", protocol.CALLBACK_ENDPOINT_ERROR, "x", {"reason": "<html>500"}
+    )
+    assert "<html>" not in describe_subscribe_error(exc, tickets(), HOOK)
+
+
+# ---- the stored webhook subscription -----------------------------------------------------------
+
+KEY = SubscriptionKey("tickets", "demo", "ticket.created", {"queue": "support"})
+URL = "https://hooks.example.com/agentwake/tickets"
+
+
+async def test_a_webhook_keeps_its_secret_until_its_key_changes_then_the_old_one_is_retired(
+    store: Store,
+) -> None:
+    await store.register(KEY)
+    first = await store.prepare_webhook(KEY, URL, signing.generate_secret())
+    again = await store.prepare_webhook(KEY, URL, signing.generate_secret())
+    assert again.secret == first.secret
+    await store.webhook_subscribed(
+        "tickets",
+        webhook_id="sub_1",
+        sent_secret=first.secret,
+        refresh_before="2026-12-02T13:00:00.000Z",
+        delivery_status={"active": True},
+        previous_until="2026-12-02T12:10:00.000Z",
+    )
+    moved = SubscriptionKey("tickets", "demo", "ticket.created", {"queue": "billing"})
+    fresh = await store.prepare_webhook(moved, URL, signing.generate_secret())
+    assert fresh.secret != first.secret and fresh.webhook_id is None
+    [retired] = await store.to_unsubscribe("demo")
+    assert (retired.arguments, retired.url, retired.webhook_id) == ({"queue": "support"}, URL, "sub_1")
+    assert store.retired_webhook_ids_sync() == {"sub_1"}
+    await store.mark_unsubscribed(retired.id)
+    assert await store.to_unsubscribe() == []
+
+
+async def test_a_refresh_with_a_new_secret_keeps_the_old_one_as_previous(store: Store) -> None:
+    await store.register(KEY)
+    record = await store.prepare_webhook(KEY, URL, signing.generate_secret())
+    [name] = store.request_rotation_sync(None, signing.generate_secret)
+    assert name == "tickets"
+    pending = await store.webhook("tickets")
+    assert pending is not None and pending.pending_secret
+    updated = await store.webhook_subscribed(
+        "tickets",
+        webhook_id="sub_1",
+        sent_secret=pending.pending_secret,
+        refresh_before=None,
+        delivery_status=None,
+        previous_until="2026-12-02T12:10:00.000Z",
+    )
+    assert updated.secret == pending.pending_secret
+    assert updated.previous_secret == record.secret
+    assert updated.pending_secret is None
+    assert updated.no_expiry is True
+
+
+async def test_secrets_stay_out_of_reprs_and_status_and_the_file_is_private(store: Store) -> None:
+    await store.register(KEY)
+    record = await store.prepare_webhook(KEY, URL, signing.generate_secret())
+    assert record.secret not in repr(record)
+    assert "whsec_" not in json.dumps(store.subscriptions_sync())
+    assert store.subscriptions_sync()[0]["webhook"]["url"] == URL
+    assert stat.S_IMODE(os.stat(store.path).st_mode) == 0o600
+
+
+# ---- rotate-secret -------------------------------------------------------------------------------
+
+
+def write_config(tmp_path: Path) -> Path:
+    path = tmp_path / "agentwake.toml"
+    path.write_text(
+        '[store]\npath = "aw.db"\n[webhook]\npublic_url = "https://hooks.example.com/aw"\nrotation_grace_s = 60\n'
+    )
+    return path
+
+
+async def test_rotate_secret_stores_a_pending_secret_and_never_prints_it(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    opened = await Store.open(tmp_path / "aw.db")
+    await opened.register(KEY)
+    await opened.prepare_webhook(KEY, URL, signing.generate_secret())
+    await opened.close()
+    result = runner.invoke(app, ["rotate-secret", "tickets", "-c", str(config)])
+    assert result.exit_code == 0, result.output
+    assert "tickets: new secret stored" in result.output and "60s" in result.output
+    assert "whsec_" not in result.output
+    reopened = Store.open_existing(tmp_path / "aw.db")
+    try:
+        record = reopened.webhook_sync("tickets")
+        assert record is not None and record.pending_secret is not None
+        status = runner.invoke(app, ["status", "--json", "-c", str(config)])
+        assert json.loads(status.output)[0]["webhook"]["rotation_pending"] is True
+    finally:
+        reopened.close_sync()
+    unknown = runner.invoke(app, ["rotate-secret", "nope", "-c", str(config)])
+    assert unknown.exit_code == 2
+    assert "no webhook subscription named 'nope'" in unknown.output
