@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -26,6 +27,13 @@ QUIET_DEMO = {"DEMO_RATE": "0", "DEMO_ALERT_INTERVAL": "0", "DEMO_LOAD_INTERVAL"
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now (for a server that must be restarted on the same port)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def demo_stdio(db: Path, **env: str) -> ServerConfig:

@@ -90,6 +90,8 @@ class WebhookRoutes:
         self._in_flight: dict[str, _InFlight] = {}
         self._ended: dict[str, anyio.Event] = {}
         self.end_reasons: dict[str, str] = {}
+        self.binds = 0
+        self._bound = anyio.Event()
 
     def bind(
         self,
@@ -104,6 +106,14 @@ class WebhookRoutes:
         decoded = tuple((signing.decode_secret(secret), until) for secret, until in secrets)
         self._by_id[webhook_id] = Route(webhook_id, key, decoded)
         self._id_of[key.name] = webhook_id
+        self.binds += 1
+        bound, self._bound = self._bound, anyio.Event()
+        bound.set()
+
+    async def wait_binds(self, count: int) -> None:
+        """Wait until ``bind`` was called ``count`` times in all (every subscribe and refresh binds)."""
+        while self.binds < count:
+            await self._bound.wait()
 
     def unbind(self, name: str) -> str | None:
         webhook_id = self._id_of.pop(name, None)
