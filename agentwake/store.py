@@ -634,8 +634,8 @@ class Store:
         refresh_before: str | None,
         delivery_status: dict[str, Any] | None,
         previous_until: str,
-    ) -> WebhookRecord:
-        """Record a successful subscribe or refresh.
+    ) -> WebhookRecord | None:
+        """Record a successful subscribe or refresh; None if the subscription was retired meanwhile.
 
         If it carried a new secret (a rotation), that secret becomes current and the
         old one is kept as previous until ``previous_until``; a newer pending secret
@@ -663,12 +663,9 @@ class Store:
                     "name": name,
                 },
             )
-            record = self.webhook_sync(name)
-            if record is None:
-                raise StoreError(f"webhook subscription {name!r} is not stored")
-            return record
+            return self.webhook_sync(name)
 
-    async def webhook_subscribed(self, name: str, **fields: Any) -> WebhookRecord:
+    async def webhook_subscribed(self, name: str, **fields: Any) -> WebhookRecord | None:
         """webhook_subscribed_sync in the store's thread; the same keyword arguments."""
         return await self._run(partial(self.webhook_subscribed_sync, name, **fields))
 

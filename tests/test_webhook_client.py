@@ -193,6 +193,7 @@ async def test_a_refresh_with_a_new_secret_keeps_the_old_one_as_previous(store: 
         delivery_status=None,
         previous_until="2026-12-02T12:10:00.000Z",
     )
+    assert updated is not None
     assert updated.secret == pending.pending_secret
     assert updated.previous_secret == record.secret
     assert updated.pending_secret is None

@@ -265,11 +265,10 @@ class WebhookLoop:
             .isoformat(timespec="milliseconds")
             .replace("+00:00", "Z"),
         )
+        if updated is None:  # a terminated envelope retired it while this refresh was in flight
+            raise self._terminated()
         self._bind(key, updated)
-        ingest = await self.store.ingest(
-            key, [], result.cursor, truncated=result.truncated, cursor_before=cursor
-        )
-        del ingest
+        await self.store.ingest(key, [], result.cursor, truncated=result.truncated, cursor_before=cursor)
         if result.truncated:
             logger.warning(
                 "subscription %s: gap: the server starts delivery after our cursor (truncated); now at cursor %s",
