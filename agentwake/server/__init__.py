@@ -1,19 +1,26 @@
 """The server side of MCP Events for MCP servers built on the official SDK."""
 
 from agentwake.server._buffer import DEFAULT_BUFFER_MAX_AGE, DEFAULT_BUFFER_MAX_EVENTS, EmitBuffer
+from agentwake.server._errors import (
+    callback_endpoint_error,
+    forbidden,
+    invalid_params,
+    not_found,
+    resource_exhausted,
+    unsupported_mode,
+)
 from agentwake.server._extension import (
     DEFAULT_MAX_EVENTS,
     DEFAULT_NEXT_POLL_MS,
     EventsExtension,
     EventType,
-    forbidden,
-    invalid_params,
-    not_found,
-    unsupported_mode,
 )
 from agentwake.server._leases import DEFAULT_POLL_LEASE_TTL
+from agentwake.server._ssrf import is_public
 from agentwake.server._stream import DEFAULT_HEARTBEAT_MS, MAX_HEARTBEAT_MS, STREAM_NOTIFICATIONS
 from agentwake.server._types import Event, EventContext, EventResult, canonical_hash, isoformat
+from agentwake.server._webhook import WebhookSettings, subscription_id
+from agentwake.server._webhook_store import SqliteWebhookStore, StoredWebhook, WebhookStore
 
 __all__ = [
     "DEFAULT_BUFFER_MAX_AGE",
@@ -30,10 +37,18 @@ __all__ = [
     "EventResult",
     "EventType",
     "EventsExtension",
+    "SqliteWebhookStore",
+    "StoredWebhook",
+    "WebhookSettings",
+    "WebhookStore",
+    "callback_endpoint_error",
     "canonical_hash",
     "forbidden",
     "invalid_params",
+    "is_public",
     "isoformat",
     "not_found",
+    "resource_exhausted",
+    "subscription_id",
     "unsupported_mode",
 ]

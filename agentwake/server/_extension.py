@@ -10,9 +10,10 @@
     server = MCPServer("demo", extensions=[events])
     events.install(server)   # also advertise capabilities.events on the wire
 
-Poll (events/poll) is served here and push (events/stream) in ``_stream``;
-webhook (events/subscribe) will plug into the same registry. Every mode reads
-through ``_read`` and the same match/transform and lifecycle-hook machinery.
+Poll (events/poll) is served here, push (events/stream) in ``_stream`` and
+webhook (events/subscribe, events/unsubscribe; only with ``webhook=WebhookSettings(...)``)
+in ``_webhook``. Every mode reads through ``_read`` and the same match/transform
+and lifecycle-hook machinery.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import itertools
 import logging
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal, TypeVar, cast
@@ -41,6 +42,14 @@ from pydantic import ConfigDict, Field
 
 from agentwake import protocol
 from agentwake.server._buffer import EmitBuffer, RingBuffer
+from agentwake.server._errors import (
+    forbidden,
+    internal_error,
+    invalid_params,
+    not_found,
+    resource_exhausted,
+    unsupported_mode,
+)
 from agentwake.server._leases import DEFAULT_POLL_LEASE_TTL, Lease, LeaseTable
 from agentwake.server._stream import DEFAULT_HEARTBEAT_MS, MAX_HEARTBEAT_MS, PushStream
 from agentwake.server._types import (
@@ -54,6 +63,7 @@ from agentwake.server._types import (
     TransformHook,
     utc_now,
 )
+from agentwake.server._webhook import Webhooks, WebhookSettings, check_delivery
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +72,9 @@ MAX_EVENTS_CEILING: Final = 10_000
 DEFAULT_NEXT_POLL_MS: Final = 5_000
 DEFAULT_LIST_PAGE_SIZE: Final = 100
 LEASE_SWEEP_INTERVAL_S: Final = 5.0
-# Modes this SDK can serve today; webhook joins when it lands.
-SERVED_MODES: Final[tuple[DeliveryModeName, ...]] = ("poll", "push")
+# Every mode this SDK can serve; webhook only when the extension has WebhookSettings.
+SERVED_MODES: Final[tuple[DeliveryModeName, ...]] = ("poll", "push", "webhook")
+UNCONFIGURED_MODES: Final[tuple[DeliveryModeName, ...]] = ("poll", "push")
 
 T = TypeVar("T")
 
@@ -91,6 +102,23 @@ class _StreamParams(_Params):
     max_age_ms: int | None = Field(default=None, alias="maxAgeMs", ge=0)
 
 
+class _SubscribeParams(_Params):
+    name: str
+    arguments: dict[str, Any] | None = None
+    # Checked by hand, so no error message ever quotes delivery.secret.
+    delivery: Any = None
+    cursor: str | None = None
+    max_age_ms: int | None = Field(default=None, alias="maxAgeMs", ge=0)
+    # Absent = the server's default; an explicit null asks for no expiry (see model_fields_set).
+    ttl_ms: int | None = Field(default=None, alias="ttlMs")
+
+
+class _UnsubscribeParams(_Params):
+    name: str
+    arguments: dict[str, Any] | None = None
+    delivery: Any = None
+
+
 @dataclass(slots=True)
 class EventType:
     """One declared event type. Built by ``EventsExtension.event``."""
@@ -109,9 +137,11 @@ class EventType:
     meta: dict[str, Any] | None = None
     validator: Any = field(default=None, repr=False)
     buffer: RingBuffer | None = field(default=None, repr=False)
+    # What the extension it is declared on serves (set by add_event_type).
+    served: tuple[DeliveryModeName, ...] = field(default=UNCONFIGURED_MODES, repr=False)
 
     def modes(self) -> list[str]:
-        return [m for m in SERVED_MODES if self.delivery is None or m in self.delivery]
+        return [m for m in self.served if self.delivery is None or m in self.delivery]
 
     def descriptor(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -126,26 +156,6 @@ class EventType:
         if self.meta:
             body["_meta"] = self.meta
         return body
-
-
-def _error(code: int, message: str, data: Any = None) -> MCPError:
-    return MCPError(code=code, message=message, data=data)
-
-
-def invalid_params(message: str, data: Any = None) -> MCPError:
-    return _error(protocol.INVALID_PARAMS, message, data)
-
-
-def not_found(name: str) -> MCPError:
-    return _error(protocol.NOT_FOUND, "NotFound", {"kind": "event", "name": name})
-
-
-def forbidden(reason: str) -> MCPError:
-    return _error(protocol.FORBIDDEN, "Forbidden", {"reason": reason})
-
-
-def unsupported_mode(mode: str) -> MCPError:
-    return _error(protocol.UNSUPPORTED, "Unsupported", {"feature": "deliveryMode", "value": mode})
 
 
 async def _maybe_await(value: T | Any) -> T:
@@ -189,10 +199,17 @@ class EventsExtension(Extension):
         max_streams: int | None = None,
         clock: Callable[[], float] | None = None,
         now: Callable[[], datetime] = utc_now,
+        webhook: WebhookSettings | None = None,
+        principal_of: Callable[[ServerRequestContext[Any, Any]], str | None] | None = None,
     ) -> None:
         """``heartbeat_ms`` is how long a push stream may stay silent before a heartbeat
         (1 to 30000, the spec's "at least every 30 seconds"). ``max_streams`` caps open
         push streams across all connections (-32013 beyond it); None means no cap.
+
+        ``webhook`` turns on webhook delivery (events/subscribe, events/unsubscribe) and
+        lists "webhook" in every type's delivery modes. ``principal_of(ctx)`` names the
+        authenticated caller of a request; by default the SDK's bearer-auth context
+        (``AccessToken.subject``, else ``client_id``), None when unauthenticated.
         """
         if not 1 <= default_max_events <= MAX_EVENTS_CEILING:
             raise ValueError(f"default_max_events must be between 1 and {MAX_EVENTS_CEILING}")
@@ -209,6 +226,9 @@ class EventsExtension(Extension):
         self.heartbeat_ms = heartbeat_ms
         self.max_streams = max_streams
         self._now = now
+        self._principal_of = principal_of or (lambda ctx: _current_principal())
+        self.served_modes: tuple[DeliveryModeName, ...] = SERVED_MODES if webhook else UNCONFIGURED_MODES
+        self._webhooks = Webhooks(self, webhook) if webhook is not None else None
         self._types: dict[str, EventType] = {}
         self._leases = (
             LeaseTable(poll_lease_ttl) if clock is None else LeaseTable(poll_lease_ttl, clock=clock)
@@ -230,13 +250,27 @@ class EventsExtension(Extension):
         return {"listChanged": True}
 
     def methods(self) -> Sequence[MethodBinding]:
-        return (
+        bindings = [
             MethodBinding(method=protocol.METHOD_LIST, params_type=_ListParams, handler=self._handle_list),
             MethodBinding(method=protocol.METHOD_POLL, params_type=_PollParams, handler=self._handle_poll),
             MethodBinding(
                 method=protocol.METHOD_STREAM, params_type=_StreamParams, handler=self._handle_stream
             ),
-        )
+        ]
+        if self._webhooks is not None:
+            bindings += [
+                MethodBinding(
+                    method=protocol.METHOD_SUBSCRIBE,
+                    params_type=_SubscribeParams,
+                    handler=self._handle_subscribe,
+                ),
+                MethodBinding(
+                    method=protocol.METHOD_UNSUBSCRIBE,
+                    params_type=_UnsubscribeParams,
+                    handler=self._handle_unsubscribe,
+                ),
+            ]
+        return tuple(bindings)
 
     def install(self, server: Any) -> None:
         """Advertise ``capabilities.events`` on the wire too (the spec's own spelling).
@@ -326,10 +360,12 @@ class EventsExtension(Extension):
                 raise ValueError(
                     f"event {event_type.name!r}: delivery must be a non-empty subset of poll/push/webhook"
                 )
+        event_type.served = self.served_modes
         if not event_type.modes():
             raise ValueError(
                 f"event {event_type.name!r}: none of its delivery modes {list(event_type.delivery or ())} "
-                f"is served yet (this SDK serves {', '.join(SERVED_MODES)})"
+                f"is served yet (this extension serves {', '.join(self.served_modes)};"
+                " webhook needs EventsExtension(webhook=WebhookSettings(...)))"
             )
         try:
             validator_cls = jsonschema.validators.validator_for(event_type.input_schema)
@@ -344,7 +380,10 @@ class EventsExtension(Extension):
         self._types[event_type.name] = event_type
 
     def remove_event_type(self, name: str) -> None:
+        """Stop serving ``name``; its webhook subscriptions are terminated (NotFound)."""
         self._types.pop(name, None)
+        if self._webhooks is not None:
+            self._webhooks.wake(name)
 
     def event_types(self) -> list[EventType]:
         return list(self._types.values())
@@ -409,13 +448,15 @@ class EventsExtension(Extension):
     # ---- push streams ----------------------------------------------------------
 
     def wake(self, name: str) -> None:
-        """Make every open push stream of ``name`` read again now.
+        """Make every open push stream and webhook subscription of ``name`` read again now.
 
         For a check-function type, call it when you know the upstream changed, so
-        push clients see the change without waiting for the next poll interval.
+        push and webhook clients see the change without waiting for the next poll interval.
         """
         for stream in list(self._streams.get(name, ())):
             stream.wake()
+        if self._webhooks is not None:
+            self._webhooks.wake(name)
 
     def open_streams(self, name: str | None = None) -> int:
         """How many push streams are open (for one event type, or all)."""
@@ -455,6 +496,34 @@ class EventsExtension(Extension):
             if not streams:
                 del self._streams[stream.event_type.name]
 
+    # ---- webhook subscriptions ----------------------------------------------------------
+
+    def webhook_subscriptions(self, name: str | None = None) -> int:
+        """How many webhook subscriptions are live (for one event type, or all)."""
+        return 0 if self._webhooks is None else self._webhooks.count(name)
+
+    def terminate_webhooks(
+        self,
+        name: str | None = None,
+        *,
+        error: MCPError,
+        where: Callable[[dict[str, Any], str | None], bool] | None = None,
+    ) -> int:
+        """End webhook subscriptions from the server side; returns how many.
+
+        Deliveries stop at once; each endpoint then gets a signed ``terminated``
+        envelope carrying ``error`` (say ``forbidden("access revoked")``) and
+        on_unsubscribe runs. ``where(arguments, principal)`` picks the subscriptions;
+        by default every one (of ``name``, if given). Call it while ``running()``.
+        """
+        if self._webhooks is None:
+            return 0
+        return self._webhooks.terminate(name, error, where)
+
+    async def sweep_webhooks(self) -> int:
+        """End expired webhook subscriptions now (running() does this every half second)."""
+        return 0 if self._webhooks is None else await self._webhooks.sweep()
+
     def serves(self, event_type: EventType) -> bool:
         """Whether ``event_type`` is still declared (it may have been removed at runtime)."""
         return self._types.get(event_type.name) is event_type
@@ -466,13 +535,18 @@ class EventsExtension(Extension):
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
-        """Run background upkeep (expiring poll leases) for the server's lifetime."""
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._sweep_forever)
-            try:
-                yield
-            finally:
-                tg.cancel_scope.cancel()
+        """Run background work for the server's lifetime: expiring poll leases, and with
+        webhook delivery configured the delivery tasks, TTL expiry and the durable store.
+        """
+        async with AsyncExitStack() as stack:
+            if self._webhooks is not None:
+                await stack.enter_async_context(self._webhooks.running())
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._sweep_forever)
+                try:
+                    yield
+                finally:
+                    tg.cancel_scope.cancel()
 
     async def _sweep_forever(self) -> None:
         while True:
@@ -554,7 +628,7 @@ class EventsExtension(Extension):
         self._remember_connection(ctx)
         arguments = params.arguments or {}
         event_type = self._resolve(params.name, arguments, "poll")
-        principal = _current_principal()
+        principal = self._principal_of(ctx)
         lease, is_new = self._leases.touch(principal, event_type.name, arguments)
         if is_new:
             try:
@@ -598,18 +672,14 @@ class EventsExtension(Extension):
         if ctx.request_id is None:  # a request always has one; the notifications are routed by it
             raise invalid_params("events/stream must be a request with an id")
         if self.max_streams is not None and self.open_streams() >= self.max_streams:
-            raise _error(
-                protocol.RESOURCE_EXHAUSTED,
-                "ResourceExhausted",
-                {"limit": "streams", "max": self.max_streams},
-            )
+            raise resource_exhausted("streams", self.max_streams)
         stream = PushStream(
             self,
             event_type,
             ctx,
             subscription_id=ctx.request_id,
             arguments=arguments,
-            principal=_current_principal(),
+            principal=self._principal_of(ctx),
             cursor=params.cursor,
             max_age_ms=params.max_age_ms,
             serial=next(self._stream_serial),
@@ -620,6 +690,51 @@ class EventsExtension(Extension):
             return await stream.serve()
         finally:
             self.forget_stream(stream)
+
+    def _authenticated(self, ctx: ServerRequestContext[Any, Any]) -> tuple[Webhooks, str]:
+        assert self._webhooks is not None  # the methods are bound only with webhook configured
+        principal = self._principal_of(ctx)
+        if principal is None:
+            raise forbidden("webhook delivery needs an authenticated principal")
+        return self._webhooks, principal
+
+    async def _handle_subscribe(
+        self, ctx: ServerRequestContext[Any, Any], params: _SubscribeParams
+    ) -> dict[str, Any]:
+        """events/subscribe: create or refresh the caller's webhook subscription for this key."""
+        self._remember_connection(ctx)
+        webhooks, principal = self._authenticated(ctx)
+        url, secret, key = check_delivery(params.delivery)
+        arguments = params.arguments or {}
+        event_type = self._resolve(params.name, arguments, "webhook")
+        return await webhooks.subscribe(
+            ctx,
+            event_type,
+            principal=principal,
+            url=url,
+            secret=secret,
+            key=key,
+            arguments=arguments,
+            cursor=params.cursor,
+            max_age_ms=params.max_age_ms,
+            ttl_ms=params.ttl_ms,
+            ttl_given="ttl_ms" in params.model_fields_set,
+        )
+
+    async def _handle_unsubscribe(
+        self, ctx: ServerRequestContext[Any, Any], params: _UnsubscribeParams
+    ) -> dict[str, Any]:
+        """events/unsubscribe: by (the caller, name, arguments, delivery.url); never by id."""
+        self._remember_connection(ctx)
+        webhooks, principal = self._authenticated(ctx)
+        delivery = params.delivery
+        url = delivery.get("url") if isinstance(delivery, dict) else None
+        if not isinstance(url, str) or not url:
+            raise invalid_params("delivery.url is required: the URL the subscription delivers to")
+        await webhooks.unsubscribe(
+            principal=principal, name=params.name, arguments=params.arguments or {}, url=url
+        )
+        return {}
 
     async def read(
         self,
@@ -649,7 +764,7 @@ class EventsExtension(Extension):
             raise
         except Exception as exc:
             logger.exception("check function for %s failed", event_type.name)
-            raise _error(protocol.INTERNAL_ERROR, "UpstreamError", {"reason": type(exc).__name__}) from exc
+            raise internal_error("UpstreamError", type(exc).__name__) from exc
         if cursor is None:
             # Null cursor means "start from now": a fresh position and nothing else.
             return EventResult(events=[], cursor=result.cursor, next_poll_ms=result.next_poll_ms)
