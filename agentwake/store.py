@@ -252,7 +252,20 @@ def _webhooks(db: sqlite_utils.Database) -> None:
 
 
 # One encoder for the hot path: json.dumps with options builds a new encoder per call.
-_encode_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_encode_json_text = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_encode_json_ascii = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
+
+
+def _encode_json(value: Any) -> str:
+    """Compact JSON text. A lone UTF-16 surrogate (valid JSON escape, invalid Unicode, which SQLite cannot
+    store as text) is kept as its escape instead, so one odd payload never fails a whole batch."""
+    text = _encode_json_text(value)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return _encode_json_ascii(value)
+    return text
 
 
 def _canonical(arguments: dict[str, Any]) -> str:

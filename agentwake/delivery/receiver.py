@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import ssl
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -51,8 +52,35 @@ REJECT_LOG_INTERVAL_S: Final = 60.0
 SHUTDOWN_TIMEOUT_S: Final = 2.0
 LISTEN_BACKLOG: Final = 1024
 
+# Control envelopes remembered per process, so a retried gap is not recorded twice.
+SEEN_CONTROL_IDS: Final = 4096
+
 _EVENT: Final = TypeAdapter(protocol.PollEvent)
 _JSON_TYPES: Final = frozenset({"application/json"})
+# A \uD800-\uDFFF escape: the only way JSON text can carry a lone surrogate (valid syntax, invalid Unicode).
+_SURROGATE_ESCAPE: Final = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+
+
+class BadBody(ValueError):
+    """A signed body that is not a JSON object in UTF-8 made of valid Unicode."""
+
+
+def parse_body(body: bytes) -> dict[str, Any]:
+    """The JSON object of a delivery; BadBody for anything else (RFC 8259: UTF-8, valid Unicode)."""
+    try:
+        document = json.loads(body.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise BadBody("body is not JSON in UTF-8") from None
+    if not isinstance(document, dict):
+        raise BadBody("body is not a JSON object")
+    if _SURROGATE_ESCAPE.search(body):
+        # Rare: escapes of a proper pair are fine, a lone half cannot be stored or shown.
+        try:
+            json.dumps(document, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadBody("body holds a lone UTF-16 surrogate") from None
+    return document
+
 
 OnTerminated = Callable[[str, dict[str, Any]], Awaitable[None]]
 
@@ -79,8 +107,9 @@ class _InFlight:
 class WebhookRoutes:
     """The receiver's routing table: subscription id -> route; ids we retired; subscribes in flight.
 
-    The webhook loops keep it current; the receiver only reads it (and binds an id
-    when a verification challenge for an in-flight subscribe proves which one it is).
+    The webhook loops keep it current; the receiver only reads it (an in-flight
+    subscribe's secret identifies its verification challenge; deliveries wait for
+    the id, with 503, until the subscribe response binds it).
     """
 
     def __init__(self) -> None:
@@ -202,8 +231,13 @@ class _GroupCommit:
                     continue
                 try:
                     results = await self._store.ingest_deliveries([p.delivery for p in batch])
-                except StoreError as exc:
-                    logger.error("webhook receiver: %d delivery(ies) not stored: %s", len(batch), exc)
+                except (
+                    Exception
+                ) as exc:  # a bad write costs its batch a 503 (the senders retry), not the receiver
+                    if isinstance(exc, StoreError):
+                        logger.error("webhook receiver: %d delivery(ies) not stored: %s", len(batch), exc)
+                    else:
+                        logger.exception("webhook receiver: %d delivery(ies) not stored", len(batch))
                     for pending in batch:
                         pending.failed = True
                         pending.done.set()
@@ -262,6 +296,7 @@ class Receiver:
         self._commit = _GroupCommit(store)
         self._rejected: Counter[str] = Counter()
         self._rejects_logged_at = 0.0
+        self._control_ids: OrderedDict[tuple[str, str], None] = OrderedDict()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_bytes)
@@ -274,21 +309,21 @@ class Receiver:
         runner = web.AppRunner(
             self.app(), access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S
         )
-        async with anyio.create_task_group() as tg:
-            await tg.start(self._commit.run)
-            await runner.setup()
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, host, port, ssl_context=context, backlog=LISTEN_BACKLOG)
             try:
-                site = web.TCPSite(runner, host, port, ssl_context=context, backlog=LISTEN_BACKLOG)
-                try:
-                    await site.start()
-                except OSError as exc:
-                    raise ConfigError(
-                        f"the webhook receiver cannot listen on {self.config.listen}: {exc.strerror or exc};"
-                        " check [webhook] listen"
-                    ) from None
-                server = site._server
-                sockets = getattr(server, "sockets", None) or []
-                self.port = sockets[0].getsockname()[1] if sockets else port
+                await site.start()
+            except OSError as exc:
+                raise ConfigError(
+                    f"the webhook receiver cannot listen on {self.config.listen}: {exc.strerror or exc};"
+                    " check [webhook] listen"
+                ) from None
+            sockets = getattr(site._server, "sockets", None) or []
+            self.port = sockets[0].getsockname()[1] if sockets else port
+            async with anyio.create_task_group() as tg:
+                # Requests that come before the committer runs are answered 503 and retried.
+                await tg.start(self._commit.run)
                 logger.info(
                     "webhook receiver listening on %s://%s:%s (servers deliver to %s/<subscription>)",
                     "https" if context else "http",
@@ -297,11 +332,14 @@ class Receiver:
                     self.config.public_url,
                 )
                 task_status.started()
-                await anyio.sleep_forever()
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await runner.cleanup()
-                tg.cancel_scope.cancel()
+                try:
+                    await anyio.sleep_forever()
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await runner.cleanup()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await runner.cleanup()
 
     # ---- one request ------------------------------------------------------------------
 
@@ -333,7 +371,9 @@ class Receiver:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         if request.method != "POST":
-            return self._reject(405, "not a POST")
+            response = self._reject(405, "not a POST")
+            response.headers["Allow"] = "POST"
+            return response
         length = request.content_length
         if length is not None and length > self.config.max_body_bytes:
             return self._reject(413, "body over the limit")
@@ -348,6 +388,8 @@ class Receiver:
             return self._reject(401, "missing webhook headers")
         if len(msg_id) > MAX_HEADER_VALUE or len(webhook_id) > MAX_HEADER_VALUE:
             return self._reject(401, "oversized webhook headers")
+        if not (msg_id.isascii() and webhook_id.isascii() and header.isascii()):
+            return self._reject(401, "webhook headers that are not ASCII")
         stale = signing.timestamp_error(stamp, self.clock())
         if stale is not None:
             return self._reject(401, f"webhook-timestamp {stale}")
@@ -365,13 +407,11 @@ class Receiver:
         if signing.verify(route.keys(self.clock()), msg_id, stamp, header, body) is None:
             return self._reject(401, "bad signature")
         try:
-            document = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            return self._reject(400, "body is not JSON")
-        if not isinstance(document, dict):
-            return self._reject(400, "body is not a JSON object")
+            document = parse_body(body)
+        except BadBody as exc:
+            return self._reject(400, str(exc))
         if "type" in document:
-            return await self._control(route, document)
+            return await self._control(route, msg_id, document)
         return await self._event(route, document)
 
     async def _unrouted(
@@ -381,10 +421,10 @@ class Receiver:
         matched = self.routes.match_in_flight(msg_id, stamp, header, body)
         if matched is not None:
             try:
-                document = json.loads(body)
-            except (ValueError, UnicodeDecodeError):
+                document: dict[str, Any] | None = parse_body(body)
+            except BadBody:
                 document = None
-            if isinstance(document, dict) and document.get("type") == "verification":
+            if document is not None and document.get("type") == "verification":
                 key, _secret = matched
                 return self._verification(key.name, webhook_id, document)
         # The subscribe response has not reached us yet: the sender retries after its backoff.
@@ -398,11 +438,23 @@ class Receiver:
         logger.info("subscription %s: webhook endpoint verification answered (id %s)", name, webhook_id)
         return web.json_response({"challenge": challenge})
 
-    async def _control(self, route: Route, document: dict[str, Any]) -> web.StreamResponse:
+    def _seen_control(self, webhook_id: str, msg_id: str) -> bool:
+        """Whether this control envelope was handled already (a retry); remembers it otherwise."""
+        key = (webhook_id, msg_id)
+        if key in self._control_ids:
+            return True
+        self._control_ids[key] = None
+        while len(self._control_ids) > SEEN_CONTROL_IDS:
+            self._control_ids.popitem(last=False)
+        return False
+
+    async def _control(self, route: Route, msg_id: str, document: dict[str, Any]) -> web.StreamResponse:
         kind = document.get("type")
         name = route.key.name
         if kind == "verification":
             return self._verification(name, route.webhook_id, document)
+        if kind in ("gap", "terminated") and (route.webhook_id, msg_id) in self._control_ids:
+            return _status(204)  # a retry of one already handled
         if kind == "gap":
             cursor = document.get("cursor")
             if cursor is not None and not isinstance(cursor, str):
@@ -410,6 +462,7 @@ class Receiver:
             result = await self._commit.submit(WebhookDelivery(route.key, None, cursor, truncated=True))
             if result is None:
                 return self._reject(503, "not stored")
+            self._seen_control(route.webhook_id, msg_id)
             self.counts["gaps"] += 1
             logger.warning(
                 "subscription %s: gap: the server skipped events (webhook gap); now at cursor %s",
@@ -420,6 +473,7 @@ class Receiver:
         if kind == "terminated":
             error = document.get("error")
             error = error if isinstance(error, dict) else {}
+            self._seen_control(route.webhook_id, msg_id)
             self.counts["terminated"] += 1
             if self.on_terminated is not None:
                 await self.on_terminated(name, error)
