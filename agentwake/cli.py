@@ -100,6 +100,18 @@ def run(config: ConfigOption = DEFAULT_CONFIG_PATH) -> None:
         anyio.run(_run_service, cfg)
     except AgentwakeError as exc:
         raise _fail(exc) from None
+    except BaseExceptionGroup as group:
+        # A start-up failure inside a task group (say the webhook port is taken) comes out wrapped.
+        leaf = _single_leaf(group)
+        if isinstance(leaf, AgentwakeError):
+            raise _fail(leaf) from None
+        raise
+
+
+def _single_leaf(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _config_dir(cfg: AgentwakeConfig) -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import socket
 import stat
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -241,3 +242,19 @@ async def test_rotate_secret_stores_a_pending_secret_and_never_prints_it(tmp_pat
     unknown = runner.invoke(app, ["rotate-secret", "nope", "-c", str(config)])
     assert unknown.exit_code == 2
     assert "no webhook subscription named 'nope'" in unknown.output
+
+
+def test_run_says_plainly_when_the_webhook_port_is_taken(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        path = tmp_path / "agentwake.toml"
+        path.write_text(
+            f'[store]\npath = "aw.db"\n[webhook]\nlisten = "127.0.0.1:{port}"\n'
+            f'public_url = "https://127.0.0.1:{port}"\n'
+        )
+        result = runner.invoke(app, ["run", "-c", str(path)])
+    assert result.exit_code == 1
+    assert f"the webhook receiver cannot listen on 127.0.0.1:{port}" in " ".join(result.output.split())
+    assert "Traceback" not in result.output
