@@ -3,9 +3,10 @@
     python -m examples.demo_server                       # stdio
     python -m examples.demo_server --http 127.0.0.1:8765 # Streamable HTTP at /mcp
 
-Event types (each offers poll and push delivery):
+Event types (each offers poll and push delivery, and webhook when DEMO_WEBHOOK_TTL_MS is set):
   ticket.created  replayable; backed by a durable SQLite file, cursor = ticket sequence number
-                  (push streams check the store every nextPollMs)
+                  (push streams and webhook subscriptions check the store every nextPollMs, and
+                  at once when this server creates a ticket)
   alert.fired     emit-only; generated on a timer, served from the ring buffer
   system.load     emit-only with no replay (cursor is always null)
 
@@ -21,7 +22,20 @@ Settings come from flags or the environment (flags win):
   DEMO_NEXT_POLL_MS    nextPollMs the server recommends (default 1000)
   DEMO_HEARTBEAT_MS    how long a push stream (events/stream) stays silent before a heartbeat,
                        in ms (default 30000, at most 30000; larger values are capped)
-  DEMO_TOKEN           when set, HTTP requests need "Authorization: Bearer <token>"
+  DEMO_TOKEN           when set, HTTP requests need "Authorization: Bearer <token>" (401 otherwise),
+                       checked by the SDK's bearer auth; the caller is then the principal "demo-user"
+
+Webhook delivery (events/subscribe) needs an authenticated principal, so it is only usable over
+HTTP with DEMO_TOKEN set (stdio has no principal: subscribe answers Forbidden there):
+  DEMO_WEBHOOK_TTL_MS      the longest TTL granted, in ms; setting it turns webhook delivery on
+                           (unset: no webhook)
+  DEMO_WEBHOOK_MIN_TTL_MS  the shortest TTL granted, in ms (default 1000)
+  DEMO_WEBHOOK_ALLOW       comma-separated CIDR blocks the SSRF guard lets callbacks reach
+                           (e.g. 127.0.0.0/8 for a receiver on this machine; default none)
+  DEMO_WEBHOOK_CA          a PEM CA bundle trusted for callback TLS, besides the system store
+  DEMO_WEBHOOK_RETRY_S     the first retry backoff of a failed delivery, in seconds (default 1)
+  DEMO_WEBHOOK_STORE       SQLite file for webhook subscriptions; with it, subscriptions survive a
+                           restart and ttlMs: null is granted as no expiry
 """
 
 from __future__ import annotations
@@ -33,15 +47,18 @@ import random
 import secrets
 import socket
 import sqlite3
+import ssl
 import sys
 import threading
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import anyio
+from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
@@ -52,6 +69,8 @@ from agentwake.server import (
     EventContext,
     EventResult,
     EventsExtension,
+    SqliteWebhookStore,
+    WebhookSettings,
     isoformat,
 )
 
@@ -70,6 +89,14 @@ TITLES = (
 )
 
 
+DEFAULT_WEBHOOK_MIN_TTL_MS = 1000
+DEFAULT_WEBHOOK_RETRY_S = 1.0
+DEMO_PRINCIPAL = "demo-user"
+DEMO_CLIENT_ID = "demo-client"
+# Required by the SDK's AuthSettings; nothing is fetched from it (the demo issues no tokens).
+DEMO_ISSUER_URL = "https://auth.demo.invalid/"
+
+
 @dataclass(frozen=True)
 class DemoSettings:
     db: Path = Path("demo.db")
@@ -80,10 +107,19 @@ class DemoSettings:
     next_poll_ms: int = 1000
     heartbeat_ms: int = MAX_HEARTBEAT_MS
     token: str | None = None
+    webhook_ttl_ms: int | None = None
+    webhook_min_ttl_ms: int = DEFAULT_WEBHOOK_MIN_TTL_MS
+    webhook_allow: tuple[str, ...] = ()
+    webhook_ca: Path | None = None
+    webhook_retry_s: float = DEFAULT_WEBHOOK_RETRY_S
+    webhook_store: Path | None = None
 
     @classmethod
     def from_env(cls, env: MutableMapping[str, str] | None = None) -> DemoSettings:
         env = os.environ if env is None else env
+        ttl = env.get("DEMO_WEBHOOK_TTL_MS")
+        ca = env.get("DEMO_WEBHOOK_CA")
+        store = env.get("DEMO_WEBHOOK_STORE")
         return cls(
             db=Path(env.get("DEMO_DB", "demo.db")),
             rate=float(env.get("DEMO_RATE", "0.5")),
@@ -93,7 +129,18 @@ class DemoSettings:
             next_poll_ms=int(env.get("DEMO_NEXT_POLL_MS", "1000")),
             heartbeat_ms=heartbeat_ms(env.get("DEMO_HEARTBEAT_MS", str(MAX_HEARTBEAT_MS))),
             token=env.get("DEMO_TOKEN") or None,
+            webhook_ttl_ms=int(ttl) if ttl else None,
+            webhook_min_ttl_ms=int(env.get("DEMO_WEBHOOK_MIN_TTL_MS", str(DEFAULT_WEBHOOK_MIN_TTL_MS))),
+            webhook_allow=cidr_list(env.get("DEMO_WEBHOOK_ALLOW", "")),
+            webhook_ca=Path(ca) if ca else None,
+            webhook_retry_s=float(env.get("DEMO_WEBHOOK_RETRY_S", str(DEFAULT_WEBHOOK_RETRY_S))),
+            webhook_store=Path(store) if store else None,
         )
+
+
+def cidr_list(value: str) -> tuple[str, ...]:
+    """Comma-separated CIDR blocks, blanks ignored."""
+    return tuple(part.strip() for part in value.split(",") if part.strip())
 
 
 def heartbeat_ms(value: str) -> int:
@@ -310,17 +357,28 @@ class DemoServer:
         self.store = TicketStore(settings.db)
         self.rng = random.Random()
         self.alerts: dict[str, dict[str, Any]] = {}
+        self.webhook_store = (
+            SqliteWebhookStore(settings.webhook_store) if settings.webhook_store is not None else None
+        )
         self.events = EventsExtension(
             emit_buffer=EmitBuffer(max_events=10_000),
             default_next_poll_ms=settings.next_poll_ms,
             heartbeat_ms=settings.heartbeat_ms,
+            webhook=webhook_settings(settings, self.webhook_store),
         )
         self._declare_events()
+        auth: dict[str, Any] = {}
+        if settings.token:
+            auth = {
+                "token_verifier": DemoTokenVerifier(settings.token),
+                "auth": AuthSettings(issuer_url=DEMO_ISSUER_URL, resource_server_url=None),  # type: ignore[arg-type]
+            }
         self.mcp: MCPServer[Any] = MCPServer(
             "agentwake-demo",
             instructions="A demo help desk: tickets, alerts and a load gauge.",
             extensions=[self.events],
             log_level="WARNING",
+            **auth,
         )
         self.events.install(self.mcp)
         self._declare_tools()
@@ -413,7 +471,7 @@ class DemoServer:
 
     def _declare_tools(self) -> None:
         # ToolError: the message reaches the caller; any other exception is reported as a crash.
-        store, alerts = self.store, self.alerts
+        store, alerts, events = self.store, self.alerts, self.events
 
         @self.mcp.tool()
         def list_tickets(
@@ -437,7 +495,9 @@ class DemoServer:
             """Open a ticket; returns its id. This fires ticket.created."""
             if queue not in QUEUES or priority not in PRIORITIES:
                 raise ToolError(f"queue must be one of {QUEUES} and priority one of {PRIORITIES}")
-            return store.create([(queue, priority, title, body, reporter)])[0]
+            ticket_id = store.create([(queue, priority, title, body, reporter)])[0]
+            events.wake("ticket.created")  # push and webhook subscribers read now, not at the next poll
+            return ticket_id
 
         @self.mcp.tool()
         def add_comment(ticket_id: str, body: str) -> str:
@@ -516,8 +576,12 @@ class DemoServer:
             if isinstance(result, Awaitable):
                 await result
 
+    def new_ticket(self) -> None:
+        self.store.create([random_ticket(self.rng)])
+        self.events.wake("ticket.created")
+
     async def _tickets_forever(self) -> None:
-        await self._every(1.0 / self.settings.rate, lambda: self.store.create([random_ticket(self.rng)]))
+        await self._every(1.0 / self.settings.rate, self.new_ticket)
 
     async def serve(self, run_transport: Callable[[], Awaitable[None]]) -> None:
         self.seed_backlog()
@@ -537,9 +601,8 @@ class DemoServer:
     async def serve_http(self, host: str, port: int) -> None:
         import uvicorn
 
+        # With DEMO_TOKEN the SDK's bearer auth answers 401 to a missing or wrong token.
         app: Any = self.mcp.streamable_http_app()
-        if self.settings.token:
-            app = _require_bearer(app, self.settings.token)
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
         # Bind first, so port 0 works and the address can be announced before serving.
         sock = socket.create_server((host, port), backlog=128)
@@ -548,26 +611,33 @@ class DemoServer:
         await self.serve(lambda: server.serve(sockets=[sock]))
 
 
-def _require_bearer(app: Any, token: str) -> Any:
-    """A tiny ASGI guard: every HTTP request needs the bearer token."""
-    expected = f"Bearer {token}".encode()
+class DemoTokenVerifier:
+    """The SDK's TokenVerifier for one static token: the caller is the principal "demo-user"."""
 
-    async def guarded(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            headers = dict(scope.get("headers") or [])
-            if not secrets.compare_digest(headers.get(b"authorization", b""), expected):
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 401,
-                        "headers": [(b"content-type", b"text/plain")],
-                    }
-                )
-                await send({"type": "http.response.body", "body": b"missing or wrong bearer token"})
-                return
-        await app(scope, receive, send)
+    def __init__(self, token: str) -> None:
+        self._token = token
 
-    return guarded
+    async def verify_token(self, token: str) -> AccessToken | None:
+        if not secrets.compare_digest(token.encode(), self._token.encode()):
+            return None
+        return AccessToken(token=token, client_id=DEMO_CLIENT_ID, scopes=[], subject=DEMO_PRINCIPAL)
+
+
+def webhook_settings(settings: DemoSettings, store: SqliteWebhookStore | None) -> WebhookSettings | None:
+    """Webhook delivery from the DEMO_WEBHOOK_* settings; None (no webhook) without a TTL."""
+    if settings.webhook_ttl_ms is None:
+        return None
+    trust = ssl.create_default_context()
+    if settings.webhook_ca is not None:
+        trust.load_verify_locations(cafile=settings.webhook_ca)
+    return WebhookSettings(
+        max_ttl=timedelta(milliseconds=settings.webhook_ttl_ms),
+        min_ttl=timedelta(milliseconds=settings.webhook_min_ttl_ms),
+        store=store,
+        allow_networks=settings.webhook_allow,
+        ssl_context=trust,
+        retry_initial=timedelta(seconds=settings.webhook_retry_s),
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, DemoSettings]:
@@ -599,6 +669,39 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, DemoS
         default=env.heartbeat_ms,
         help=f"push stream heartbeat interval in ms (at most {MAX_HEARTBEAT_MS})",
     )
+    parser.add_argument(
+        "--webhook-ttl-ms",
+        type=int,
+        default=env.webhook_ttl_ms,
+        help="the longest webhook subscription TTL granted, in ms; turns webhook delivery on",
+    )
+    parser.add_argument(
+        "--webhook-min-ttl-ms",
+        type=int,
+        default=env.webhook_min_ttl_ms,
+        help="the shortest webhook subscription TTL granted, in ms",
+    )
+    parser.add_argument(
+        "--webhook-allow",
+        type=cidr_list,
+        default=env.webhook_allow,
+        help="comma-separated CIDR blocks webhook callbacks may reach despite the SSRF guard",
+    )
+    parser.add_argument(
+        "--webhook-ca", type=Path, default=env.webhook_ca, help="PEM CA bundle trusted for callback TLS"
+    )
+    parser.add_argument(
+        "--webhook-retry-s",
+        type=float,
+        default=env.webhook_retry_s,
+        help="first retry backoff of a failed webhook delivery, in seconds",
+    )
+    parser.add_argument(
+        "--webhook-store",
+        type=Path,
+        default=env.webhook_store,
+        help="SQLite file for webhook subscriptions (survive restarts; allows no-expiry grants)",
+    )
     args = parser.parse_args(argv)
     settings = DemoSettings(
         db=args.db,
@@ -609,6 +712,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, DemoS
         next_poll_ms=args.next_poll_ms,
         heartbeat_ms=args.heartbeat_ms,
         token=env.token,
+        webhook_ttl_ms=args.webhook_ttl_ms,
+        webhook_min_ttl_ms=args.webhook_min_ttl_ms,
+        webhook_allow=args.webhook_allow,
+        webhook_ca=args.webhook_ca,
+        webhook_retry_s=args.webhook_retry_s,
+        webhook_store=args.webhook_store,
     )
     return args, settings
 
@@ -620,6 +729,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     logger.setLevel(logging.INFO)  # its own lines: what callers changed
     demo = DemoServer(settings)
+    if settings.webhook_ttl_ms is not None and not (args.http and settings.token):
+        logger.warning(
+            "webhook delivery needs an authenticated caller: events/subscribe answers Forbidden"
+            " unless serving --http with DEMO_TOKEN set"
+        )
     try:
         if args.http:
             host, _, port = args.http.rpartition(":")
@@ -630,6 +744,8 @@ def main(argv: list[str] | None = None) -> None:
         pass
     finally:
         demo.store.close()
+        if demo.webhook_store is not None:
+            demo.webhook_store.close()
 
 
 if __name__ == "__main__":
