@@ -383,7 +383,7 @@ class EventsExtension(Extension):
         """Stop serving ``name``; its webhook subscriptions are terminated (NotFound)."""
         self._types.pop(name, None)
         if self._webhooks is not None:
-            self._webhooks.wake(name)
+            self._webhooks.terminate(name, not_found(name), None)
 
     def event_types(self) -> list[EventType]:
         return list(self._types.values())

@@ -257,6 +257,10 @@ def retry_delay_s(settings: WebhookSettings, attempt: int, jitter: float) -> flo
     return base * (1.0 + RETRY_JITTER * jitter)
 
 
+def _header_safe(value: str) -> bool:
+    return bool(value) and all("!" <= char <= "~" for char in value)
+
+
 def control_id(kind: str) -> str:
     """webhook-id of a control envelope: ``msg_<type>_<random>``."""
     return f"msg_{kind}_{secrets.token_hex(8)}"
@@ -699,6 +703,12 @@ class WebhookSubscription:
     # ---- one delivery ------------------------------------------------------------------
 
     async def _deliver_event(self, seq: int, event: Event) -> None:
+        if not _header_safe(event.event_id):
+            # It goes out as the webhook-id header, so it must be one.
+            logger.warning("webhook subscription %s: an eventId is not header-safe; abandoned", self.id)
+            self._slots.release()
+            self._finished(seq)
+            return
         wire = event.to_wire()
 
         def body() -> dict[str, Any]:
@@ -725,7 +735,7 @@ class WebhookSubscription:
             acknowledged = await self._attempts(msg_id, body)
         finally:
             self._slots.release()
-        self.watermark.done(seq)
+        self._finished(seq)
         logger.debug(
             "webhook subscription %s: %s %s; watermark %s",
             self.id,
@@ -733,6 +743,9 @@ class WebhookSubscription:
             "acknowledged" if acknowledged else "abandoned",
             self.watermark.value,
         )
+
+    def _finished(self, seq: int) -> None:
+        self.watermark.done(seq)
         progress, self._progress = self._progress, anyio.Event()
         progress.set()
 
@@ -760,7 +773,11 @@ class WebhookSubscription:
                     settings.max_body_bytes,
                 )
                 return False
-            outcome = await self.webhooks.post(self, msg_id, payload)
+            try:
+                outcome = await self.webhooks.post(self, msg_id, payload)
+            except Exception:  # a bug, not the endpoint: drop this delivery, keep the subscription
+                logger.exception("webhook subscription %s: delivery %s could not be sent", self.id, msg_id)
+                return False
             attempts += 1
             self._note(outcome)
             if outcome.ok:
@@ -911,8 +928,11 @@ class Webhooks:
         async with self._locks.hold(sid):
             existing = self._subs.get(sid)
             now = self.extension.now()
-            if existing is not None and (existing.expired(now) or existing.event_type is not event_type):
+            if existing is not None and existing.expired(now):
                 await self._end(existing, "expired")
+                existing = None
+            elif existing is not None and existing.event_type is not event_type:
+                await self._end(existing, "its event type was declared again")
                 existing = None
             if existing is None:
                 limit = self.settings.max_subscriptions
@@ -1021,17 +1041,19 @@ class Webhooks:
 
     async def _ensure_verified(self, principal: str, url: str, key: bytes, sid: str) -> datetime:
         """When (principal, url) proved intent, verifying it now if that is not on record."""
-        verified_at = self._verified.get((principal, url))
-        now = self.extension.now()
-        if verified_at is not None and now < verified_at + self.settings.verification_ttl:
-            return verified_at
-        host = URL(url).host or ""
-        if not self._buckets.take(host, anyio.current_time()):
-            logger.warning("webhook verification to host %s refused: rate limit", host)
-            raise resource_exhausted("verifications")
-        await self._verify(url, key, sid)
-        self._verified[(principal, url)] = now
-        return now
+        # One handshake at a time per (principal, url): concurrent subscribes share its result.
+        async with self._locks.hold(canonical_json(["verification", principal, url])):
+            verified_at = self._verified.get((principal, url))
+            now = self.extension.now()
+            if verified_at is not None and now < verified_at + self.settings.verification_ttl:
+                return verified_at
+            host = (URL(url).raw_host or "").lower()
+            if not self._buckets.take(host, anyio.current_time()):
+                logger.warning("webhook verification to host %s refused: rate limit", host)
+                raise resource_exhausted("verifications")
+            await self._verify(url, key, sid)
+            self._verified[(principal, url)] = now
+            return now
 
     async def _verify(self, url: str, key: bytes, sid: str) -> None:
         """POST a verification envelope signed with this request's secret; the endpoint must echo it."""
