@@ -384,3 +384,19 @@ async def test_a_body_over_the_size_limit_is_never_sent(ca: trustme.CA, signals:
         assert await signals.done("inc-1", "inc-2") == ["abandoned", "acknowledged"]
     (only,) = receiver.events()
     assert only["eventId"] == "inc-2" and only["cursor"].endswith("-2")
+
+
+async def test_an_event_id_that_cannot_be_a_header_is_abandoned_and_delivery_goes_on(
+    ca: trustme.CA, signals: Signals
+) -> None:
+    caller = Caller()
+    events = incidents(ca, caller)
+    async with Receiver(ca) as receiver, serving(events, caller) as wire:
+        await wire.subscribe("incident.created", receiver.url(), new_secret())
+        events.emit(incident(1).replace(event_id="bad\r\nX-Injected: 1"))
+        events.emit(incident(2))
+        delivered = await receiver.next("event")
+        await signals.done("inc-2")
+    assert delivered.document["eventId"] == "inc-2"
+    assert [r.document["eventId"] for r in receiver.of("event")] == ["inc-2"]
+    assert all("x-injected" not in r.headers for r in receiver.received)
