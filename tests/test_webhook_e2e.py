@@ -1,0 +1,218 @@
+"""Webhook delivery end to end: the demo server over Streamable HTTP (real bearer auth) signs and POSTs
+each ticket over real TLS to our receiver, which stores it in the inbox; the agent runs on it through
+litellm against the fake LLM on loopback. Short TTLs make the refresh loop do its work for real.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import trustme
+from _rig import KEY_ENV
+from conftest import DemoHTTP, free_port, running_demo_http
+from fake_llm import FakeLLM, text
+
+from agentwake import protocol
+from agentwake.agent.runner import AgentRunner
+from agentwake.agent.tools import ConnectionPool
+from agentwake.config import AgentwakeConfig, parse_config
+from agentwake.errors import EventsCallError
+from agentwake.mcp import ServerConnection
+from agentwake.store import Store
+from agentwake.supervisor import Supervisor
+from examples.demo_server import TicketStore
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+TOKEN = "demo-token-for-tests"
+PROMPTS = Path(__file__).resolve().parent.parent / "prompts"
+
+
+@dataclass
+class Tls:
+    cert: Path  # key and chain, for the receiver
+    ca: Path  # the CA the demo server trusts for callbacks
+
+
+@pytest.fixture
+def tls(tmp_path: Path) -> Tls:
+    ca = trustme.CA()
+    cert = tmp_path / "receiver.pem"
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(cert))
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    return Tls(cert, ca_file)
+
+
+@asynccontextmanager
+async def webhook_demo(tmp_path: Path, tls: Tls, ttl_ms: int = 1500) -> AsyncIterator[DemoHTTP]:
+    async with running_demo_http(
+        tmp_path / "demo.db",
+        DEMO_TOKEN=TOKEN,
+        DEMO_WEBHOOK_TTL_MS=str(ttl_ms),
+        DEMO_WEBHOOK_MIN_TTL_MS="500",
+        DEMO_WEBHOOK_ALLOW="127.0.0.0/8",
+        DEMO_WEBHOOK_CA=str(tls.ca),
+        DEMO_WEBHOOK_RETRY_S="0.1",
+        DEMO_NEXT_POLL_MS="100",
+    ) as demo:
+        yield demo
+
+
+def config(
+    tmp_path: Path,
+    demo: DemoHTTP,
+    tls: Tls,
+    port: int,
+    *,
+    subscriptions: list[dict[str, Any]],
+    webhook: bool = True,
+    agent: dict[str, Any] | None = None,
+) -> AgentwakeConfig:
+    data: dict[str, Any] = {
+        "store": {"path": str(tmp_path / "aw.db")},
+        "servers": {
+            "demo": {
+                "url": demo.url,
+                "headers": {"Authorization": f"Bearer {TOKEN}"},
+                "connect_timeout_s": 10,
+            }
+        },
+        "subscriptions": subscriptions,
+        "policy": {"dir": str(tmp_path / "no-policies")},
+    }
+    if webhook:
+        data["webhook"] = {
+            "listen": f"127.0.0.1:{port}",
+            "public_url": f"https://127.0.0.1:{port}/hooks",
+            "tls_cert": str(tls.cert),
+            "tls_key": str(tls.cert),
+            "ttl_ms": 1500,
+        }
+    if agent is not None:
+        data["agent"] = agent
+    return parse_config(data, env={})
+
+
+TICKETS = {"name": "tickets", "server": "demo", "event": "ticket.created", "delivery": "auto"}
+
+
+async def wait_refreshes(supervisor: Supervisor, store: Store, name: str, count: int) -> None:
+    """Every subscribe and refresh binds the receiver's route; wait for ``count`` stored refreshes."""
+    while True:
+        record = store.webhook_sync(name)
+        if record is not None and record.refreshes >= count:
+            return
+        await supervisor.routes.wait_binds(supervisor.routes.binds + 1)
+
+
+async def test_tickets_arrive_by_webhook_wake_the_agent_and_refreshes_keep_the_subscription_alive(
+    tmp_path: Path, tls: Tls, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(KEY_ENV, "sk-test")
+    port = free_port()
+    async with webhook_demo(tmp_path, tls) as demo, FakeLLM() as fake:
+        fake.responder = lambda body: text("noted")
+        cfg = config(
+            tmp_path,
+            demo,
+            tls,
+            port,
+            subscriptions=[TICKETS],
+            agent={
+                "model": "openai/fake",
+                "api_base": fake.url,
+                "api_key_env": KEY_ENV,
+                "prompts": str(PROMPTS),
+                "attempt_backoff_s": 0,
+            },
+        )
+        store = await Store.open(cfg.store.path)
+        pool = ConnectionPool()
+        try:
+            runner = AgentRunner.build(cfg, store, pool)
+            supervisor = Supervisor(cfg, store, agent=runner, pool=pool)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(supervisor.run)
+                with anyio.fail_after(30):
+                    # Several short TTLs pass: only the refreshes keep the server delivering.
+                    await wait_refreshes(supervisor, store, "tickets", 5)
+                upstream = TicketStore(demo.db)
+                try:
+                    upstream.create(
+                        [("support", "P2", f"webhook ticket {n}", "", "amy@example.com") for n in range(3)]
+                    )
+                finally:
+                    upstream.close()
+                with anyio.fail_after(30):
+                    await fake.wait_for_requests(3, timeout=30)
+                    while store.state_counts_sync()["done"] < 3:
+                        await supervisor.routes.wait_binds(supervisor.routes.binds + 1)
+                    # One more refresh: its cursor is the watermark after every delivery was acknowledged.
+                    record = store.webhook_sync("tickets")
+                    assert record is not None
+                    await wait_refreshes(supervisor, store, "tickets", record.refreshes + 1)
+                tg.cancel_scope.cancel()
+            [row] = store.subscriptions_sync()
+            assert row["mode"] == "webhook"  # auto picked it: [webhook] is configured and the type offers it
+            assert store.event_ids_sync("tickets") == ["T-000001", "T-000002", "T-000003"]
+            assert (row["events_received"], row["duplicates"]) == (3, 0)
+            assert row["cursor"] == "3"
+            webhook = row["webhook"]
+            assert webhook["id"].startswith("sub_") and webhook["refreshes"] >= 5
+            assert webhook["url"] == f"https://127.0.0.1:{port}/hooks/tickets"
+            assert webhook["delivery_status"]["active"] is True
+            runs = [r for e in store.find_events_sync("T-000002") for r in e["runs"]]
+            assert [r["status"] for r in runs] == ["completed"]
+            assert supervisor.receiver is not None and supervisor.receiver.counts["verifications"] == 1
+        finally:
+            await store.close()
+
+
+async def test_a_restart_keeps_the_subscription_and_removing_it_from_the_config_unsubscribes_it(
+    tmp_path: Path, tls: Tls
+) -> None:
+    port = free_port()
+    async with webhook_demo(tmp_path, tls, ttl_ms=60_000) as demo:
+        with_tickets = config(tmp_path, demo, tls, port, subscriptions=[TICKETS])
+        ids = []
+        for _ in range(2):  # a start, then a restart with the same config
+            store = await Store.open(with_tickets.store.path)
+            try:
+                supervisor = Supervisor(with_tickets, store, processing=False)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(supervisor.run)
+                    with anyio.fail_after(30):
+                        await wait_refreshes(supervisor, store, "tickets", len(ids) + 1)
+                    tg.cancel_scope.cancel()
+                record = store.webhook_sync("tickets")
+                assert record is not None
+                ids.append(record.webhook_id)
+                assert store.to_unsubscribe_sync() == []
+            finally:
+                await store.close()
+        assert ids[0] == ids[1]  # the same server-side subscription, refreshed
+
+        without = config(tmp_path, demo, tls, port, subscriptions=[], webhook=False)
+        store = await Store.open(without.store.path)
+        try:
+            with anyio.fail_after(30):
+                # Only the clean-up has to happen: the run ends once the server is told.
+                await Supervisor(without, store, processing=False).run()
+            assert store.to_unsubscribe_sync() == []
+            assert store.retired_webhook_ids_sync() == {ids[0]}
+            assert store.webhook_sync("tickets") is None
+        finally:
+            await store.close()
+
+        async with ServerConnection("demo", without.servers["demo"]) as conn:
+            with pytest.raises(EventsCallError) as gone:
+                await conn.unsubscribe(
+                    "ticket.created", {}, f"https://127.0.0.1:{port}/hooks/tickets", subscription="tickets"
+                )
+        assert gone.value.code == protocol.NOT_FOUND  # the server no longer has it
