@@ -5,12 +5,16 @@ litellm against the fake LLM on loopback. Short TTLs make the refresh loop do it
 
 from __future__ import annotations
 
+import json
+import ssl
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import anyio
 import pytest
 import trustme
@@ -18,13 +22,13 @@ from _rig import KEY_ENV
 from conftest import DemoHTTP, free_port, running_demo_http
 from fake_llm import FakeLLM, text
 
-from agentwake import protocol
+from agentwake import protocol, signing
 from agentwake.agent.runner import AgentRunner
 from agentwake.agent.tools import ConnectionPool
 from agentwake.config import AgentwakeConfig, parse_config
 from agentwake.errors import EventsCallError
 from agentwake.mcp import ServerConnection
-from agentwake.store import Store
+from agentwake.store import Store, WebhookRecord
 from agentwake.supervisor import Supervisor
 from examples.demo_server import TicketStore
 
@@ -216,3 +220,104 @@ async def test_a_restart_keeps_the_subscription_and_removing_it_from_the_config_
                     "ticket.created", {}, f"https://127.0.0.1:{port}/hooks/tickets", subscription="tickets"
                 )
         assert gone.value.code == protocol.NOT_FOUND  # the server no longer has it
+
+
+async def test_a_rotated_secret_goes_out_on_the_next_refresh_and_deliveries_keep_verifying(
+    tmp_path: Path, tls: Tls
+) -> None:
+    port = free_port()
+    async with webhook_demo(tmp_path, tls) as demo:
+        cfg = config(tmp_path, demo, tls, port, subscriptions=[TICKETS])
+        store = await Store.open(cfg.store.path)
+        try:
+            supervisor = Supervisor(cfg, store, processing=False)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(supervisor.run)
+                with anyio.fail_after(30):
+                    await wait_refreshes(supervisor, store, "tickets", 1)
+                    before = store.webhook_sync("tickets")
+                    assert before is not None
+                    # What `agentwake rotate-secret tickets` does, from another connection to the file.
+                    cli_store = Store.open_existing(cfg.store.path)
+                    try:
+                        assert cli_store.request_rotation_sync(["tickets"], signing.generate_secret) == [
+                            "tickets"
+                        ]
+                    finally:
+                        cli_store.close_sync()
+                    while (after := store.webhook_sync("tickets")) is None or after.secret == before.secret:
+                        await supervisor.routes.wait_binds(supervisor.routes.binds + 1)
+                assert after.previous_secret == before.secret and after.pending_secret is None
+                assert after.webhook_id == before.webhook_id
+                upstream = TicketStore(demo.db)
+                try:
+                    upstream.create([("support", "P1", "after the rotation", "", "bo@example.com")])
+                finally:
+                    upstream.close()
+                with anyio.fail_after(30):
+                    while not store.event_ids_sync("tickets"):
+                        await supervisor._wake.wait()
+                        supervisor._wake = anyio.Event()
+                tg.cancel_scope.cancel()
+            assert store.event_ids_sync("tickets") == ["T-000001"]
+        finally:
+            await store.close()
+
+
+async def test_a_terminated_envelope_ends_the_subscription_and_its_id_is_refused_from_then_on(
+    tmp_path: Path, tls: Tls
+) -> None:
+    port = free_port()
+    context = ssl.create_default_context(cafile=str(tls.ca))
+    async with webhook_demo(tmp_path, tls, ttl_ms=60_000) as demo:
+        cfg = config(tmp_path, demo, tls, port, subscriptions=[TICKETS])
+        store = await Store.open(cfg.store.path)
+        try:
+            supervisor = Supervisor(cfg, store, processing=False)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(supervisor.run)
+                with anyio.fail_after(30):
+                    await wait_refreshes(supervisor, store, "tickets", 1)
+                record = store.webhook_sync("tickets")
+                assert record is not None and record.webhook_id is not None
+                # Signed as the server signs it: the subscription's own secret.
+                envelope = {
+                    "type": "terminated",
+                    "error": {"code": -32012, "message": "Forbidden", "data": {"reason": "access revoked"}},
+                }
+                assert await post_signed(port, context, record, "msg_terminated_1", envelope) == 204
+                [row] = store.subscriptions_sync()
+                assert row["status"] == "ended"
+                assert "access revoked" in row["last_error"]
+                assert store.webhook_sync("tickets") is None
+                late = {
+                    "eventId": "T-9",
+                    "name": "ticket.created",
+                    "timestamp": "2026-12-02T00:00:00Z",
+                    "data": {},
+                }
+                assert await post_signed(port, context, record, "T-9", late) == 410
+                tg.cancel_scope.cancel()
+            assert store.event_ids_sync("tickets") == []
+            assert store.to_unsubscribe_sync() == []  # the server already dropped it
+        finally:
+            await store.close()
+
+
+async def post_signed(
+    port: int, context: ssl.SSLContext, record: WebhookRecord, msg_id: str, document: dict[str, Any]
+) -> int:
+    assert record.webhook_id is not None
+    body = json.dumps(document).encode()
+    stamp = int(time.time())
+    headers = {
+        "Content-Type": "application/json",
+        signing.HEADER_ID: msg_id,
+        signing.HEADER_TIMESTAMP: str(stamp),
+        signing.HEADER_SIGNATURE: signing.sign([signing.decode_secret(record.secret)], msg_id, stamp, body),
+        signing.HEADER_SUBSCRIPTION: record.webhook_id,
+    }
+    async with aiohttp.ClientSession() as http:
+        url = f"https://127.0.0.1:{port}/hooks/tickets"
+        async with http.post(url, data=body, headers=headers, ssl=context) as reply:
+            return reply.status
