@@ -158,6 +158,7 @@ class Supervisor:
     _active: int = field(default=0, init=False)
     _rule_active: dict[str, int] = field(default_factory=dict, init=False)
     _ended: set[str] = field(default_factory=set, init=False)
+    _ends: anyio.Event = field(default_factory=anyio.Event, init=False)
     routes: WebhookRoutes = field(default_factory=WebhookRoutes)
     receiver: Receiver | None = field(default=None, init=False)
 
@@ -447,6 +448,13 @@ class Supervisor:
         logger.error("subscription %s stopped: %s", sub.name, reason)
         self._ended.add(sub.name)
         await self.store.set_state(sub.name, status="ended", error=reason)
+        ended, self._ends = self._ends, anyio.Event()
+        ended.set()
+
+    async def wait_ended(self, name: str) -> None:
+        """Return once subscription ``name`` has stopped for good (refused, terminated, invalid)."""
+        while name not in self._ended:
+            await self._ends.wait()
 
     # ---- processing --------------------------------------------------------------
 

@@ -19,7 +19,7 @@ import anyio
 import pytest
 import trustme
 from _rig import KEY_ENV
-from conftest import DemoHTTP, free_port, running_demo_http
+from conftest import DemoHTTP, demo_stdio, free_port, running_demo_http
 from fake_llm import FakeLLM, text
 
 from agentwake import protocol, signing
@@ -321,3 +321,40 @@ async def post_signed(
         url = f"https://127.0.0.1:{port}/hooks/tickets"
         async with http.post(url, data=body, headers=headers, ssl=context) as reply:
             return reply.status
+
+
+async def test_webhook_over_an_unauthenticated_connection_ends_with_a_clear_forbidden_message(
+    tmp_path: Path, tls: Tls
+) -> None:
+    port = free_port()
+    server = demo_stdio(tmp_path / "demo.db", DEMO_WEBHOOK_TTL_MS="60000", DEMO_WEBHOOK_ALLOW="127.0.0.0/8")
+    cfg = parse_config(
+        {
+            "store": {"path": str(tmp_path / "aw.db")},
+            "webhook": {
+                "listen": f"127.0.0.1:{port}",
+                "public_url": f"https://127.0.0.1:{port}",
+                "tls_cert": str(tls.cert),
+                "tls_key": str(tls.cert),
+            },
+            "servers": {"demo": server.model_dump(exclude_defaults=True, mode="json")},
+            "subscriptions": [{**TICKETS, "delivery": "webhook"}],
+        },
+        env={},
+    )
+    store = await Store.open(cfg.store.path)
+    try:
+        supervisor = Supervisor(cfg, store, processing=False)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(supervisor.run)
+            with anyio.fail_after(30):
+                # stdio carries no principal, and webhook delivery needs one.
+                await supervisor.wait_ended("tickets")
+            tg.cancel_scope.cancel()
+        [row] = store.subscriptions_sync()
+        assert row["status"] == "ended"
+        assert "subscription 'tickets'" in row["last_error"]
+        assert "refused the webhook subscription (Forbidden" in row["last_error"]
+        assert "needs an authenticated connection" in row["last_error"]
+    finally:
+        await store.close()
