@@ -2,7 +2,6 @@
 
 from agentwake.server._buffer import DEFAULT_BUFFER_MAX_AGE, DEFAULT_BUFFER_MAX_EVENTS, EmitBuffer
 from agentwake.server._errors import (
-    callback_endpoint_error,
     forbidden,
     invalid_params,
     not_found,
@@ -16,7 +15,6 @@ from agentwake.server._extension import (
     EventType,
 )
 from agentwake.server._leases import DEFAULT_POLL_LEASE_TTL
-from agentwake.server._ssrf import is_public
 from agentwake.server._stream import DEFAULT_HEARTBEAT_MS, MAX_HEARTBEAT_MS, STREAM_NOTIFICATIONS
 from agentwake.server._types import Event, EventContext, EventResult, canonical_hash, isoformat
 from agentwake.server._webhook import WebhookSettings, subscription_id
@@ -41,11 +39,9 @@ __all__ = [
     "StoredWebhook",
     "WebhookSettings",
     "WebhookStore",
-    "callback_endpoint_error",
     "canonical_hash",
     "forbidden",
     "invalid_params",
-    "is_public",
     "isoformat",
     "not_found",
     "resource_exhausted",

@@ -521,7 +521,7 @@ class EventsExtension(Extension):
         return self._webhooks.terminate(name, error, where)
 
     async def sweep_webhooks(self) -> int:
-        """End expired webhook subscriptions now (running() does this every half second)."""
+        """End expired webhook subscriptions now (running() does this every ``sweep_interval``)."""
         return 0 if self._webhooks is None else await self._webhooks.sweep()
 
     def serves(self, event_type: EventType) -> bool:

@@ -25,7 +25,9 @@ persist any cursor it receives. Sustained failure suspends delivery until the
 next refresh. A read that skipped events sends a ``gap`` envelope; the server
 ending a subscription sends ``terminated``.
 
-State is in memory unless ``WebhookSettings.store`` is set; then subscriptions
+A subscription past its ``refreshBefore`` is reclaimed (on_unsubscribe) by a
+sweeper every ``sweep_interval``; a late refresh that comes before that still
+finds it held and renews it. State is in memory unless ``WebhookSettings.store`` is set; then subscriptions
 (with their verification and watermark) survive a restart, and ``ttlMs: null``
 may be granted as no expiry.
 """
@@ -101,7 +103,7 @@ DEFAULT_DROP_AFTER: Final = timedelta(days=3)
 # Each retry waits its backoff times a random factor in [1, 1 + RETRY_JITTER).
 RETRY_JITTER: Final = 0.2
 # How often expiry, no-expiry GC and the store flush run.
-SWEEP_INTERVAL_S: Final = 0.5
+DEFAULT_SWEEP_INTERVAL: Final = timedelta(milliseconds=500)
 MAX_URL_LENGTH: Final = 2048
 CHALLENGE_BYTES: Final = 32
 # How much of a verification response we read looking for the echoed challenge.
@@ -148,6 +150,7 @@ class WebhookSettings:
     suspend_window: timedelta = DEFAULT_SUSPEND_WINDOW
     suspend_min_attempts: int = DEFAULT_SUSPEND_MIN_ATTEMPTS
     drop_after: timedelta = DEFAULT_DROP_AFTER
+    sweep_interval: timedelta = DEFAULT_SWEEP_INTERVAL
 
     def __post_init__(self) -> None:
         positive = {
@@ -161,6 +164,7 @@ class WebhookSettings:
             "attempt_timeout": self.attempt_timeout,
             "suspend_window": self.suspend_window,
             "drop_after": self.drop_after,
+            "sweep_interval": self.sweep_interval,
         }
         for name, value in positive.items():
             if value <= timedelta(0):
@@ -885,7 +889,7 @@ class Webhooks:
 
     async def _sweep_forever(self) -> None:
         while True:
-            await anyio.sleep(SWEEP_INTERVAL_S)
+            await anyio.sleep(self.settings.sweep_interval.total_seconds())
             try:
                 await self.sweep()
                 await self.flush()
@@ -927,11 +931,11 @@ class Webhooks:
         sid = subscription_id(principal, url, event_type.name, arguments)
         async with self._locks.hold(sid):
             existing = self._subs.get(sid)
-            now = self.extension.now()
-            if existing is not None and existing.expired(now):
-                await self._end(existing, "expired")
-                existing = None
-            elif existing is not None and existing.event_type is not event_type:
+            if existing is not None and existing.expired(self.extension.now()):
+                # Past refreshBefore but not reclaimed by the sweeper yet: still held, so renewed
+                # in place rather than replayed from the client's cursor.
+                logger.info("webhook subscription %s: refreshed after its refreshBefore", sid)
+            if existing is not None and existing.event_type is not event_type:
                 await self._end(existing, "its event type was declared again")
                 existing = None
             if existing is None:
