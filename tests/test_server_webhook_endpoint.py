@@ -32,8 +32,8 @@ from _webhook_server_support import (
     webhook_settings,
 )
 
-from agentwake.server import EventsExtension, is_public
-from agentwake.server._ssrf import AddressPolicy
+from agentwake.server import EventsExtension
+from agentwake.server._ssrf import AddressPolicy, is_public
 
 pytestmark = pytest.mark.anyio
 

@@ -196,7 +196,9 @@ async def test_a_failing_no_expiry_subscription_is_dropped_after_drop_after_with
 ) -> None:
     caller, now = Caller(), FakeNow()
     store = SqliteWebhookStore(tmp_path / "hooks.db")
-    settings = webhook_settings(ca, store=store, max_attempts=1, drop_after=timedelta(hours=6))
+    settings = webhook_settings(
+        ca, store=store, max_attempts=1, drop_after=timedelta(hours=6), sweep_interval=timedelta(days=1)
+    )  # sweeps by hand: the background one would race the moved clock
     events = EventsExtension(webhook=settings, principal_of=caller, now=now)
     declare_incidents(events)
     gone = anyio.Event()

@@ -46,6 +46,8 @@ from agentwake.server import (
 pytestmark = pytest.mark.anyio
 
 SUBSCRIBE = "events/subscribe"
+# Tests that move a FakeNow past an expiry sweep by hand; the background sweep would race them.
+MANUAL_SWEEPS = timedelta(hours=1)
 
 
 @pytest.fixture(scope="module")
@@ -392,7 +394,9 @@ async def test_an_unrefreshed_subscription_expires_fires_on_unsubscribe_and_stop
     ca: trustme.CA,
 ) -> None:
     caller, now = Caller(), FakeNow()
-    events = EventsExtension(webhook=webhook_settings(ca), principal_of=caller, now=now)
+    events = EventsExtension(
+        webhook=webhook_settings(ca, sweep_interval=MANUAL_SWEEPS), principal_of=caller, now=now
+    )
     declare_incidents(events)
     hooks: list[tuple[str, str]] = []
 
@@ -486,3 +490,29 @@ async def test_a_check_function_type_delivers_what_changed_after_the_cursor(ca: 
     assert result["cursor"] == "1" and result["truncated"] is False
     assert sorted(r.document["eventId"] for r in replayed) == ["t2", "t3"]
     assert live.document["eventId"] == "t4"
+
+
+async def test_a_late_refresh_before_the_sweep_renews_the_subscription_in_place(ca: trustme.CA) -> None:
+    caller, now = Caller(), FakeNow()
+    events = EventsExtension(
+        webhook=webhook_settings(ca, sweep_interval=MANUAL_SWEEPS), principal_of=caller, now=now
+    )
+    declare_incidents(events)
+    hooks: list[str] = []
+
+    @events.on_subscribe("incident.created")
+    def on_subscribe(ctx: EventContext, arguments: dict[str, Any], sid: str) -> None:
+        hooks.append("subscribe")
+
+    @events.on_unsubscribe("incident.created")
+    def on_unsubscribe(ctx: EventContext, arguments: dict[str, Any], sid: str) -> None:
+        hooks.append("unsubscribe")
+
+    async with Receiver(ca) as receiver, serving(events, caller) as wire:
+        secret = new_secret()
+        await wire.subscribe("incident.created", receiver.url(), secret, ttlMs=5_000)
+        now.advance(seconds=6)  # late, but the sweeper has not reclaimed it yet
+        late = await wire.subscribe("incident.created", receiver.url(), secret, ttlMs=5_000)
+        swept = await events.sweep_webhooks()
+    assert "deliveryStatus" in late and late["refreshBefore"] == isoformat(now() + timedelta(seconds=5))
+    assert swept == 0 and hooks == ["subscribe"]
