@@ -1,7 +1,7 @@
 """Real peers for the webhook sender's tests.
 
 ``Receiver`` is an HTTPS endpoint (aiohttp) on loopback with a certificate from
-a throwaway ``trustme`` CA, valid for ``127.0.0.1`` and ``hooks.test``. It
+a throwaway ``trustme`` CA, valid for ``127.0.0.1``, ``hooks.test`` and ``localhost``. It
 records every POST (raw body, headers, the TLS SNI it was reached under) and
 answers through a replaceable ``respond`` function; by default it echoes a
 verification challenge and acknowledges everything else with 200.
@@ -41,7 +41,7 @@ from agentwake import signing
 from agentwake.server import Event, EventContext, EventResult, EventsExtension, WebhookSettings
 
 WAIT = 10.0  # seconds any single expected thing may take
-HOOK_NAMES = ("127.0.0.1", "hooks.test")
+HOOK_NAMES = ("127.0.0.1", "hooks.test", "localhost")
 
 INCIDENT_INPUT: dict[str, Any] = {
     "type": "object",

@@ -188,6 +188,27 @@ async def test_loopback_is_refused_unless_allowlisted(ca: trustme.CA) -> None:
     assert receiver.received == []
 
 
+@pytest.mark.parametrize(
+    ("allow", "reason"), [([], "connection_refused"), (["127.0.0.0/8", "::1/128"], None)]
+)
+async def test_the_system_resolver_is_guarded_too(
+    ca: trustme.CA, allow: list[str], reason: str | None
+) -> None:
+    caller = Caller()
+    events = EventsExtension(
+        webhook=webhook_settings(ca, resolve=None, allow_networks=allow), principal_of=caller
+    )
+    declare_incidents(events)
+    async with Receiver(ca) as receiver, serving(events, caller) as wire:
+        url = receiver.url(host="localhost")  # getaddrinfo: loopback, from the hosts file
+        if reason is None:
+            await wire.subscribe("incident.created", url, new_secret())
+        else:
+            error = await wire.subscribe_error("incident.created", url, new_secret())
+            assert error.data == {"reason": reason}
+    assert len(receiver.received) == (1 if reason is None else 0)
+
+
 async def test_ipv4_mapped_loopback_is_refused_even_with_loopback_allowlisted(ca: trustme.CA) -> None:
     caller = Caller()
     dns = DNS(hooks_test="::ffff:127.0.0.1")
