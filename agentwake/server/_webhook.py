@@ -1112,6 +1112,10 @@ class Webhooks:
         self._tg.start_soon(self._finish_termination, sub, error)
 
     async def _finish_termination(self, sub: WebhookSubscription, error: MCPError) -> None:
+        # Out of the store first, so a restart during the envelope's POST cannot bring it back.
+        async with self._locks.hold(sub.id):
+            if sub.id not in self._subs:  # not re-created under the same key meanwhile
+                await self._delete(sub.id)
         body = encode({"type": "terminated", "error": error_object(error)})
         outcome = await self.post(sub, control_id("terminated"), body)
         logger.info(
@@ -1120,9 +1124,6 @@ class Webhooks:
             error.error.message,
             "delivered" if outcome.ok else f"not delivered ({outcome.category})",
         )
-        async with self._locks.hold(sub.id):
-            if sub.id not in self._subs:  # not re-created under the same key meanwhile
-                await self._delete(sub.id)
         await self._fire_unsubscribe(sub)
 
     # ---- upkeep ------------------------------------------------------------------------
