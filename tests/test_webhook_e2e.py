@@ -164,7 +164,8 @@ async def test_tickets_arrive_by_webhook_wake_the_agent_and_refreshes_keep_the_s
                 tg.cancel_scope.cancel()
             [row] = store.subscriptions_sync()
             assert row["mode"] == "webhook"  # auto picked it: [webhook] is configured and the type offers it
-            assert store.event_ids_sync("tickets") == ["T-000001", "T-000002", "T-000003"]
+            # Several deliveries are in flight at once: arrival order is best effort (the spec says so).
+            assert sorted(store.event_ids_sync("tickets")) == ["T-000001", "T-000002", "T-000003"]
             assert (row["events_received"], row["duplicates"]) == (3, 0)
             assert row["cursor"] == "3"
             webhook = row["webhook"]

@@ -267,8 +267,9 @@ class WebhookLoop:
         )
         if updated is None:  # a terminated envelope retired it while this refresh was in flight
             raise self._terminated()
-        self._bind(key, updated)
         await self.store.ingest(key, [], result.cursor, truncated=result.truncated, cursor_before=cursor)
+        # Last: binding is what marks a refresh as complete (WebhookRoutes.wait_binds).
+        self._bind(key, updated)
         if result.truncated:
             logger.warning(
                 "subscription %s: gap: the server starts delivery after our cursor (truncated); now at cursor %s",
