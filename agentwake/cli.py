@@ -81,6 +81,10 @@ def _setup_logging(level: str) -> None:
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
         datefmt="%Y-%m-%d %H:%M:%S",
     )
+    from agentwake.logs import install_redaction
+
+    for handler in logging.getLogger().handlers:
+        install_redaction(handler)
     # The SDK and HTTP clients are chatty at INFO; their problems reach us as errors anyway.
     for noisy in ("mcp", "httpx", "httpx2", "httpcore", "LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, getattr(logging, level)))

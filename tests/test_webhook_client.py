@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import os
 import random
 import socket
@@ -19,6 +21,7 @@ from agentwake.config import SubscriptionConfig, WebhookConfig, parse_config
 from agentwake.delivery.select import choose_mode
 from agentwake.delivery.webhook import describe_subscribe_error, refresh_delay
 from agentwake.errors import ConfigError, events_call_error
+from agentwake.logs import install_redaction
 from agentwake.store import Store, SubscriptionKey
 
 runner = CliRunner()
@@ -258,3 +261,30 @@ def test_run_says_plainly_when_the_webhook_port_is_taken(tmp_path: Path) -> None
     assert result.exit_code == 1
     assert f"the webhook receiver cannot listen on 127.0.0.1:{port}" in " ".join(result.output.split())
     assert "Traceback" not in result.output
+
+
+def test_log_records_are_redacted_of_secrets_in_messages_arguments_and_tracebacks() -> None:
+    secret = signing.generate_secret()
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    install_redaction(handler)
+    log = logging.getLogger("agentwake.test.redaction")
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    try:
+        log.debug(
+            "sending %s",
+            {"delivery": {"secret": secret}, "headers": "Authorization: Bearer abcdef0123456789xyz"},
+        )
+        try:
+            raise ValueError(f"bad secret {secret}")
+        except ValueError:
+            log.exception("failed")
+        log.info("nothing to hide here")
+    finally:
+        log.removeHandler(handler)
+    text = stream.getvalue()
+    assert secret.removeprefix("whsec_") not in text
+    assert "abcdef0123456789xyz" not in text
+    assert text.count("[REDACTED]") >= 3
+    assert "nothing to hide here" in text

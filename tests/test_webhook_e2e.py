@@ -6,6 +6,7 @@ litellm against the fake LLM on loopback. Short TTLs make the refresh loop do it
 from __future__ import annotations
 
 import json
+import logging
 import ssl
 import time
 from collections.abc import AsyncIterator
@@ -27,6 +28,7 @@ from agentwake.agent.runner import AgentRunner
 from agentwake.agent.tools import ConnectionPool
 from agentwake.config import AgentwakeConfig, parse_config
 from agentwake.errors import EventsCallError
+from agentwake.logs import install_redaction
 from agentwake.mcp import ServerConnection
 from agentwake.store import Store, WebhookRecord
 from agentwake.supervisor import Supervisor
@@ -224,8 +226,10 @@ async def test_a_restart_keeps_the_subscription_and_removing_it_from_the_config_
 
 
 async def test_a_rotated_secret_goes_out_on_the_next_refresh_and_deliveries_keep_verifying(
-    tmp_path: Path, tls: Tls
+    tmp_path: Path, tls: Tls, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.DEBUG)
+    install_redaction(caplog.handler)  # as `agentwake run` does for its own handlers
     port = free_port()
     async with webhook_demo(tmp_path, tls) as demo:
         cfg = config(tmp_path, demo, tls, port, subscriptions=[TICKETS])
@@ -261,6 +265,10 @@ async def test_a_rotated_secret_goes_out_on_the_next_refresh_and_deliveries_keep
                         supervisor._wake = anyio.Event()
                 tg.cancel_scope.cancel()
             assert store.event_ids_sync("tickets") == ["T-000001"]
+            # No secret, old or new, in any log line (DEBUG included, where the SDK logs each request).
+            for secret in (before.secret, after.secret):
+                assert secret.removeprefix("whsec_") not in caplog.text
+            assert "whsec_" not in caplog.text
         finally:
             await store.close()
 
