@@ -86,6 +86,32 @@ def error_object(exc: MCPError) -> dict[str, Any]:
     return body
 
 
+def _poll_ms(extension: EventsExtension, event_type: EventType, batch: EventResult | None) -> int:
+    candidates = (
+        batch.next_poll_ms if batch is not None else None,
+        event_type.next_poll_ms,
+        extension.default_next_poll_ms,
+    )
+    return next(ms for ms in candidates if ms is not None)
+
+
+def idle_delay(extension: EventsExtension, event_type: EventType, batch: EventResult) -> float | None:
+    """How long a push stream or webhook subscription waits before reading again after ``batch``.
+
+    None means until woken (an emit, a close): emit-only types are never read on a timer.
+    """
+    if event_type.buffer is not None:
+        return None
+    return _poll_ms(extension, event_type, batch) / 1000
+
+
+def retry_delay(extension: EventsExtension, event_type: EventType, failures: int) -> float:
+    """The wait after ``failures`` failed reads in a row: the poll interval, doubling, capped."""
+    base = _poll_ms(extension, event_type, None)
+    backoff: int = base << max(failures - 1, 0)
+    return min(backoff, max(MAX_RETRY_MS, base)) / 1000
+
+
 class _Notification(BaseModel):
     """A notification the SDK's typed union does not know; ``send_notification`` only dumps it."""
 
@@ -201,9 +227,9 @@ class PushStream:
                     start = self._start_cursor(batch, fallback=self.cursor)
                     await self._send(NOTIFICATION_ACTIVE, {"cursor": self._wire(start), "truncated": True})
                 await self._deliver(batch)
-                delay = 0.0 if batch.has_more else self._idle_delay(batch)
+                delay = 0.0 if batch.has_more else idle_delay(self.extension, self.event_type, batch)
             else:
-                delay = self._retry_delay(failures)
+                delay = retry_delay(self.extension, self.event_type, failures)
             opening = False
             if delay != 0.0:
                 with anyio.move_on_after(math.inf if delay is None else delay):
@@ -310,25 +336,6 @@ class PushStream:
             if position is not None:
                 return buffer.cursor_for(position - 1)
         return fallback
-
-    def _poll_ms(self, batch: EventResult | None) -> int:
-        candidates = (
-            batch.next_poll_ms if batch is not None else None,
-            self.event_type.next_poll_ms,
-            self.extension.default_next_poll_ms,
-        )
-        return next(ms for ms in candidates if ms is not None)
-
-    def _idle_delay(self, batch: EventResult) -> float | None:
-        """How long to wait before reading again; None = until an emit (or a close) wakes us."""
-        if self.event_type.buffer is not None:
-            return None
-        return self._poll_ms(batch) / 1000
-
-    def _retry_delay(self, failures: int) -> float:
-        base = self._poll_ms(None)
-        backoff: int = base << max(failures - 1, 0)
-        return min(backoff, max(MAX_RETRY_MS, base)) / 1000
 
     async def _send(self, method: str, params: dict[str, Any]) -> None:
         async with self._lock:

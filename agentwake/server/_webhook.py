@@ -68,7 +68,7 @@ from agentwake.server._errors import (
 )
 from agentwake.server._leases import Lease
 from agentwake.server._ssrf import AddressPolicy, IPNetwork, Resolve, parse_networks
-from agentwake.server._stream import HOOK_TIMEOUT_S, MAX_RETRY_MS, TERMINAL_CODES, error_object
+from agentwake.server._stream import HOOK_TIMEOUT_S, TERMINAL_CODES, error_object, idle_delay, retry_delay
 from agentwake.server._types import Event, EventContext, EventResult, canonical_json, isoformat
 from agentwake.server._webhook_http import (
     CATEGORIES,
@@ -646,9 +646,9 @@ class WebhookSubscription:
                     await self._gap(self.start_cursor(batch, fallback=self.read_cursor), deliveries)
             if batch is not None:
                 await self._enqueue(batch, deliveries)
-                delay = 0.0 if batch.has_more else self._idle_delay(batch)
+                delay = 0.0 if batch.has_more else idle_delay(self.extension, self.event_type, batch)
             else:
-                delay = self._retry_delay(failures)
+                delay = retry_delay(self.extension, self.event_type, failures)
             read_now = True
             await self._pause(delay)
 
@@ -684,25 +684,6 @@ class WebhookSubscription:
     async def _until_active(self) -> None:
         while not self.active:
             await self._resumed.wait()
-
-    def _poll_ms(self, batch: EventResult | None) -> int:
-        candidates = (
-            batch.next_poll_ms if batch is not None else None,
-            self.event_type.next_poll_ms,
-            self.extension.default_next_poll_ms,
-        )
-        return next(ms for ms in candidates if ms is not None)
-
-    def _idle_delay(self, batch: EventResult) -> float | None:
-        """How long to wait before reading again; None = until an emit (or a wake)."""
-        if self.event_type.buffer is not None:
-            return None
-        return self._poll_ms(batch) / 1000
-
-    def _retry_delay(self, failures: int) -> float:
-        base = self._poll_ms(None)
-        backoff: int = base << max(failures - 1, 0)
-        return min(backoff, max(MAX_RETRY_MS, base)) / 1000
 
     # ---- one delivery ------------------------------------------------------------------
 
