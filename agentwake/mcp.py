@@ -361,13 +361,17 @@ class ServerConnection:
         try:
             return protocol.SubscribeResult.model_validate(raw)
         except ValidationError as exc:
-            raise TransientEventsError(
-                protocol.METHOD_SUBSCRIBE,
-                protocol.INTERNAL_ERROR,
-                f"malformed result: {exc.errors()[0]['msg']}",
-                server=self.name,
-                subscription=subscription,
-            ) from None
+            raise self._malformed(protocol.METHOD_SUBSCRIBE, exc, subscription) from None
+
+    def _malformed(self, method: str, exc: ValidationError, subscription: str | None) -> TransientEventsError:
+        """A result that does not validate: transient, the server may answer better next time."""
+        return TransientEventsError(
+            method,
+            protocol.INTERNAL_ERROR,
+            f"malformed result: {exc.errors()[0]['msg']}",
+            server=self.name,
+            subscription=subscription,
+        )
 
     async def unsubscribe(
         self, event: str, arguments: dict[str, Any], url: str, *, subscription: str | None = None
@@ -420,13 +424,7 @@ class ServerConnection:
         try:
             return protocol.PollPage.validate(raw)
         except ValidationError as exc:
-            raise TransientEventsError(
-                protocol.METHOD_POLL,
-                protocol.INTERNAL_ERROR,
-                f"malformed result: {exc.errors()[0]['msg']}",
-                server=self.name,
-                subscription=subscription,
-            ) from None
+            raise self._malformed(protocol.METHOD_POLL, exc, subscription) from None
 
     def open_stream_route(self) -> StreamRoute:
         """A route for a new events/stream; register it before sending the request."""
