@@ -34,6 +34,7 @@ test: lint typecheck unit
 bench: $(STAMP)
 	$(BIN)/python bench/poll_drain.py
 	$(BIN)/python bench/pipeline_overhead.py
+	$(BIN)/python bench/webhook_ingest.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

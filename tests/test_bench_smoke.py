@@ -25,6 +25,11 @@ pytestmark = pytest.mark.slow
             ["--events", "20", "--warmup", "2"],
             {"overhead_p50_ms", "litellm_p50_ms"},
         ),
+        (
+            "bench/webhook_ingest.py",
+            ["--seconds", "1"],
+            {"accepted_per_s", "bare_per_s", "ratio", "p99_ms", "rows"},
+        ),
     ],
 )
 def test_the_benchmark_runs_and_prints_its_figures(script: str, args: list[str], keys: set[str]) -> None:
