@@ -107,7 +107,7 @@ class MeteredReceiver(Receiver):
     async def _read_body(self, request: web.Request) -> bytes | None:
         meter = _Meter(request.content)
         try:
-            return await super()._read_body(_MeteredRequest(meter))  # type: ignore[arg-type]
+            return await super()._read_body(_MeteredRequest(meter, request.content_length))  # type: ignore[arg-type]
         finally:
             self.consumed.append(meter.taken)
 
@@ -122,10 +122,16 @@ class _Meter:
         self.taken += len(chunk)
         return chunk
 
+    async def readexactly(self, n: int) -> bytes:
+        chunk = await self._stream.readexactly(n)
+        self.taken += len(chunk)
+        return chunk
+
 
 @dataclass(frozen=True)
 class _MeteredRequest:
     content: _Meter
+    content_length: int | None
 
 
 class FailingStore(Store):

@@ -22,7 +22,7 @@ from agentwake.delivery.select import choose_mode
 from agentwake.delivery.webhook import describe_subscribe_error, refresh_delay
 from agentwake.errors import ConfigError, events_call_error
 from agentwake.logs import install_redaction
-from agentwake.store import Store, SubscriptionKey
+from agentwake.store import IncomingEvent, Store, SubscriptionKey, WebhookDelivery
 
 runner = CliRunner()
 pytestmark = pytest.mark.anyio
@@ -288,3 +288,37 @@ def test_log_records_are_redacted_of_secrets_in_messages_arguments_and_traceback
     assert "abcdef0123456789xyz" not in text
     assert text.count("[REDACTED]") >= 3
     assert "nothing to hide here" in text
+
+
+async def test_a_group_commit_counts_each_delivery_and_keeps_arrival_order_for_cursors_and_gaps(
+    store: Store,
+) -> None:
+    other = SubscriptionKey("alerts", "demo", "alert.fired", {})
+    for key in (KEY, other):
+        await store.register(key)
+    await store.ingest(KEY, [IncomingEvent("T-1", "ticket.created", "t", {"n": 1})], "c1")
+
+    def event(event_id: str, name: str = "ticket.created") -> IncomingEvent:
+        return IncomingEvent(event_id, name, "t", {"id": event_id})
+
+    results = await store.ingest_deliveries(
+        [
+            WebhookDelivery(KEY, event("T-1"), "c2"),  # stored before: a duplicate
+            WebhookDelivery(KEY, event("T-2"), "c3"),
+            WebhookDelivery(other, event("A-1", "alert.fired"), None),  # no replay: the cursor stays
+            WebhookDelivery(KEY, event("T-2"), "c4"),  # a retry inside the same batch
+            WebhookDelivery(KEY, None, "c9", truncated=True),  # a gap after c4
+            WebhookDelivery(KEY, event("T-3"), "c10"),
+        ]
+    )
+    assert [(r.inserted, r.duplicates) for r in results] == [(0, 1), (1, 0), (1, 0), (0, 1), (0, 0), (1, 0)]
+    rows = {row["subscription"]: row for row in store.subscriptions_sync()}
+    assert (rows["tickets"]["cursor"], rows["tickets"]["events_received"], rows["tickets"]["duplicates"]) == (
+        "c10",
+        3,
+        2,
+    )
+    assert (rows["alerts"]["cursor"], rows["alerts"]["events_received"]) == (None, 1)
+    [gap] = store.gaps_sync("tickets")
+    assert (gap["cursor_before"], gap["cursor_after"]) == ("c4", "c9")
+    assert store.event_ids_sync() == ["T-1", "T-2", "A-1", "T-3"]

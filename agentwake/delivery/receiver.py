@@ -22,6 +22,7 @@ records a gap; ``terminated`` ends the subscription with the server's reason.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -188,20 +189,16 @@ class WebhookRoutes:
         self.ended(name).set()
 
 
-@dataclass(slots=True)
-class _Pending:
-    delivery: WebhookDelivery
-    done: anyio.Event = field(default_factory=anyio.Event)
-    result: IngestResult | None = None
-    failed: bool = False
-
-
 class _GroupCommit:
-    """Deliveries that arrive together are committed together: one transaction, one thread hop."""
+    """Deliveries that arrive together are committed together: one transaction, one thread hop.
+
+    Each waiting request holds an asyncio future (aiohttp runs on asyncio only); the
+    committer resolves it with the delivery's result, or None when it was not stored.
+    """
 
     def __init__(self, store: Store) -> None:
         self._store = store
-        self._queue: list[_Pending] = []
+        self._queue: list[tuple[WebhookDelivery, asyncio.Future[IngestResult | None]]] = []
         self._ready = anyio.Event()
         self._open = False
 
@@ -213,15 +210,23 @@ class _GroupCommit:
         """Commit one delivery; None if it could not be stored (the caller answers 503)."""
         if not self._open:
             return None
-        pending = _Pending(delivery)
-        self._queue.append(pending)
+        future: asyncio.Future[IngestResult | None] = asyncio.get_running_loop().create_future()
+        self._queue.append((delivery, future))
         self._ready.set()
-        await pending.done.wait()
-        return pending.result
+        return await future
+
+    @staticmethod
+    def _answer(
+        batch: list[tuple[WebhookDelivery, asyncio.Future[IngestResult | None]]], results: Any
+    ) -> None:
+        for index, (_delivery, future) in enumerate(batch):
+            if not future.done():
+                future.set_result(None if results is None else results[index])
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         self._open = True
         task_status.started()
+        batch: list[tuple[WebhookDelivery, asyncio.Future[IngestResult | None]]] = []
         try:
             while True:
                 await self._ready.wait()
@@ -230,27 +235,22 @@ class _GroupCommit:
                 if not batch:
                     continue
                 try:
-                    results = await self._store.ingest_deliveries([p.delivery for p in batch])
+                    results = await self._store.ingest_deliveries([delivery for delivery, _ in batch])
                 except (
                     Exception
-                ) as exc:  # a bad write costs its batch a 503 (the senders retry), not the receiver
+                ) as exc:  # a failed write costs its batch a 503 (senders retry), not the receiver
                     if isinstance(exc, StoreError):
                         logger.error("webhook receiver: %d delivery(ies) not stored: %s", len(batch), exc)
                     else:
                         logger.exception("webhook receiver: %d delivery(ies) not stored", len(batch))
-                    for pending in batch:
-                        pending.failed = True
-                        pending.done.set()
-                    continue
-                for pending, result in zip(batch, results, strict=True):
-                    pending.result = result
-                    pending.done.set()
+                    results = None
+                self._answer(batch, results)
+                batch = []
         finally:
             # Whatever was not committed is answered 503 and retried by the sender.
             self._open = False
-            for pending in self._queue:
-                pending.failed = True
-                pending.done.set()
+            self._answer(batch, None)
+            self._answer(self._queue, None)
             self._queue = []
 
 
@@ -358,6 +358,11 @@ class Receiver:
     async def _read_body(self, request: web.Request) -> bytes | None:
         """The body, or None once it passes the limit (nothing beyond the limit is read)."""
         limit = self.config.max_body_bytes
+        if request.content_length is not None:  # already checked against the limit
+            try:
+                return await request.content.readexactly(request.content_length)
+            except asyncio.IncompleteReadError as short:
+                return short.partial
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -407,12 +412,19 @@ class Receiver:
         if signing.verify(route.keys(self.clock()), msg_id, stamp, header, body) is None:
             return self._reject(401, "bad signature")
         try:
-            document = parse_body(body)
-        except BadBody as exc:
-            return self._reject(400, str(exc))
-        if "type" in document:
-            return await self._control(route, msg_id, document)
-        return await self._event(route, document)
+            # One pass over the bytes: strict UTF-8 JSON (no lone surrogates, bounded depth) and the shape.
+            event = _EVENT.validate_json(body)
+        except ValidationError as exc:
+            try:
+                document = parse_body(body)
+            except BadBody as bad:
+                return self._reject(400, str(bad))
+            if "type" in document:
+                return await self._control(route, msg_id, document)
+            return self._reject(400, f"not an EventOccurrence ({exc.errors()[0]['msg']})")
+        if "type" in event:  # a control envelope that happens to look like an event
+            return await self._control(route, msg_id, parse_body(body))
+        return await self._event(route, event)
 
     async def _unrouted(
         self, webhook_id: str, msg_id: str, stamp: str, header: str, body: bytes
@@ -483,11 +495,7 @@ class Receiver:
         )
         return _status(204)
 
-    async def _event(self, route: Route, document: dict[str, Any]) -> web.StreamResponse:
-        try:
-            event = _EVENT.validate_python(document)
-        except ValidationError as exc:
-            return self._reject(400, f"not an EventOccurrence ({exc.errors()[0]['msg']})")
+    async def _event(self, route: Route, event: protocol.PollEvent) -> web.StreamResponse:
         cursor = event.get("cursor")
         meta = event.get("_meta")
         incoming = IncomingEvent(
