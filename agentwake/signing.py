@@ -37,6 +37,8 @@ HEADER_SUBSCRIPTION: Final = "X-MCP-Subscription-Id"
 SIGNATURE_VERSION: Final = "v1"
 # Longest signature header we look at: a handful of signatures, not an attacker's megabyte.
 MAX_SIGNATURE_HEADER: Final = 4096
+# A SHA-256 digest in padded base64, as every v1 signature is.
+_ENCODED_DIGEST: Final = 44
 
 
 class SecretError(ValueError):
@@ -85,20 +87,15 @@ def sign(keys: Sequence[bytes], msg_id: str, timestamp: int | str, body: bytes) 
 
 
 def signatures(header: str) -> list[bytes]:
-    """The decoded ``v1`` signatures of a header; entries that are malformed or of another version are skipped."""
+    """The ``v1`` signatures of a header, still base64 (as ASCII bytes); other versions and malformed
+    entries are skipped. Compared as encodings, so no candidate is ever decoded."""
     found: list[bytes] = []
-    if len(header) > MAX_SIGNATURE_HEADER:
+    if len(header) > MAX_SIGNATURE_HEADER or not header.isascii():
         return found
     for entry in header.split(" "):
         version, comma, encoded = entry.partition(",")
-        if not comma or version != SIGNATURE_VERSION or not encoded:
-            continue
-        try:
-            decoded = base64.b64decode(encoded, validate=True)
-        except (binascii.Error, ValueError):
-            continue
-        if len(decoded) == hashlib.sha256().digest_size:
-            found.append(decoded)
+        if comma and version == SIGNATURE_VERSION and len(encoded) == _ENCODED_DIGEST:
+            found.append(encoded.encode("ascii"))
     return found
 
 
@@ -108,7 +105,7 @@ def verify(keys: Iterable[bytes], msg_id: str, timestamp: str, header: str, body
     if not candidates:
         return None
     for key in keys:
-        expected = _digest(key, msg_id, timestamp, body)
+        expected = base64.b64encode(_digest(key, msg_id, timestamp, body))
         # Every candidate is compared, so timing does not tell which one matched.
         matched = False
         for candidate in candidates:
