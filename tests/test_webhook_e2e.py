@@ -108,6 +108,20 @@ def config(
 TICKETS = {"name": "tickets", "server": "demo", "event": "ticket.created", "delivery": "auto"}
 
 
+@asynccontextmanager
+async def delivering(cfg: AgentwakeConfig) -> AsyncIterator[tuple[Store, Supervisor]]:
+    """The service's delivery side (no processing stage) running on ``cfg``, with its store open."""
+    store = await Store.open(cfg.store.path)
+    try:
+        supervisor = Supervisor(cfg, store, processing=False)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(supervisor.run)
+            yield store, supervisor
+            tg.cancel_scope.cancel()
+    finally:
+        await store.close()
+
+
 async def wait_refreshes(supervisor: Supervisor, store: Store, name: str, count: int) -> None:
     """Every subscribe and refresh binds the receiver's route; wait for ``count`` stored refreshes."""
     while True:
@@ -189,20 +203,13 @@ async def test_a_restart_keeps_the_subscription_and_removing_it_from_the_config_
         with_tickets = config(tmp_path, demo, tls, port, subscriptions=[TICKETS])
         ids = []
         for _ in range(2):  # a start, then a restart with the same config
-            store = await Store.open(with_tickets.store.path)
-            try:
-                supervisor = Supervisor(with_tickets, store, processing=False)
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(supervisor.run)
-                    with anyio.fail_after(30):
-                        await wait_refreshes(supervisor, store, "tickets", len(ids) + 1)
-                    tg.cancel_scope.cancel()
+            async with delivering(with_tickets) as (store, supervisor):
+                with anyio.fail_after(30):
+                    await wait_refreshes(supervisor, store, "tickets", len(ids) + 1)
                 record = store.webhook_sync("tickets")
                 assert record is not None
                 ids.append(record.webhook_id)
                 assert store.to_unsubscribe_sync() == []
-            finally:
-                await store.close()
         assert ids[0] == ids[1]  # the same server-side subscription, refreshed
 
         without = config(tmp_path, demo, tls, port, subscriptions=[], webhook=False)
@@ -233,44 +240,37 @@ async def test_a_rotated_secret_goes_out_on_the_next_refresh_and_deliveries_keep
     port = free_port()
     async with webhook_demo(tmp_path, tls) as demo:
         cfg = config(tmp_path, demo, tls, port, subscriptions=[TICKETS])
-        store = await Store.open(cfg.store.path)
-        try:
-            supervisor = Supervisor(cfg, store, processing=False)
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(supervisor.run)
-                with anyio.fail_after(30):
-                    await wait_refreshes(supervisor, store, "tickets", 1)
-                    before = store.webhook_sync("tickets")
-                    assert before is not None
-                    # What `agentwake rotate-secret tickets` does, from another connection to the file.
-                    cli_store = Store.open_existing(cfg.store.path)
-                    try:
-                        assert cli_store.request_rotation_sync(["tickets"], signing.generate_secret) == [
-                            "tickets"
-                        ]
-                    finally:
-                        cli_store.close_sync()
-                    while (after := store.webhook_sync("tickets")) is None or after.secret == before.secret:
-                        await supervisor.routes.wait_binds(supervisor.routes.binds + 1)
-                assert after.previous_secret == before.secret and after.pending_secret is None
-                assert after.webhook_id == before.webhook_id
-                upstream = TicketStore(demo.db)
+        async with delivering(cfg) as (store, supervisor):
+            with anyio.fail_after(30):
+                await wait_refreshes(supervisor, store, "tickets", 1)
+                before = store.webhook_sync("tickets")
+                assert before is not None
+                # What `agentwake rotate-secret tickets` does, from another connection to the file.
+                cli_store = Store.open_existing(cfg.store.path)
                 try:
-                    upstream.create([("support", "P1", "after the rotation", "", "bo@example.com")])
+                    assert cli_store.request_rotation_sync(["tickets"], signing.generate_secret) == [
+                        "tickets"
+                    ]
                 finally:
-                    upstream.close()
-                with anyio.fail_after(30):
-                    while not store.event_ids_sync("tickets"):
-                        await supervisor._wake.wait()
-                        supervisor._wake = anyio.Event()
-                tg.cancel_scope.cancel()
+                    cli_store.close_sync()
+                while (after := store.webhook_sync("tickets")) is None or after.secret == before.secret:
+                    await supervisor.routes.wait_binds(supervisor.routes.binds + 1)
+            assert after.previous_secret == before.secret and after.pending_secret is None
+            assert after.webhook_id == before.webhook_id
+            upstream = TicketStore(demo.db)
+            try:
+                upstream.create([("support", "P1", "after the rotation", "", "bo@example.com")])
+            finally:
+                upstream.close()
+            with anyio.fail_after(30):
+                while not store.event_ids_sync("tickets"):
+                    await supervisor._wake.wait()
+                    supervisor._wake = anyio.Event()
             assert store.event_ids_sync("tickets") == ["T-000001"]
             # No secret, old or new, in any log line (DEBUG included, where the SDK logs each request).
             for secret in (before.secret, after.secret):
                 assert secret.removeprefix("whsec_") not in caplog.text
             assert "whsec_" not in caplog.text
-        finally:
-            await store.close()
 
 
 async def test_a_terminated_envelope_ends_the_subscription_and_its_id_is_refused_from_then_on(
@@ -280,37 +280,30 @@ async def test_a_terminated_envelope_ends_the_subscription_and_its_id_is_refused
     context = ssl.create_default_context(cafile=str(tls.ca))
     async with webhook_demo(tmp_path, tls, ttl_ms=60_000) as demo:
         cfg = config(tmp_path, demo, tls, port, subscriptions=[TICKETS])
-        store = await Store.open(cfg.store.path)
-        try:
-            supervisor = Supervisor(cfg, store, processing=False)
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(supervisor.run)
-                with anyio.fail_after(30):
-                    await wait_refreshes(supervisor, store, "tickets", 1)
-                record = store.webhook_sync("tickets")
-                assert record is not None and record.webhook_id is not None
-                # Signed as the server signs it: the subscription's own secret.
-                envelope = {
-                    "type": "terminated",
-                    "error": {"code": -32012, "message": "Forbidden", "data": {"reason": "access revoked"}},
-                }
-                assert await post_signed(port, context, record, "msg_terminated_1", envelope) == 204
-                [row] = store.subscriptions_sync()
-                assert row["status"] == "ended"
-                assert "access revoked" in row["last_error"]
-                assert store.webhook_sync("tickets") is None
-                late = {
-                    "eventId": "T-9",
-                    "name": "ticket.created",
-                    "timestamp": "2026-12-02T00:00:00Z",
-                    "data": {},
-                }
-                assert await post_signed(port, context, record, "T-9", late) == 410
-                tg.cancel_scope.cancel()
+        async with delivering(cfg) as (store, supervisor):
+            with anyio.fail_after(30):
+                await wait_refreshes(supervisor, store, "tickets", 1)
+            record = store.webhook_sync("tickets")
+            assert record is not None and record.webhook_id is not None
+            # Signed as the server signs it: the subscription's own secret.
+            envelope = {
+                "type": "terminated",
+                "error": {"code": -32012, "message": "Forbidden", "data": {"reason": "access revoked"}},
+            }
+            assert await post_signed(port, context, record, "msg_terminated_1", envelope) == 204
+            [row] = store.subscriptions_sync()
+            assert row["status"] == "ended"
+            assert "access revoked" in row["last_error"]
+            assert store.webhook_sync("tickets") is None
+            late = {
+                "eventId": "T-9",
+                "name": "ticket.created",
+                "timestamp": "2026-12-02T00:00:00Z",
+                "data": {},
+            }
+            assert await post_signed(port, context, record, "T-9", late) == 410
             assert store.event_ids_sync("tickets") == []
             assert store.to_unsubscribe_sync() == []  # the server already dropped it
-        finally:
-            await store.close()
 
 
 async def post_signed(
@@ -351,19 +344,12 @@ async def test_webhook_over_an_unauthenticated_connection_ends_with_a_clear_forb
         },
         env={},
     )
-    store = await Store.open(cfg.store.path)
-    try:
-        supervisor = Supervisor(cfg, store, processing=False)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(supervisor.run)
-            with anyio.fail_after(30):
-                # stdio carries no principal, and webhook delivery needs one.
-                await supervisor.wait_ended("tickets")
-            tg.cancel_scope.cancel()
+    async with delivering(cfg) as (store, supervisor):
+        with anyio.fail_after(30):
+            # stdio carries no principal, and webhook delivery needs one.
+            await supervisor.wait_ended("tickets")
         [row] = store.subscriptions_sync()
-        assert row["status"] == "ended"
-        assert "subscription 'tickets'" in row["last_error"]
-        assert "refused the webhook subscription (Forbidden" in row["last_error"]
-        assert "needs an authenticated connection" in row["last_error"]
-    finally:
-        await store.close()
+    assert row["status"] == "ended"
+    assert "subscription 'tickets'" in row["last_error"]
+    assert "refused the webhook subscription (Forbidden" in row["last_error"]
+    assert "needs an authenticated connection" in row["last_error"]
