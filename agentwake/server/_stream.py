@@ -105,6 +105,18 @@ def idle_delay(extension: EventsExtension, event_type: EventType, batch: EventRe
     return _poll_ms(extension, event_type, batch) / 1000
 
 
+def start_cursor(event_type: EventType, batch: EventResult, *, fallback: str | None) -> str | None:
+    """The position delivery of ``batch`` starts from: just before its first event, when that is known."""
+    if not batch.events:
+        return batch.cursor
+    buffer, first = event_type.buffer, batch.events[0].cursor
+    if buffer is not None and first is not None:
+        position = buffer.parse_cursor(first)
+        if position is not None:
+            return buffer.cursor_for(position - 1)
+    return fallback
+
+
 def retry_delay(extension: EventsExtension, event_type: EventType, failures: int) -> float:
     """The wait after ``failures`` failed reads in a row: the poll interval, doubling, capped."""
     base = _poll_ms(extension, event_type, None)
@@ -195,7 +207,7 @@ class PushStream:
             # A failure here is the request's JSON-RPC error: no stream was opened.
             self.cursor = self.requested_cursor
             first = await self._read(self.opening_ctx, self.requested_cursor)
-            start = self._start_cursor(first, fallback=self.requested_cursor)
+            start = start_cursor(self.event_type, first, fallback=self.requested_cursor)
             await self._send(
                 NOTIFICATION_ACTIVE,
                 {"cursor": self._wire(start), "truncated": first.truncated and self.event_type.replay},
@@ -224,7 +236,7 @@ class PushStream:
         while True:
             if batch is not None:
                 if batch.truncated and not opening and self.event_type.replay:
-                    start = self._start_cursor(batch, fallback=self.cursor)
+                    start = start_cursor(self.event_type, batch, fallback=self.cursor)
                     await self._send(NOTIFICATION_ACTIVE, {"cursor": self._wire(start), "truncated": True})
                 await self._deliver(batch)
                 delay = 0.0 if batch.has_more else idle_delay(self.extension, self.event_type, batch)
@@ -325,17 +337,6 @@ class PushStream:
 
     def _wire(self, cursor: str | None) -> str | None:
         return cursor if self.event_type.replay else None
-
-    def _start_cursor(self, batch: EventResult, *, fallback: str | None) -> str | None:
-        """The position delivery starts from: just before the first event, when that is known."""
-        if not batch.events:
-            return batch.cursor
-        buffer, first = self.event_type.buffer, batch.events[0].cursor
-        if buffer is not None and first is not None:
-            position = buffer.parse_cursor(first)
-            if position is not None:
-                return buffer.cursor_for(position - 1)
-        return fallback
 
     async def _send(self, method: str, params: dict[str, Any]) -> None:
         async with self._lock:

@@ -68,7 +68,14 @@ from agentwake.server._errors import (
 )
 from agentwake.server._leases import Lease
 from agentwake.server._ssrf import AddressPolicy, IPNetwork, Resolve, parse_networks
-from agentwake.server._stream import HOOK_TIMEOUT_S, TERMINAL_CODES, error_object, idle_delay, retry_delay
+from agentwake.server._stream import (
+    HOOK_TIMEOUT_S,
+    TERMINAL_CODES,
+    error_object,
+    idle_delay,
+    retry_delay,
+    start_cursor,
+)
 from agentwake.server._types import Event, EventContext, EventResult, canonical_json, isoformat
 from agentwake.server._webhook_http import (
     CATEGORIES,
@@ -571,17 +578,6 @@ class WebhookSubscription:
             logger.exception("reading %s for webhook subscription %s failed", self.event_type.name, self.id)
             raise internal_error("UpstreamError", type(exc).__name__) from exc
 
-    def start_cursor(self, batch: EventResult, *, fallback: str | None) -> str | None:
-        """The position delivery starts from: just before the first event, when that is known."""
-        if not batch.events:
-            return batch.cursor
-        buffer, first = self.event_type.buffer, batch.events[0].cursor
-        if buffer is not None and first is not None:
-            position = buffer.parse_cursor(first)
-            if position is not None:
-                return buffer.cursor_for(position - 1)
-        return fallback
-
     async def open(self, request: Any, cursor: str | None, max_age_ms: int | None) -> EventResult:
         """The opening read of a new subscription, from the client's cursor (bounded by maxAgeMs)."""
         requested = cursor if self.replay else None
@@ -598,7 +594,7 @@ class WebhookSubscription:
             request=request,
         )
         first = await self.read(ctx, requested)
-        self.watermark = Watermark(self.start_cursor(first, fallback=requested))
+        self.watermark = Watermark(start_cursor(self.event_type, first, fallback=requested))
         self.read_cursor = requested
         return first
 
@@ -643,7 +639,9 @@ class WebhookSubscription:
                         exc.error.message,
                     )
                 if batch is not None and batch.truncated and self.replay:
-                    await self._gap(self.start_cursor(batch, fallback=self.read_cursor), deliveries)
+                    await self._gap(
+                        start_cursor(self.event_type, batch, fallback=self.read_cursor), deliveries
+                    )
             if batch is not None:
                 await self._enqueue(batch, deliveries)
                 delay = 0.0 if batch.has_more else idle_delay(self.extension, self.event_type, batch)
