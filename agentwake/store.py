@@ -780,6 +780,9 @@ class Store:
         rows = self._db.execute("SELECT webhook_id FROM webhooks_retired WHERE webhook_id IS NOT NULL")
         return {r[0] for r in rows.fetchall()}
 
+    async def retired_webhook_ids(self) -> set[str]:
+        return await self._run(self.retired_webhook_ids_sync)
+
     # ---- the inbox ---------------------------------------------------------------
 
     def ingest_sync(

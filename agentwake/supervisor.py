@@ -232,7 +232,7 @@ class Supervisor:
                 SubscriptionKey(record.subscription, record.server, record.event, record.arguments),
                 record,
             )
-        for webhook_id in await anyio.to_thread.run_sync(self.store.retired_webhook_ids_sync):
+        for webhook_id in await self.store.retired_webhook_ids():
             self.routes.retire(webhook_id)
 
     async def _on_terminated(self, name: str, error: dict[str, object]) -> None:
