@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,3 +123,20 @@ async def rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
 
     async for built in build_rig(tmp_path, monkeypatch):
         yield built
+
+
+@pytest.fixture(scope="module")
+def ca() -> Any:
+    """A trustme certificate authority for the server webhook tests' HTTPS receivers."""
+    import trustme
+
+    return trustme.CA()
+
+
+@pytest.fixture
+def signals() -> Iterator[Any]:
+    """The server webhook tests' log watcher (tests/_webhook_server_support.py)."""
+    from _webhook_server_support import watching
+
+    with watching() as handler:
+        yield handler

@@ -10,7 +10,6 @@ lines (``Signals``), never on sleeps; backoffs are 10 to 50 ms.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -31,7 +30,6 @@ from _webhook_server_support import (
     incident,
     new_secret,
     serving,
-    watching,
     webhook_settings,
 )
 
@@ -40,17 +38,6 @@ from agentwake.server import EmitBuffer, EventContext, EventsExtension, forbidde
 pytestmark = pytest.mark.anyio
 
 OCCURRENCE_FIELDS = {"eventId", "name", "timestamp", "data", "cursor"}
-
-
-@pytest.fixture(scope="module")
-def ca() -> trustme.CA:
-    return trustme.CA()
-
-
-@pytest.fixture
-def signals() -> Iterator[Signals]:
-    with watching() as handler:
-        yield handler
 
 
 def incidents(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -28,7 +27,6 @@ from _webhook_server_support import (
     incident,
     new_secret,
     serving,
-    watching,
     webhook_settings,
 )
 
@@ -36,17 +34,6 @@ from agentwake.server import EventsExtension
 from agentwake.server._ssrf import AddressPolicy, is_public
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(scope="module")
-def ca() -> trustme.CA:
-    return trustme.CA()
-
-
-@pytest.fixture
-def signals() -> Iterator[Signals]:
-    with watching() as handler:
-        yield handler
 
 
 def incidents(ca: trustme.CA, caller: Caller, dns: DNS | None = None, **settings: Any) -> EventsExtension:

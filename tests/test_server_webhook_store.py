@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,6 @@ from _webhook_server_support import (
     incident,
     new_secret,
     serving,
-    watching,
     webhook_settings,
 )
 
@@ -41,17 +39,6 @@ from agentwake import signing
 from agentwake.server import EventContext, EventsExtension, SqliteWebhookStore, StoredWebhook
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(scope="module")
-def ca() -> trustme.CA:
-    return trustme.CA()
-
-
-@pytest.fixture
-def signals() -> Iterator[Signals]:
-    with watching() as handler:
-        yield handler
 
 
 def test_the_store_file_is_owner_only_and_round_trips_records(tmp_path: Path) -> None:

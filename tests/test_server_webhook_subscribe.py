@@ -11,7 +11,6 @@ nothing sleeps: tests wait on deliveries and on the sender's own log signals.
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -28,7 +27,6 @@ from _webhook_server_support import (
     incident,
     new_secret,
     serving,
-    watching,
     webhook_settings,
 )
 from mcp.shared.exceptions import MCPError
@@ -48,17 +46,6 @@ pytestmark = pytest.mark.anyio
 SUBSCRIBE = "events/subscribe"
 # Tests that move a FakeNow past an expiry sweep by hand; the background sweep would race them.
 MANUAL_SWEEPS = timedelta(hours=1)
-
-
-@pytest.fixture(scope="module")
-def ca() -> trustme.CA:
-    return trustme.CA()
-
-
-@pytest.fixture
-def signals() -> Iterator[Signals]:
-    with watching() as handler:
-        yield handler
 
 
 def incidents(ca: trustme.CA, caller: Caller | None = None, **settings: Any) -> EventsExtension:
