@@ -127,6 +127,14 @@ class _Meter:
         self.taken += len(chunk)
         return chunk
 
+    def is_eof(self) -> bool:
+        return self._stream.is_eof()
+
+    def read_nowait(self, n: int = -1) -> bytes:
+        chunk = self._stream.read_nowait(n)
+        self.taken += len(chunk)
+        return chunk
+
 
 @dataclass(frozen=True)
 class _MeteredRequest:

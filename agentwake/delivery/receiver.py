@@ -56,7 +56,8 @@ LISTEN_BACKLOG: Final = 1024
 # Control envelopes remembered per process, so a retried gap is not recorded twice.
 SEEN_CONTROL_IDS: Final = 4096
 
-_EVENT: Final = TypeAdapter(protocol.PollEvent)
+# pydantic-core's validator itself, without the adapter's Python wrapper around each call.
+_EVENT_VALIDATOR: Final = TypeAdapter(protocol.PollEvent).validator
 _JSON_TYPES: Final = frozenset({"application/json"})
 # A \uD800-\uDFFF escape: the only way JSON text can carry a lone surrogate (valid syntax, invalid Unicode).
 _SURROGATE_ESCAPE: Final = re.compile(rb"\\u[dD][89abcdefABCDEF]")
@@ -92,10 +93,10 @@ class Route:
 
     webhook_id: str
     key: SubscriptionKey
-    # (key bytes, accepted until (epoch seconds) or None for no limit)
-    secrets: tuple[tuple[bytes, float | None], ...] = field(repr=False)
+    # (keyed secret, accepted until (epoch seconds) or None for no limit)
+    secrets: tuple[tuple[signing.SigningKey, float | None], ...] = field(repr=False)
 
-    def keys(self, now: float) -> list[bytes]:
+    def keys(self, now: float) -> list[signing.SigningKey]:
         return [key for key, until in self.secrets if until is None or now < until]
 
 
@@ -133,7 +134,9 @@ class WebhookRoutes:
         old = self._id_of.get(key.name)
         if old is not None and old != webhook_id:
             self._by_id.pop(old, None)
-        decoded = tuple((signing.decode_secret(secret), until) for secret, until in secrets)
+        decoded = tuple(
+            (signing.SigningKey(signing.decode_secret(secret)), until) for secret, until in secrets
+        )
         self._by_id[webhook_id] = Route(webhook_id, key, decoded)
         self._id_of[key.name] = webhook_id
         self.binds += 1
@@ -194,64 +197,81 @@ class _GroupCommit:
 
     Each waiting request holds an asyncio future (aiohttp runs on asyncio only); the
     committer resolves it with the delivery's result, or None when it was not stored.
+    A shared future per batch would be cheaper, but cancelling one waiter would cancel it for all.
     """
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, on_committed: Callable[[list[IngestResult]], None]) -> None:
         self._store = store
-        self._queue: list[tuple[WebhookDelivery, asyncio.Future[IngestResult | None]]] = []
+        self._on_committed = on_committed
+        self._deliveries: list[WebhookDelivery] = []
+        self._futures: list[asyncio.Future[IngestResult | None]] = []
         self._ready = anyio.Event()
         self._open = False
 
     @property
     def backlog(self) -> int:
-        return len(self._queue)
+        return len(self._deliveries)
 
-    async def submit(self, delivery: WebhookDelivery) -> IngestResult | None:
-        """Commit one delivery; None if it could not be stored (the caller answers 503)."""
-        if not self._open:
-            return None
+    def submit(self, delivery: WebhookDelivery) -> Awaitable[IngestResult | None]:
+        """Queue one delivery for the next commit; awaiting gives None if it was not stored (503)."""
         future: asyncio.Future[IngestResult | None] = asyncio.get_running_loop().create_future()
-        self._queue.append((delivery, future))
-        self._ready.set()
-        return await future
+        if not self._open:
+            future.set_result(None)
+            return future
+        if not self._deliveries:
+            self._ready.set()
+        self._deliveries.append(delivery)
+        self._futures.append(future)
+        return future
 
     @staticmethod
     def _answer(
-        batch: list[tuple[WebhookDelivery, asyncio.Future[IngestResult | None]]], results: Any
+        futures: list[asyncio.Future[IngestResult | None]], results: list[IngestResult] | None
     ) -> None:
-        for index, (_delivery, future) in enumerate(batch):
-            if not future.done():
-                future.set_result(None if results is None else results[index])
+        if results is None:
+            for future in futures:
+                if not future.done():
+                    future.set_result(None)
+            return
+        for future, result in zip(futures, results, strict=True):
+            if not future.done():  # its request was cancelled; the event is stored all the same
+                future.set_result(result)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         self._open = True
         task_status.started()
-        batch: list[tuple[WebhookDelivery, asyncio.Future[IngestResult | None]]] = []
+        futures: list[asyncio.Future[IngestResult | None]] = []
         try:
             while True:
                 await self._ready.wait()
                 self._ready = anyio.Event()
-                batch, self._queue = self._queue, []
-                if not batch:
+                deliveries, futures = self._deliveries, self._futures
+                self._deliveries, self._futures = [], []
+                if not deliveries:
                     continue
+                results: list[IngestResult] | None
                 try:
-                    results = await self._store.ingest_deliveries([delivery for delivery, _ in batch])
+                    results = await self._store.ingest_deliveries(deliveries)
                 except (
                     Exception
                 ) as exc:  # a failed write costs its batch a 503 (senders retry), not the receiver
                     if isinstance(exc, StoreError):
-                        logger.error("webhook receiver: %d delivery(ies) not stored: %s", len(batch), exc)
+                        logger.error(
+                            "webhook receiver: %d delivery(ies) not stored: %s", len(deliveries), exc
+                        )
                     else:
-                        logger.exception("webhook receiver: %d delivery(ies) not stored", len(batch))
+                        logger.exception("webhook receiver: %d delivery(ies) not stored", len(deliveries))
                     results = None
-                self._answer(batch, results)
-                batch = []
+                self._answer(futures, results)
+                futures = []
+                if results is not None:
+                    self._on_committed(results)
         finally:
             # Whatever was not committed is answered 503 and retried by the sender.
             self._open = False
-            self._answer(batch, None)
-            self._answer(self._queue, None)
-            self._queue = []
+            self._answer(futures, None)
+            self._answer(self._futures, None)
+            self._deliveries, self._futures = [], []
 
 
 def _status(code: int) -> web.Response:
@@ -293,7 +313,7 @@ class Receiver:
         self.clock = clock
         self.port: int | None = None
         self.counts: Counter[str] = Counter()
-        self._commit = _GroupCommit(store)
+        self._commit = _GroupCommit(store, self._committed)
         self._rejected: Counter[str] = Counter()
         self._rejects_logged_at = 0.0
         self._control_ids: OrderedDict[tuple[str, str], None] = OrderedDict()
@@ -358,15 +378,16 @@ class Receiver:
     async def _read_body(self, request: web.Request) -> bytes | None:
         """The body, or None once it passes the limit (nothing beyond the limit is read)."""
         limit = self.config.max_body_bytes
+        content = request.content
         if request.content_length is not None:  # already checked against the limit
             try:
-                return await request.content.readexactly(request.content_length)
+                return await content.readexactly(request.content_length)
             except asyncio.IncompleteReadError as short:
                 return short.partial
         chunks: list[bytes] = []
         size = 0
         while True:
-            chunk = await request.content.read(min(READ_CHUNK, limit + 1 - size))
+            chunk = await content.read(min(READ_CHUNK, limit + 1 - size))
             if not chunk:
                 return b"".join(chunks)
             size += len(chunk)
@@ -382,9 +403,10 @@ class Receiver:
         length = request.content_length
         if length is not None and length > self.config.max_body_bytes:
             return self._reject(413, "body over the limit")
-        if request.content_type not in _JSON_TYPES:
-            return self._reject(415, "not application/json")
         headers = request.headers
+        # The exact header is the common case; anything else (parameters, case) goes through the parser.
+        if headers.get("Content-Type") != "application/json" and request.content_type not in _JSON_TYPES:
+            return self._reject(415, "not application/json")
         msg_id = headers.get(signing.HEADER_ID, "")
         stamp = headers.get(signing.HEADER_TIMESTAMP, "")
         header = headers.get(signing.HEADER_SIGNATURE, "")
@@ -395,7 +417,8 @@ class Receiver:
             return self._reject(401, "oversized webhook headers")
         if not (msg_id.isascii() and webhook_id.isascii() and header.isascii()):
             return self._reject(401, "webhook headers that are not ASCII")
-        stale = signing.timestamp_error(stamp, self.clock())
+        now = self.clock()
+        stale = signing.timestamp_error(stamp, now)
         if stale is not None:
             return self._reject(401, f"webhook-timestamp {stale}")
         route = self.routes.lookup(webhook_id)
@@ -404,16 +427,20 @@ class Receiver:
                 return self._reject(410, "unsubscribed subscription id")
             if not self.routes.subscribing:
                 return self._reject(404, "unknown subscription id")
-        body = await self._read_body(request)
+        content = request.content
+        if length is not None and content.is_eof():
+            body: bytes | None = content.read_nowait()  # all of it came with the headers: the usual case
+        else:
+            body = await self._read_body(request)
         if body is None:
             return self._reject(413, "body over the limit")
         if route is None:
             return await self._unrouted(webhook_id, msg_id, stamp, header, body)
-        if signing.verify(route.keys(self.clock()), msg_id, stamp, header, body) is None:
+        if signing.verify(route.keys(now), msg_id, stamp, header, body) is None:
             return self._reject(401, "bad signature")
         try:
             # One pass over the bytes: strict UTF-8 JSON (no lone surrogates, bounded depth) and the shape.
-            event = _EVENT.validate_json(body)
+            event = _EVENT_VALIDATOR.validate_json(body)
         except ValidationError as exc:
             try:
                 document = parse_body(body)
@@ -495,6 +522,18 @@ class Receiver:
         )
         return _status(204)
 
+    def _committed(self, results: list[IngestResult]) -> None:
+        """Tally a committed batch, and wake the agent once for all of its new events."""
+        inserted = duplicates = 0
+        for result in results:
+            inserted += result.inserted
+            duplicates += result.duplicates
+        if duplicates:
+            self.counts["duplicates"] += duplicates
+        if inserted:
+            self.counts["accepted"] += inserted
+            self.on_new_events(inserted)
+
     async def _event(self, route: Route, event: protocol.PollEvent) -> web.StreamResponse:
         cursor = event.get("cursor")
         meta = event.get("_meta")
@@ -503,12 +542,6 @@ class Receiver:
         )
         if self._commit.backlog >= MAX_PENDING_COMMITS:
             return self._reject(503, "too many deliveries waiting to be stored")
-        result = await self._commit.submit(WebhookDelivery(route.key, incoming, cursor))
-        if result is None:
+        if await self._commit.submit(WebhookDelivery(route.key, incoming, cursor)) is None:
             return self._reject(503, "not stored")
-        if result.inserted:
-            self.counts["accepted"] += 1
-            self.on_new_events(result.inserted)
-        else:
-            self.counts["duplicates"] += 1
         return _status(204)
