@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import Any, Final, Literal, ParamSpec, TypeVar
+from typing import Any, Final, Literal, NamedTuple, ParamSpec, TypeVar
 
 import anyio
 import sqlite_utils
@@ -289,8 +289,9 @@ class SubscriptionKey:
         return _canonical(self.arguments)
 
 
-@dataclass(frozen=True, slots=True)
-class IncomingEvent:
+class IncomingEvent(NamedTuple):
+    """An event as a delivery brought it. A NamedTuple: immutable, and one is built per delivery."""
+
     event_id: str
     name: str
     timestamp: str
@@ -341,9 +342,11 @@ class RetiredWebhook:
     webhook_id: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class WebhookDelivery:
-    """One accepted webhook body for the inbox: an event with its cursor, or a gap (cursor only)."""
+class WebhookDelivery(NamedTuple):
+    """One accepted webhook body for the inbox: an event with its cursor, or a gap (cursor only).
+
+    A NamedTuple rather than a frozen dataclass: the receiver builds one per request.
+    """
 
     key: SubscriptionKey
     event: IncomingEvent | None
@@ -379,6 +382,12 @@ def _insert_events_sql(rows: int) -> str:
 class IngestResult:
     inserted: int
     duplicates: int
+
+
+# One delivery's result, shared (frozen) rather than built per delivery.
+_INSERTED: Final = IngestResult(1, 0)
+_DUPLICATE: Final = IngestResult(0, 1)
+_NEITHER: Final = IngestResult(0, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -870,15 +879,15 @@ class Store:
                 tally = tallies.get(key.name)
                 if tally is None:
                     tally = tallies[key.name] = _Tally(key)
-                inserted = duplicates = 0
+                result = _NEITHER
                 event = delivery.event
                 if event is not None:
                     ident = (key.server, event.name, event.event_id)
                     if ident in seen:
-                        duplicates = 1
+                        result = _DUPLICATE
                     else:
                         seen.add(ident)
-                        inserted = 1
+                        result = _INSERTED
                         rows.append(
                             (
                                 key.server,
@@ -905,9 +914,9 @@ class Store:
                         True,
                         delivery.cursor,
                     )
-                tally.inserted += inserted
-                tally.duplicates += duplicates
-                results.append(IngestResult(inserted, duplicates))
+                tally.inserted += result.inserted
+                tally.duplicates += result.duplicates
+                results.append(result)
             for start in range(0, len(rows), _ROWS_PER_INSERT):
                 # One statement for many rows: sqlite3 lets go of the GIL once, not once per row,
                 # which keeps the receiver's event loop from waiting on this thread.

@@ -11,11 +11,14 @@ verification, JSON and shape checks, group commit) with a real ``Store`` on a SQ
 in a temp dir (WAL, ``synchronous=normal``, the service's default), one subscription bound
 in ``WebhookRoutes``, listening on loopback. Every 2xx means the event was committed. The
 baseline, in the same run, is a bare aiohttp app whose only handler answers
-``web.Response(status=200)``: no verification, no parsing, no storing. Each runs in its own
-subprocess (``--serve real|bare``, started by this script), so its event loop has a core
-to itself; the machine has two, the senders get the other. The bare side goes first; the
-real one right after it, each for ``--seconds`` after ``--warmup`` seconds that are not
-counted. The figures are the sender's view.
+``web.Response(status=200)``: no verification, no parsing, no storing. The receiver itself
+runs on aiohttp's low-level server (``web.Server``: it needs no router), so the same bare
+handler on that server is measured too and its ratio printed as a reference: it shows what
+verifying and storing cost on top of the receiver's own HTTP layer. Each server runs in its
+own subprocess (``--serve real|bare|bare-lowlevel``, started by this script), so its event
+loop has a core to itself; the machine has two, the senders get the other. The bare sides
+go first; the real one right after them, each for ``--seconds`` after ``--warmup`` seconds
+that are not counted. The figures are the sender's view.
 
 The senders are ``--senders`` keep-alive HTTP/1.1 connections, one request in flight on
 each (a new one as soon as the answer is in), driven by a bare asyncio protocol rather
@@ -130,6 +133,10 @@ class Figures:
     bare_server_cpu: float | None
     bare_us_per_request: float | None
     bare_sender_cpu: float
+    # The same handler on aiohttp's low-level server (web.Server), which the receiver runs on: a reference.
+    bare_lowlevel_per_s: float
+    bare_lowlevel_us_per_request: float | None
+    ratio_vs_lowlevel: float
     ratio: float
     ratios: list[float]
     cpu_ratio: float | None  # bare_us_per_request / receiver_us_per_delivery: the ratio, from CPU time
@@ -390,18 +397,23 @@ def count_commits(store: Store) -> list[int]:
     return commits
 
 
-async def serve_bare(cert: Path | None, key: Path | None) -> None:
-    """An aiohttp app that answers 200 to everything, on the same kind of site, until stdin closes."""
+async def serve_bare(cert: Path | None, key: Path | None, *, lowlevel: bool) -> None:
+    """A handler that answers 200 to everything, on the same kind of site, until stdin closes: in an
+    aiohttp app (the baseline), or on aiohttp's low-level server, as the receiver runs (a reference)."""
     from aiohttp import web
 
     from agentwake.delivery.receiver import LISTEN_BACKLOG, tls_context
 
-    async def ok(request: web.Request) -> web.StreamResponse:
+    async def ok(request: web.BaseRequest) -> web.StreamResponse:
         return web.Response(status=200)
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", ok)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
+    runner: web.BaseRunner[Any]
+    if lowlevel:
+        runner = web.ServerRunner(web.Server(ok, access_log=None), handle_signals=False, shutdown_timeout=2.0)
+    else:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", ok)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
     await runner.setup()
     try:
         context = tls_context(webhook_config(cert, key))
@@ -425,7 +437,7 @@ def serve_main(args: argparse.Namespace) -> int:
     if args.serve == "real":
         main_ = partial(anyio.run, serve_real, args.db, cert, key)
     else:
-        main_ = partial(anyio.run, serve_bare, cert, key)
+        main_ = partial(anyio.run, partial(serve_bare, cert, key, lowlevel=args.serve == "bare-lowlevel"))
     if args.profile is None:
         main_()
         return 0
@@ -614,6 +626,7 @@ async def run(
     over rounds, keeps one slow moment from deciding the ratio.
     """
     bares: list[Side] = []
+    lowlevels: list[Side] = []
     reals: list[Side] = []
     with tempfile.TemporaryDirectory(prefix="agentwake-bench-") as tmpdir:
         tmp = Path(tmpdir)
@@ -625,10 +638,17 @@ async def run(
             bare = await run_side(
                 setup, "bare", Deliveries(key, prebuilt=BARE_POOL, cycle=True, host_header=host_header), None
             )
+            lowlevel = await run_side(
+                setup,
+                "bare-lowlevel",
+                Deliveries(key, prebuilt=BARE_POOL, cycle=True, host_header=host_header),
+                None,
+            )
             pool = max(1000, math.ceil(bare.sent * POOL_MARGIN))
             deliveries = Deliveries(key, prebuilt=pool, cycle=False, host_header=host_header)
             real = await run_side(setup, "real", deliveries, tmp / f"round-{round_}.db")
             bares.append(bare)
+            lowlevels.append(lowlevel)
             reals.append(real)
     last = reals[-1]
     ratios = [r.per_s / b.per_s for r, b in zip(reals, bares, strict=True)]
@@ -664,6 +684,11 @@ async def run(
         bare_server_cpu=median_or_none([b.server_cpu for b in bares]),
         bare_us_per_request=rounded(median_or_none([b.us_per_request for b in bares]), 1),
         bare_sender_cpu=statistics.median(b.sender_cpu for b in bares),
+        bare_lowlevel_per_s=round(statistics.median(b.per_s for b in lowlevels), 1),
+        bare_lowlevel_us_per_request=rounded(median_or_none([b.us_per_request for b in lowlevels]), 1),
+        ratio_vs_lowlevel=round(
+            statistics.median(r.per_s / b.per_s for r, b in zip(reals, lowlevels, strict=True)), 4
+        ),
         ratio=round(ratio, 4),
         ratios=[round(r, 4) for r in ratios],
         cpu_ratio=rounded(median_or_none([cpu_ratio(r, b) for r, b in zip(reals, bares, strict=True)]), 4),
@@ -717,6 +742,10 @@ def report(f: Figures) -> None:
         f"   p99 {f.bare_p99_ms:7.2f} ms   max {f.bare_max_ms:7.2f} ms"
     )
     print(
+        f"bare, low-level server:  {f.bare_lowlevel_per_s:>9,.0f} answered/s"
+        f"   (the receiver's own aiohttp layer; {micros(f.bare_lowlevel_us_per_request)} per request)"
+    )
+    print(
         f"deliveries (last round): {f.sent:,} sent, {f.accepted:,} answered 2xx, {f.non_2xx:,} not"
         f" {f.statuses}; {f.rows:,} rows in the store ({f.duplicates} duplicates)"
     )
@@ -737,6 +766,7 @@ def report(f: Figures) -> None:
     print(f"ratio real / bare:       {f.ratio:.3f} (per round: {ratios})")
     if f.cpu_ratio is not None:
         print(f"  the same from CPU time: {f.cpu_ratio:.3f} (bare us per request / receiver us per delivery)")
+    print(f"  against the low-level bare server: {f.ratio_vs_lowlevel:.3f} (a reference, not the target)")
     print(f"target ratio >= {f.target_ratio}:     {verdict(f.pass_ratio)} ({f.ratio:.3f})")
     print(f"target p99 <= {f.target_p99_ms:g} ms:     {verdict(f.pass_p99)} ({f.p99_ms:.2f} ms)")
     print(f"nothing lost:            {verdict(f.nothing_lost)} ({f.rows:,} rows = {f.accepted:,} 2xx)")
@@ -771,7 +801,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     # The servers: this script started by itself.
-    parser.add_argument("--serve", choices=("real", "bare"), help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=("real", "bare", "bare-lowlevel"), help=argparse.SUPPRESS)
     parser.add_argument("--db", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--tls-cert", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--tls-key", type=Path, help=argparse.SUPPRESS)

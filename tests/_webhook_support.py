@@ -104,7 +104,7 @@ class MeteredReceiver(Receiver):
         super().__init__(*args, **kwargs)
         self.consumed: list[int] = []
 
-    async def _read_body(self, request: web.Request) -> bytes | None:
+    async def _read_body(self, request: web.BaseRequest) -> bytes | None:
         meter = _Meter(request.content)
         try:
             return await super()._read_body(_MeteredRequest(meter, request.content_length))  # type: ignore[arg-type]
@@ -173,7 +173,7 @@ class ArrivalCounter(MeteredReceiver):
         self.arrived = 0
         self.all_arrived = anyio.Event()
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         self.arrived += 1
         if self.arrived >= self.expected:
             self.all_arrived.set()

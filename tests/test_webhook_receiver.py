@@ -471,6 +471,80 @@ async def test_a_utf16_encoded_body_with_a_valid_signature_is_refused_400(hook: 
     assert stored(hook) == []
 
 
+def head_of(hook: Hook, body: bytes, *, stamp: int | None = None, expect: str = "100-continue") -> bytes:
+    """Request headers for a signed delivery of ``body``, sent without the body."""
+    stamp = hook.now if stamp is None else stamp
+    lines = [
+        "POST /tickets HTTP/1.1",
+        "Host: 127.0.0.1",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+        f"Expect: {expect}",
+        f"{signing.HEADER_ID}: evt_1",
+        f"{signing.HEADER_TIMESTAMP}: {stamp}",
+        f"{signing.HEADER_SIGNATURE}: v1,{raw_signature(hook.secret, 'evt_1', stamp, body)}",
+        f"{signing.HEADER_SUBSCRIPTION}: {SUB_ID}",
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+async def read_head(stream: anyio.abc.ByteStream, buffered: bytes) -> tuple[bytes, bytes]:
+    """One response's head (up to the blank line), and what came after it."""
+    while b"\r\n\r\n" not in buffered:
+        buffered += await stream.receive()
+    head, _, rest = buffered.partition(b"\r\n\r\n")
+    return head, rest
+
+
+async def open_raw(hook: Hook, tls: TLS) -> anyio.abc.ByteStream:
+    assert hook.receiver.port is not None
+    return await anyio.connect_tcp(
+        "127.0.0.1",
+        hook.receiver.port,
+        ssl_context=tls.client_context,
+        tls=True,
+        tls_hostname="127.0.0.1",
+        tls_standard_compatible=False,
+    )
+
+
+async def test_expect_100_continue_is_answered_and_the_body_sent_after_it_is_stored(
+    hook: Hook, tls: TLS
+) -> None:
+    body = json.dumps(event()).encode()
+    with anyio.fail_after(10):
+        async with await open_raw(hook, tls) as stream:
+            await stream.send(head_of(hook, body))
+            interim, rest = await read_head(stream, b"")
+            assert interim.startswith(b"HTTP/1.1 100 Continue")
+            await stream.send(body)
+            final, _ = await read_head(stream, rest)
+    assert final.startswith(b"HTTP/1.1 204")
+    assert stored(hook) == ["evt_1"]
+
+
+async def test_expect_100_continue_with_a_stale_timestamp_is_refused_before_any_body_is_sent(
+    hook: Hook, tls: TLS
+) -> None:
+    body = json.dumps(event()).encode()
+    with anyio.fail_after(10):
+        async with await open_raw(hook, tls) as stream:
+            await stream.send(head_of(hook, body, stamp=hook.now - 3600))
+            final, _ = await read_head(stream, b"")
+    assert final.startswith(b"HTTP/1.1 401")  # no 100 Continue: the sender keeps its body
+    assert stored(hook) == []
+
+
+async def test_an_expectation_other_than_100_continue_is_refused_417(hook: Hook, tls: TLS) -> None:
+    body = json.dumps(event()).encode()
+    with anyio.fail_after(10):
+        async with await open_raw(hook, tls) as stream:
+            await stream.send(head_of(hook, body, expect="something-else"))
+            final, _ = await read_head(stream, b"")
+    assert final.startswith(b"HTTP/1.1 417")
+    assert stored(hook) == []
+
+
 async def test_a_webhook_id_that_is_not_utf8_is_refused_401_not_500(hook: Hook, tls: TLS) -> None:
     body = json.dumps(event()).encode()
     request = (

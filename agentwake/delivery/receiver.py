@@ -35,7 +35,7 @@ from typing import Any, Final
 
 import anyio
 import anyio.abc
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 from pydantic import TypeAdapter, ValidationError
 
 from agentwake import protocol, signing
@@ -318,17 +318,15 @@ class Receiver:
         self._rejects_logged_at = 0.0
         self._control_ids: OrderedDict[tuple[str, str], None] = OrderedDict()
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_body_bytes)
-        app.router.add_route("*", "/{tail:.*}", self.handle)
-        return app
+    def server(self) -> web.Server:
+        """aiohttp's low-level server: one handler for every path, with no router or middleware layer
+        (about a tenth of a delivery's cost). Subscriptions are told apart by X-MCP-Subscription-Id."""
+        return web.Server(self.handle, access_log=None)
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         host, port = self.config.address
         context = tls_context(self.config)
-        runner = web.AppRunner(
-            self.app(), access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S
-        )
+        runner = web.ServerRunner(self.server(), handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await runner.setup()
         try:
             site = web.TCPSite(runner, host, port, ssl_context=context, backlog=LISTEN_BACKLOG)
@@ -375,7 +373,7 @@ class Receiver:
             self._rejects_logged_at = now
         return _status(code)
 
-    async def _read_body(self, request: web.Request) -> bytes | None:
+    async def _read_body(self, request: web.BaseRequest) -> bytes | None:
         """The body, or None once it passes the limit (nothing beyond the limit is read)."""
         limit = self.config.max_body_bytes
         content = request.content
@@ -395,7 +393,7 @@ class Receiver:
                 return None
             chunks.append(chunk)
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         if request.method != "POST":
             response = self._reject(405, "not a POST")
             response.headers["Allow"] = "POST"
@@ -427,6 +425,14 @@ class Receiver:
                 return self._reject(410, "unsubscribed subscription id")
             if not self.routes.subscribing:
                 return self._reject(404, "unknown subscription id")
+        expect = headers.get("Expect")
+        if expect is not None and request.version == HttpVersion11:
+            # Answered only now, after the header checks, so a refused sender never uploads its body.
+            if expect.lower() != "100-continue":
+                return self._reject(417, "an Expect other than 100-continue")
+            if not request.content.is_eof():
+                await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                request.writer.output_size = 0  # the response proper has not started
         content = request.content
         if length is not None and content.is_eof():
             body: bytes | None = content.read_nowait()  # all of it came with the headers: the usual case
