@@ -274,6 +274,11 @@ class _GroupCommit:
             self._deliveries, self._futures = [], []
 
 
+def _no_content() -> web.StreamResponse:
+    """204: the bare StreamResponse, lighter to build and send than a Response with no body."""
+    return web.StreamResponse(status=204)
+
+
 def _status(code: int) -> web.Response:
     """A response with no detail: the reason phrase is all a sender (or an attacker) learns."""
     return web.Response(status=code)
@@ -499,7 +504,7 @@ class Receiver:
         if kind == "verification":
             return self._verification(name, route.webhook_id, document)
         if kind in ("gap", "terminated") and (route.webhook_id, msg_id) in self._control_ids:
-            return _status(204)  # a retry of one already handled
+            return _no_content()  # a retry of one already handled
         if kind == "gap":
             cursor = document.get("cursor")
             if cursor is not None and not isinstance(cursor, str):
@@ -514,7 +519,7 @@ class Receiver:
                 name,
                 cursor,
             )
-            return _status(204)
+            return _no_content()
         if kind == "terminated":
             error = document.get("error")
             error = error if isinstance(error, dict) else {}
@@ -522,11 +527,11 @@ class Receiver:
             self.counts["terminated"] += 1
             if self.on_terminated is not None:
                 await self.on_terminated(name, error)
-            return _status(204)
+            return _no_content()
         logger.info(
             "subscription %s: webhook control envelope of unknown type %r ignored", name, str(kind)[:40]
         )
-        return _status(204)
+        return _no_content()
 
     def _committed(self, results: list[IngestResult]) -> None:
         """Tally a committed batch, and wake the agent once for all of its new events."""
@@ -550,4 +555,4 @@ class Receiver:
             return self._reject(503, "too many deliveries waiting to be stored")
         if await self._commit.submit(WebhookDelivery(route.key, incoming, cursor)) is None:
             return self._reject(503, "not stored")
-        return _status(204)
+        return _no_content()
