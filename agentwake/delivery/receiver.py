@@ -5,7 +5,8 @@ Order of checks for each request, cheapest first, so a flood costs little:
     POST only (405) -> Content-Length over the limit (413) -> JSON only (415)
     -> the four headers present and sane, webhook-timestamp within 5 minutes (401)
     -> X-MCP-Subscription-Id known (else 410 if we unsubscribed it, 503 while a subscribe
-       is in flight, 404) -> body read up to the limit (413)
+       is in flight, 404) -> Expect: 100-continue answered now (else 417)
+    -> body read up to the limit (413)
     -> Standard Webhooks signature over the raw bytes, under any secret of that subscription (401)
     -> JSON parse and shape (400) -> durable accept
 
