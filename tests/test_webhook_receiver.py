@@ -76,20 +76,24 @@ def signed_raw(hook: Hook, body: bytes, *, msg_id: str = "evt_1") -> dict[str, s
     }
 
 
+async def open_raw(hook: Hook, tls: TLS) -> anyio.abc.ByteStream:
+    """A TLS connection to the receiver for bytes no HTTP client would write."""
+    assert hook.receiver.port is not None
+    return await anyio.connect_tcp(
+        "127.0.0.1",
+        hook.receiver.port,
+        ssl_context=tls.client_context,
+        tls=True,
+        tls_hostname="127.0.0.1",
+        tls_standard_compatible=False,
+    )
+
+
 async def raw_exchange(hook: Hook, tls: TLS, request: bytes) -> bytes:
     """Send bytes no HTTP client would write; the response's status line."""
-    assert hook.receiver.port is not None
     received = b""
     with anyio.fail_after(10):
-        stream = await anyio.connect_tcp(
-            "127.0.0.1",
-            hook.receiver.port,
-            ssl_context=tls.client_context,
-            tls=True,
-            tls_hostname="127.0.0.1",
-            tls_standard_compatible=False,
-        )
-        async with stream:
+        async with await open_raw(hook, tls) as stream:
             await stream.send(request)
             while b"\r\n" not in received:
                 try:
@@ -496,18 +500,6 @@ async def read_head(stream: anyio.abc.ByteStream, buffered: bytes) -> tuple[byte
     return head, rest
 
 
-async def open_raw(hook: Hook, tls: TLS) -> anyio.abc.ByteStream:
-    assert hook.receiver.port is not None
-    return await anyio.connect_tcp(
-        "127.0.0.1",
-        hook.receiver.port,
-        ssl_context=tls.client_context,
-        tls=True,
-        tls_hostname="127.0.0.1",
-        tls_standard_compatible=False,
-    )
-
-
 async def test_expect_100_continue_is_answered_and_the_body_sent_after_it_is_stored(
     hook: Hook, tls: TLS
 ) -> None:
@@ -523,25 +515,21 @@ async def test_expect_100_continue_is_answered_and_the_body_sent_after_it_is_sto
     assert stored(hook) == ["evt_1"]
 
 
-async def test_expect_100_continue_with_a_stale_timestamp_is_refused_before_any_body_is_sent(
-    hook: Hook, tls: TLS
+@pytest.mark.parametrize(
+    ("stale", "expect", "status"),
+    [(True, "100-continue", b"401"), (False, "something-else", b"417")],
+    ids=["stale-timestamp-gets-no-100", "other-expectation-417"],
+)
+async def test_a_refused_expect_request_gets_its_final_status_before_any_body_is_sent(
+    hook: Hook, tls: TLS, stale: bool, expect: str, status: bytes
 ) -> None:
     body = json.dumps(event()).encode()
+    stamp = hook.now - 3600 if stale else hook.now
     with anyio.fail_after(10):
         async with await open_raw(hook, tls) as stream:
-            await stream.send(head_of(hook, body, stamp=hook.now - 3600))
+            await stream.send(head_of(hook, body, stamp=stamp, expect=expect))
             final, _ = await read_head(stream, b"")
-    assert final.startswith(b"HTTP/1.1 401")  # no 100 Continue: the sender keeps its body
-    assert stored(hook) == []
-
-
-async def test_an_expectation_other_than_100_continue_is_refused_417(hook: Hook, tls: TLS) -> None:
-    body = json.dumps(event()).encode()
-    with anyio.fail_after(10):
-        async with await open_raw(hook, tls) as stream:
-            await stream.send(head_of(hook, body, expect="something-else"))
-            final, _ = await read_head(stream, b"")
-    assert final.startswith(b"HTTP/1.1 417")
+    assert final.startswith(b"HTTP/1.1 " + status)  # no 100 Continue: the sender keeps its body
     assert stored(hook) == []
 
 
