@@ -90,17 +90,16 @@ async def open_raw(hook: Hook, tls: TLS) -> anyio.abc.ByteStream:
 
 
 async def raw_exchange(hook: Hook, tls: TLS, request: bytes) -> bytes:
-    """Send bytes no HTTP client would write; the response's status line."""
+    """Send bytes no HTTP client would write; the whole response, up to the receiver's close."""
     received = b""
     with anyio.fail_after(10):
         async with await open_raw(hook, tls) as stream:
             await stream.send(request)
-            while b"\r\n" not in received:
+            while True:
                 try:
                     received += await stream.receive()
-                except anyio.EndOfStream:
-                    break
-    return received.split(b"\r\n", 1)[0]
+                except (anyio.EndOfStream, anyio.BrokenResourceError):
+                    return received
 
 
 # ---- the happy path and the signature ------------------------------------------------
@@ -546,8 +545,29 @@ async def test_a_webhook_id_that_is_not_utf8_is_refused_401_not_500(hook: Hook, 
         + f"X-MCP-Subscription-Id: {SUB_ID}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
         + body
     )
-    status_line = await raw_exchange(hook, tls, request)
-    assert status_line.startswith(b"HTTP/1.1 401")
+    response = await raw_exchange(hook, tls, request)
+    assert response.startswith(b"HTTP/1.1 401")
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"POST /tickets HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Fill: " + b"secret-ish" * 1000 + b"\r\n\r\n",
+        b"POST /tick ets-secret-ish HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        b"POST /tickets HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\nsecret-ish\r\n",
+    ],
+    ids=["header-over-8-KiB", "bad-request-line", "bad-chunk-size"],
+)
+async def test_a_request_the_http_parser_refuses_gets_a_400_that_quotes_none_of_it(
+    hook: Hook, tls: TLS, request_bytes: bytes
+) -> None:
+    response = await raw_exchange(hook, tls, request_bytes)
+    head, _, body = response.partition(b"\r\n\r\n")
+    assert head.split(b" ", 2)[1] == b"400"  # the parser answers HTTP/1.0 when it read no version
+    assert b"secret-ish" not in response
+    assert body == b""
+    # and the receiver goes on serving
+    assert (await hook.deliver(event())).status == 204
 
 
 async def test_a_deeply_nested_json_body_with_a_valid_signature_is_refused_400_not_500(hook: Hook) -> None:

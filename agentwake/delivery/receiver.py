@@ -37,6 +37,7 @@ from typing import Any, Final
 import anyio
 import anyio.abc
 from aiohttp import HttpVersion11, web
+from aiohttp.web_protocol import RequestHandler
 from pydantic import TypeAdapter, ValidationError
 
 from agentwake import protocol, signing
@@ -298,6 +299,25 @@ def tls_context(config: WebhookConfig) -> ssl.SSLContext | None:
     return context
 
 
+class _QuietRequestHandler(RequestHandler):
+    """aiohttp answers a request its parser refuses (a header over 8 KiB, a bad request line) with the
+    parser's message, which quotes the sender's bytes; ours carry the status alone."""
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        return super().handle_error(request, status, exc, None)
+
+
+class _QuietServer(web.Server):
+    def __call__(self) -> RequestHandler:
+        return _QuietRequestHandler(self, loop=self._loop, **self._kwargs)
+
+
 class Receiver:
     """The aiohttp app. ``await tg.start(receiver.serve)`` returns once it listens."""
 
@@ -327,7 +347,7 @@ class Receiver:
     def server(self) -> web.Server:
         """aiohttp's low-level server: one handler for every path, with no router or middleware layer
         (about a tenth of a delivery's cost). Subscriptions are told apart by X-MCP-Subscription-Id."""
-        return web.Server(self.handle, access_log=None)
+        return _QuietServer(self.handle, access_log=None)
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         host, port = self.config.address
