@@ -253,6 +253,15 @@ def _webhooks(db: sqlite_utils.Database) -> None:
     db.execute("CREATE INDEX webhooks_retired_id ON webhooks_retired (webhook_id)")
 
 
+@migrations(name="0007_gap_deliveries")
+def _gap_deliveries(db: sqlite_utils.Database) -> None:
+    # A webhook gap envelope's webhook-id: its retry, before or after a restart, is recorded once.
+    db.execute("ALTER TABLE gaps ADD COLUMN delivery_id TEXT")
+    db.execute(
+        "CREATE UNIQUE INDEX gaps_delivery ON gaps (subscription, delivery_id) WHERE delivery_id IS NOT NULL"
+    )
+
+
 # The ASCII encoder is the fallback for text pydantic-core's faster one refuses (lone surrogates).
 _encode_json_ascii = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
 
@@ -352,6 +361,8 @@ class WebhookDelivery(NamedTuple):
     event: IncomingEvent | None
     cursor: str | None
     truncated: bool = False
+    # A gap envelope's webhook-id: a retry of a recorded gap is a duplicate, and moves no cursor.
+    control_id: str | None = None
 
 
 @dataclass(slots=True)
@@ -364,7 +375,7 @@ class _Tally:
     cursor: str | None = None
     cursor_known: bool = False
     last_cursor: str | None = None
-    gaps: list[tuple[str | None, str | None]] = field(default_factory=list)
+    gaps: list[tuple[str | None, str | None, str | None]] = field(default_factory=list)
 
 
 # Ids per SELECT ... IN (...) and rows per INSERT: well under SQLite's limit on bound parameters.
@@ -901,13 +912,20 @@ class Store:
                                 now,
                             )
                         )
+                if (
+                    delivery.truncated
+                    and delivery.control_id is not None
+                    and self._gap_recorded(tally, delivery.control_id)
+                ):
+                    results.append(_DUPLICATE)
+                    continue
                 if delivery.truncated:
                     if not tally.cursor_known:
                         row = conn.execute(
                             "SELECT cursor FROM subscriptions WHERE name = ?", [key.name]
                         ).fetchone()
                         tally.cursor, tally.cursor_known = (row[0] if row else None), True
-                    tally.gaps.append((tally.cursor, delivery.cursor))
+                    tally.gaps.append((tally.cursor, delivery.cursor, delivery.control_id))
                 if delivery.cursor is not None:
                     tally.cursor, tally.cursor_known, tally.last_cursor = (
                         delivery.cursor,
@@ -945,14 +963,24 @@ class Store:
                 )
                 if tally.gaps:
                     conn.executemany(
-                        "INSERT INTO gaps (subscription, server, event, detected_at, cursor_before, cursor_after)"
-                        " VALUES (?, ?, ?, ?, ?, ?)",
+                        "INSERT INTO gaps"
+                        " (subscription, server, event, detected_at, cursor_before, cursor_after, delivery_id)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
                         [
-                            (key.name, key.server, key.event, now, before, after)
-                            for before, after in tally.gaps
+                            (key.name, key.server, key.event, now, before, after, delivery_id)
+                            for before, after, delivery_id in tally.gaps
                         ],
                     )
         return results
+
+    def _gap_recorded(self, tally: _Tally, delivery_id: str) -> bool:
+        """Whether this gap envelope is recorded already, in an earlier commit or earlier in this batch."""
+        if any(gap[2] == delivery_id for gap in tally.gaps):
+            return True
+        row = self._db.conn.execute(
+            "SELECT 1 FROM gaps WHERE subscription = ? AND delivery_id = ?", [tally.key.name, delivery_id]
+        ).fetchone()
+        return row is not None
 
     def _stored_ids(self, deliveries: Sequence[WebhookDelivery]) -> set[tuple[str, str, str]]:
         """Which of the deliveries' (server, event name, eventId) are in the inbox already."""

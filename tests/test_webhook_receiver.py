@@ -749,6 +749,47 @@ async def test_a_gap_envelope_persists_its_cursor_and_records_a_gap(hook: Hook) 
     assert hook.receiver.counts["gaps"] == 1
 
 
+async def test_a_retried_gap_is_recorded_once_and_does_not_move_the_cursor_back(hook: Hook) -> None:
+    gap = {"type": "gap", "cursor": "c9"}
+    assert (await hook.deliver(gap, msg_id="msg_gap_1")).status == 204
+    await hook.deliver(event("evt_2", cursor="c10"))
+    assert (await hook.deliver(gap, msg_id="msg_gap_1")).status == 204
+    assert len(hook.store.gaps_sync("tickets")) == 1
+    assert subscription_row(hook)["gaps"] == 1
+    assert hook.store.cursor_sync("tickets") == "c10"
+    assert (hook.receiver.counts["gaps"], hook.receiver.counts["duplicates"]) == (1, 1)
+
+
+async def test_two_concurrent_identical_gaps_are_recorded_once(hook: Hook) -> None:
+    gap = {"type": "gap", "cursor": "c9"}
+    replies = await gather(hook.deliver(gap, msg_id="msg_gap_1"), hook.deliver(gap, msg_id="msg_gap_1"))
+    assert [reply.status for reply in replies] == [204, 204]
+    assert len(hook.store.gaps_sync("tickets")) == 1
+
+
+async def test_a_gap_retried_after_a_restart_is_recorded_once(tls: TLS, tmp_path: Path) -> None:
+    gap = {"type": "gap", "cursor": "c9"}
+    for _ in range(2):  # each a fresh store connection and receiver: nothing carried over in memory
+        store = await Store.open(tmp_path / "restarted.db")
+        try:
+            async with running_hook(tls, store, max_body_bytes=LIMIT) as running:
+                assert (await running.deliver(gap, msg_id="msg_gap_1")).status == 204
+        finally:
+            await store.close()
+    store = await Store.open(tmp_path / "restarted.db")
+    try:
+        assert len(store.gaps_sync("tickets")) == 1
+    finally:
+        await store.close()
+
+
+async def test_two_gaps_with_different_ids_are_two_gaps(hook: Hook) -> None:
+    await hook.deliver({"type": "gap", "cursor": "c9"}, msg_id="msg_gap_1")
+    await hook.deliver({"type": "gap", "cursor": "c12"}, msg_id="msg_gap_2")
+    assert [g["cursor_after"] for g in hook.store.gaps_sync("tickets")] == ["c9", "c12"]
+    assert hook.store.cursor_sync("tickets") == "c12"
+
+
 async def test_a_gap_envelope_with_a_non_string_cursor_is_refused_400(hook: Hook) -> None:
     reply = await hook.deliver({"type": "gap", "cursor": 9})
     assert reply.status == 400

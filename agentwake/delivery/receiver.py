@@ -55,7 +55,7 @@ REJECT_LOG_INTERVAL_S: Final = 60.0
 SHUTDOWN_TIMEOUT_S: Final = 2.0
 LISTEN_BACKLOG: Final = 1024
 
-# Control envelopes remembered per process, so a retried gap is not recorded twice.
+# Terminated envelopes handled, remembered per process: a retry racing its id's retirement ends nothing twice.
 SEEN_CONTROL_IDS: Final = 4096
 
 # pydantic-core's validator itself, without the adapter's Python wrapper around each call.
@@ -524,16 +524,17 @@ class Receiver:
         name = route.key.name
         if kind == "verification":
             return self._verification(name, route.webhook_id, document)
-        if kind in ("gap", "terminated") and (route.webhook_id, msg_id) in self._control_ids:
-            return _no_content()  # a retry of one already handled
         if kind == "gap":
             cursor = document.get("cursor")
             if cursor is not None and not isinstance(cursor, str):
                 return self._reject(400, "gap with a non-string cursor")
-            result = await self._commit.submit(WebhookDelivery(route.key, None, cursor, truncated=True))
+            # The store recognises a retried gap by its webhook-id, across restarts too.
+            gap = WebhookDelivery(route.key, None, cursor, truncated=True, control_id=msg_id)
+            result = await self._commit.submit(gap)
             if result is None:
                 return self._reject(503, "not stored")
-            self._seen_control(route.webhook_id, msg_id)
+            if result.duplicates:
+                return _no_content()
             self.counts["gaps"] += 1
             logger.warning(
                 "subscription %s: gap: the server skipped events (webhook gap); now at cursor %s",
@@ -542,6 +543,8 @@ class Receiver:
             )
             return _no_content()
         if kind == "terminated":
+            if (route.webhook_id, msg_id) in self._control_ids:
+                return _no_content()  # a retry that came before its id was retired
             error = document.get("error")
             error = error if isinstance(error, dict) else {}
             self._seen_control(route.webhook_id, msg_id)
