@@ -8,6 +8,7 @@ unless a test needs a malformed header or a body that is not text.
 from __future__ import annotations
 
 import json
+import logging
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -559,13 +560,18 @@ async def test_a_webhook_id_that_is_not_utf8_is_refused_401_not_500(hook: Hook, 
     ids=["header-over-8-KiB", "bad-request-line", "bad-chunk-size"],
 )
 async def test_a_request_the_http_parser_refuses_gets_a_400_that_quotes_none_of_it(
-    hook: Hook, tls: TLS, request_bytes: bytes
+    hook: Hook, tls: TLS, request_bytes: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.DEBUG)
     response = await raw_exchange(hook, tls, request_bytes)
     head, _, body = response.partition(b"\r\n\r\n")
     assert head.split(b" ", 2)[1] == b"400"  # the parser answers HTTP/1.0 when it read no version
     assert b"secret-ish" not in response
     assert body == b""
+    # counted with the receiver's other refusals, not logged as an error with a traceback
+    assert hook.receiver.counts["rejected_400"] == 1
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert not any("secret-ish" in r.getMessage() or r.exc_info for r in caplog.records)
     # and the receiver goes on serving
     assert (await hook.deliver(event())).status == 204
 

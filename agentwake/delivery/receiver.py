@@ -299,9 +299,18 @@ def tls_context(config: WebhookConfig) -> ssl.SSLContext | None:
     return context
 
 
+Refuse = Callable[[int, str], web.Response]
+
+
 class _QuietRequestHandler(RequestHandler):
     """aiohttp answers a request its parser refuses (a header over 8 KiB, a bad request line) with the
-    parser's message, which quotes the sender's bytes; ours carry the status alone."""
+    parser's message, which quotes the sender's bytes, and logs a traceback at ERROR for each (a
+    scanner could fill the log). Here such a request is counted and summarised with the receiver's
+    other refusals, and answered with its status alone."""
+
+    def __init__(self, manager: web.Server, refuse: Refuse, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self.refuse = refuse
 
     def handle_error(
         self,
@@ -310,12 +319,22 @@ class _QuietRequestHandler(RequestHandler):
         exc: BaseException | None = None,
         message: str | None = None,
     ) -> web.StreamResponse:
-        return super().handle_error(request, status, exc, None)
+        if status >= 500 or request.writer.output_size > 0:
+            return super().handle_error(request, status, exc, None)
+        response = self.refuse(status, "unreadable HTTP request")
+        response.force_close()
+        return response
 
 
 class _QuietServer(web.Server):
+    def __init__(
+        self, handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]], refuse: Refuse
+    ) -> None:
+        super().__init__(handler, access_log=None)
+        self.refuse = refuse
+
     def __call__(self) -> RequestHandler:
-        return _QuietRequestHandler(self, loop=self._loop, **self._kwargs)
+        return _QuietRequestHandler(self, self.refuse, loop=self._loop, **self._kwargs)
 
 
 class Receiver:
@@ -347,7 +366,7 @@ class Receiver:
     def server(self) -> web.Server:
         """aiohttp's low-level server: one handler for every path, with no router or middleware layer
         (about a tenth of a delivery's cost). Subscriptions are told apart by X-MCP-Subscription-Id."""
-        return _QuietServer(self.handle, access_log=None)
+        return _QuietServer(self.handle, self._reject)
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         host, port = self.config.address
