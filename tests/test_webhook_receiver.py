@@ -550,6 +550,14 @@ async def test_a_webhook_id_that_is_not_utf8_is_refused_401_not_500(hook: Hook, 
     assert response.startswith(b"HTTP/1.1 401")
 
 
+async def test_no_answer_names_the_http_library_or_its_version(hook: Hook) -> None:
+    accepted = await hook.deliver(event())
+    refused = await hook.deliver(event("evt_2"), secret=signing.generate_secret())
+    echoed = await hook.deliver({"type": "verification", "challenge": "n-1"})
+    assert [r.status for r in (accepted, refused, echoed)] == [204, 401, 200]
+    assert [r.headers.get("Server") for r in (accepted, refused, echoed)] == ["agentwake"] * 3
+
+
 @pytest.mark.parametrize(
     "request_bytes",
     [
@@ -567,6 +575,7 @@ async def test_a_request_the_http_parser_refuses_gets_a_400_that_quotes_none_of_
     head, _, body = response.partition(b"\r\n\r\n")
     assert head.split(b" ", 2)[1] == b"400"  # the parser answers HTTP/1.0 when it read no version
     assert b"secret-ish" not in response
+    assert b"aiohttp" not in response
     assert body == b""
     # counted with the receiver's other refusals, not logged as an error with a traceback
     assert hook.receiver.counts["rejected_400"] == 1

@@ -276,14 +276,18 @@ class _GroupCommit:
             self._deliveries, self._futures = [], []
 
 
+# In place of aiohttp's default, which names the Python and aiohttp versions.
+_SERVER_HEADER: Final = {"Server": "agentwake"}
+
+
 def _no_content() -> web.StreamResponse:
     """204: the bare StreamResponse, lighter to build and send than a Response with no body."""
-    return web.StreamResponse(status=204)
+    return web.StreamResponse(status=204, headers=_SERVER_HEADER)
 
 
 def _status(code: int) -> web.Response:
     """A response with no detail: the reason phrase is all a sender (or an attacker) learns."""
-    return web.Response(status=code)
+    return web.Response(status=code, headers=_SERVER_HEADER)
 
 
 def tls_context(config: WebhookConfig) -> ssl.SSLContext | None:
@@ -320,7 +324,9 @@ class _QuietRequestHandler(RequestHandler):
         message: str | None = None,
     ) -> web.StreamResponse:
         if status >= 500 or request.writer.output_size > 0:
-            return super().handle_error(request, status, exc, None)
+            crashed = super().handle_error(request, status, exc, None)
+            crashed.headers.update(_SERVER_HEADER)
+            return crashed
         response = self.refuse(status, "unreadable HTTP request")
         response.force_close()
         return response
@@ -526,7 +532,7 @@ class Receiver:
             return self._reject(400, "verification without a challenge")
         self.counts["verifications"] += 1
         logger.info("subscription %s: webhook endpoint verification answered (id %s)", name, webhook_id)
-        return web.json_response({"challenge": challenge})
+        return web.json_response({"challenge": challenge}, headers=_SERVER_HEADER)
 
     def _seen_control(self, webhook_id: str, msg_id: str) -> bool:
         """Whether this control envelope was handled already (a retry); remembers it otherwise."""
