@@ -415,6 +415,26 @@ def status(config: ConfigOption = DEFAULT_CONFIG_PATH, as_json: JsonOption = Fal
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
+    print_status(rows, out)
+
+
+# Below this many columns the status table's fourteen columns fold mid-word; each subscription is
+# printed as a few labelled lines instead.
+STATUS_TABLE_MIN_WIDTH = 190
+
+
+def print_status(rows: list[dict[str, Any]], console: Console) -> None:
+    """`status` for a person: a table on a wide terminal, a block per subscription on a narrow one."""
+    if console.width >= STATUS_TABLE_MIN_WIDTH:
+        console.print(_status_table(rows))
+        return
+    console.print(Text("Subscriptions", style="bold"))
+    for r in rows:
+        console.print()
+        console.print(_status_block(r))
+
+
+def _status_table(rows: list[dict[str, Any]]) -> Table:
     table = PlainTable(title="Subscriptions")
     columns = (
         "subscription",
@@ -436,7 +456,7 @@ def status(config: ConfigOption = DEFAULT_CONFIG_PATH, as_json: JsonOption = Fal
     table.add_column("last error", overflow="fold", style="red")
     for r in rows:
         table.add_row(
-            r["subscription"] + ("" if r["configured"] else " (not in config)"),
+            _subscription_label(r),
             r["server"],
             r["event"],
             r["mode"] or "-",
@@ -451,7 +471,33 @@ def status(config: ConfigOption = DEFAULT_CONFIG_PATH, as_json: JsonOption = Fal
             _describe_webhook(r["webhook"]),
             r["last_error"] or r["last_failure"] or "",
         )
-    out.print(table)
+    return table
+
+
+def _status_block(r: dict[str, Any]) -> Table:
+    block = PlainTable.grid(padding=(0, 2))
+    block.add_column(no_wrap=True)
+    block.add_column(overflow="fold")
+    block.add_row(
+        Text(_subscription_label(r), style="bold"),
+        " · ".join((r["server"], r["event"], r["mode"] or "-", r["status"])),
+    )
+    block.add_row("  cursor", f"{r['cursor'] or '-'} (last poll {r['last_poll_at'] or 'never'})")
+    block.add_row(
+        "  events",
+        f"{r['events_received']} received, {r['duplicates']} duplicates, {r['gaps']} gaps;"
+        f" {r['events_done']} done, {r['events_failed']} failed",
+    )
+    if r["webhook"] is not None:
+        block.add_row("  webhook", _describe_webhook(r["webhook"]).replace("\n", " · "))
+    last_error = r["last_error"] or r["last_failure"]
+    if last_error:
+        block.add_row("  last error", Text(last_error, style="red"))
+    return block
+
+
+def _subscription_label(r: dict[str, Any]) -> str:
+    return str(r["subscription"]) + ("" if r["configured"] else " (not in config)")
 
 
 def _describe_webhook(webhook: dict[str, Any] | None) -> str:

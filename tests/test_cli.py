@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -9,9 +10,11 @@ from pathlib import Path
 
 import pytest
 from conftest import QUIET_DEMO, REPO
+from rich.console import Console
 from typer.testing import CliRunner
 
-from agentwake.cli import app
+from agentwake import signing
+from agentwake.cli import app, print_status
 from agentwake.store import IncomingEvent, Store, SubscriptionKey
 
 runner = CliRunner()
@@ -170,6 +173,57 @@ def test_inbox_json_has_the_documented_fields(tmp_path: Path) -> None:
     for field in ("server", "subscription", "event", "event_id", "timestamp", "received_at", "state", "data"):
         assert field in row
     assert row["data"] == {"ticketId": "T-000001"} and row["state"] == "pending"
+
+
+def status_rows_with_a_webhook(tmp_path: Path) -> list[dict[str, object]]:
+    """`status --json` rows for a store holding a subscribed webhook with a failing delivery."""
+    config = demo_config(tmp_path, TICKETS)
+    seeded_store(config)
+    store = Store.open_sync(config.parent / "aw.db")
+    key = SubscriptionKey("tickets", "demo", "ticket.created", {"queue": "support"})
+    record = store.prepare_webhook_sync(key, "https://hooks.example.com/tickets", signing.generate_secret())
+    store.webhook_subscribed_sync(
+        "tickets",
+        webhook_id="sub_a3f1c8e2b0d49f7e",
+        sent_secret=record.secret,
+        refresh_before="2026-12-02T13:00:00.000Z",
+        delivery_status={"active": False, "lastError": "http_4xx"},
+        previous_until="2026-12-02T12:10:00.000Z",
+    )
+    store.set_state_sync("tickets", status="failed", mode="webhook", error="[red]server said no[/red]")
+    store.close_sync()
+    result = runner.invoke(app, ["status", "--json", "-c", str(config)])
+    assert result.exit_code == 0, result.output
+    rows: list[dict[str, object]] = json.loads(result.output)
+    return rows
+
+
+def rendered_status(rows: list[dict[str, object]], width: int) -> list[str]:
+    console = Console(width=width, markup=False, file=io.StringIO())
+    print_status(rows, console)
+    assert isinstance(console.file, io.StringIO)
+    return [line.rstrip() for line in console.file.getvalue().splitlines()]
+
+
+def test_status_on_a_narrow_terminal_prints_a_block_per_subscription_with_nothing_folded(
+    tmp_path: Path,
+) -> None:
+    lines = rendered_status(status_rows_with_a_webhook(tmp_path), 100)
+    assert max(len(line) for line in lines) <= 100
+    assert lines[2] == "tickets       demo · ticket.created · webhook · failed"
+    assert "  cursor      1 (last poll " in lines[3]
+    assert lines[4] == "  events      1 received, 1 duplicates, 0 gaps; 0 done, 0 failed"
+    assert lines[5] == (
+        "  webhook     sub_a3f1c8e2b0d49f7e · refresh by 2026-12-02T13:00:00.000Z · suspended, http_4xx"
+    )
+    assert lines[6] == "  last error  [red]server said no[/red]"  # upstream text, printed as written
+
+
+def test_status_on_a_wide_terminal_is_one_table(tmp_path: Path) -> None:
+    lines = rendered_status(status_rows_with_a_webhook(tmp_path), 220)
+    [header] = [line for line in lines if "subscription" in line]
+    assert header.split("┃")[1:-1] and "webhook" in header and "last error" in header
+    assert any("sub_a3f1c8e2b0d49f7e" in line for line in lines)
 
 
 def test_status_before_any_run_says_what_to_do(tmp_path: Path) -> None:
