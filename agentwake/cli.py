@@ -14,6 +14,7 @@ import anyio
 import anyio.abc
 import typer
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -45,9 +46,51 @@ class PlainTable(Table):
 
     def __init__(self, *args: Any, title: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, title=Text(title) if title is not None else None, **kwargs)
+        self.records: list[tuple[Any, ...]] = []
 
     def add_row(self, *cells: Any, **kwargs: Any) -> None:
-        super().add_row(*(Text(c) if isinstance(c, str) else c for c in cells), **kwargs)
+        texts = tuple(Text(c) if isinstance(c, str) else c for c in cells)
+        self.records.append(texts)
+        super().add_row(*texts, **kwargs)
+
+
+UNBOUNDED_WIDTH = 100_000
+
+
+def fits(console: Console, table: Table) -> bool:
+    """Whether the table prints at its natural width, with no cell folded."""
+    unbounded = console.options.update(max_width=UNBOUNDED_WIDTH)  # measured as wide as it would like
+    return Measurement.get(console, unbounded, table).maximum <= console.width
+
+
+def print_table(table: PlainTable, console: Console) -> None:
+    """The table, if the terminal is wide enough for it; else each row as a block of labelled lines
+    (a table squeezed into 80 columns folds every word)."""
+    if fits(console, table):
+        console.print(table)
+        return
+    if table.title is not None:
+        console.print(Text(str(table.title), style="bold"))
+    first_column, *columns = table.columns
+    for first, *rest in table.records:
+        block = PlainTable.grid(padding=(0, 2))
+        block.add_column(no_wrap=True)
+        block.add_column(overflow="fold")
+        for column, cell in zip(columns, rest, strict=False):
+            if isinstance(cell, Text) and not cell.plain:
+                continue
+            block.add_row(f"  {column.header}", _with_style(cell, column.style))
+        console.print()
+        console.print(Text.assemble(f"{first_column.header} ", _with_style(first, "bold")))
+        console.print(block)
+
+
+def _with_style(cell: Any, style: Any) -> Any:
+    if not isinstance(cell, Text) or not style:
+        return cell
+    styled = cell.copy()
+    styled.stylize(style)
+    return styled
 
 
 def _styled(label: str, style: str, rest: object) -> Text:
@@ -258,7 +301,7 @@ def check(config: ConfigOption = DEFAULT_CONFIG_PATH) -> None:
         table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(*row)
-    out.print(table)
+    print_table(table, out)
     for warning in warnings:
         err.print(_styled("warning:", "yellow", warning), highlight=False)
     for problem in problems:
@@ -359,7 +402,7 @@ def events(
             table.add_row(
                 name, d.name, ", ".join(d.delivery), _describe_schema(d.input_schema), d.description or ""
             )
-    out.print(table)
+    print_table(table, out)
 
 
 def _describe_schema(schema: dict[str, Any]) -> str:
@@ -418,15 +461,12 @@ def status(config: ConfigOption = DEFAULT_CONFIG_PATH, as_json: JsonOption = Fal
     print_status(rows, out)
 
 
-# Below this many columns the status table's fourteen columns fold mid-word; each subscription is
-# printed as a few labelled lines instead.
-STATUS_TABLE_MIN_WIDTH = 190
-
-
 def print_status(rows: list[dict[str, Any]], console: Console) -> None:
-    """`status` for a person: a table on a wide terminal, a block per subscription on a narrow one."""
-    if console.width >= STATUS_TABLE_MIN_WIDTH:
-        console.print(_status_table(rows))
+    """`status` for a person: a table on a wide terminal, else a few labelled lines per subscription
+    (fewer than print_table's one line per column)."""
+    table = _status_table(rows)
+    if fits(console, table):
+        console.print(table)
         return
     console.print(Text("Subscriptions", style="bold"))
     for r in rows:
@@ -550,7 +590,7 @@ def inbox(
             r["state"],
             data if len(data) <= 120 else data[:119] + "…",
         )
-    out.print(table)
+    print_table(table, out)
 
 
 @app.command()
@@ -601,7 +641,7 @@ def actions(
             str(r["duration_ms"] if r["duration_ms"] is not None else "-"),
             r["reason"] or "",
         )
-    out.print(table)
+    print_table(table, out)
 
 
 ServerOption = Annotated[
@@ -709,7 +749,7 @@ def _print_run(run: dict[str, Any]) -> None:
                 result if len(result) <= 200 else result[:199] + "…",
                 str(call["duration_ms"] if call["duration_ms"] is not None else "-"),
             )
-        out.print(table)
+        print_table(table, out)
 
 
 @app.command()
@@ -818,7 +858,7 @@ def policy_check(config: ConfigOption = DEFAULT_CONFIG_PATH) -> None:
             else "(subscription's)",
             "\n".join(conditions) or "(every event)",
         )
-    out.print(table)
+    print_table(table, out)
     out.print(
         f"policy OK: {len(policy.rules)} rule(s) in {len(policy.files)} file(s); default action {policy.default!r}"
     )
@@ -1005,7 +1045,7 @@ def approvals(
             str(decision.get("why")),
             data if len(data) <= 120 else data[:119] + "…",
         )
-    out.print(table)
+    print_table(table, out)
 
 
 def _answer(config: Path, event_id: str, server: str | None, *, approve: bool, note: str | None) -> None:

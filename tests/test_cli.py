@@ -6,6 +6,7 @@ import io
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from agentwake import signing
-from agentwake.cli import app, print_status
+from agentwake.cli import PlainTable, app, print_status, print_table
 from agentwake.store import IncomingEvent, Store, SubscriptionKey
 
 runner = CliRunner()
@@ -198,11 +199,45 @@ def status_rows_with_a_webhook(tmp_path: Path) -> list[dict[str, object]]:
     return rows
 
 
-def rendered_status(rows: list[dict[str, object]], width: int) -> list[str]:
+def rendered(width: int, show: Callable[[Console], None]) -> list[str]:
     console = Console(width=width, markup=False, file=io.StringIO())
-    print_status(rows, console)
+    show(console)
     assert isinstance(console.file, io.StringIO)
     return [line.rstrip() for line in console.file.getvalue().splitlines()]
+
+
+def rendered_status(rows: list[dict[str, object]], width: int) -> list[str]:
+    return rendered(width, lambda console: print_status(rows, console))
+
+
+def runs_table() -> PlainTable:
+    table = PlainTable(title="Agent runs")
+    for column in ("run", "started", "reason"):
+        table.add_column(column, overflow="fold")
+    table.add_row("18", "2026-12-02T07:07:01.787Z", "[bold]refused[/bold] by the server")
+    table.add_row("17", "2026-12-02T07:06:58.776Z", "")
+    return table
+
+
+def test_a_table_too_wide_for_the_terminal_prints_a_block_of_labelled_lines_per_row() -> None:
+    lines = rendered(40, lambda console: print_table(runs_table(), console))
+    assert lines == [
+        "Agent runs",
+        "",
+        "run 18",
+        "  started  2026-12-02T07:07:01.787Z",
+        "  reason   [bold]refused[/bold] by the",  # upstream text as written, folded at the edge
+        "           server",
+        "",
+        "run 17",
+        "  started  2026-12-02T07:06:58.776Z",  # an empty cell is left out
+    ]
+
+
+def test_a_table_that_fits_prints_as_a_table() -> None:
+    lines = rendered(120, lambda console: print_table(runs_table(), console))
+    assert any(line.startswith("┃ run ┃ started") for line in lines)
+    assert any("[bold]refused[/bold] by the server" in line for line in lines)
 
 
 def test_status_on_a_narrow_terminal_prints_a_block_per_subscription_with_nothing_folded(
