@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONFIG ?= agentwake.toml
 
-.PHONY: run test lint typecheck unit bench clean
+.PHONY: run run-webhook test lint typecheck unit bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,10 @@ $(STAMP): $(BIN)/python pyproject.toml
 # The venv goes first on PATH so the bundled config's `command = "python"` finds the installed demo server.
 run: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" LITELLM_LOCAL_MODEL_COST_MAP=True $(BIN)/agentwake run -c $(CONFIG)
+
+# Webhook delivery on this machine: the demo server over HTTPS callbacks to agentwake's receiver.
+run-webhook: $(STAMP)
+	$(BIN)/python -m examples.webhook_demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check agentwake examples tests bench
