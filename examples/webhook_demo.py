@@ -138,23 +138,37 @@ def demo_server_command(
     return [sys.executable, "-m", "examples.demo_server", "--http", "127.0.0.1:0"], env
 
 
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m examples.webhook_demo",
         description="Webhook delivery on one machine: the demo server POSTs signed tickets to agentwake's receiver.",
     )
-    parser.add_argument("--dir", type=Path, default=Path(".webhook-demo"), help="where everything is kept")
     parser.add_argument(
-        "--port", type=int, default=8787, help="the receiver's port on 127.0.0.1 (default 8787)"
+        "--dir",
+        type=Path,
+        default=Path(".webhook-demo"),
+        help="where everything is kept (default .webhook-demo)",
+    )
+    parser.add_argument(
+        "--port", type=positive, default=8787, help="the receiver's port on 127.0.0.1 (default 8787)"
     )
     parser.add_argument("--rate", type=float, default=1.0, help="new tickets per second (default 1)")
     parser.add_argument(
         "--ttl-ms",
-        type=int,
+        type=positive,
         default=20_000,
         help="subscription lifetime asked for, so refreshes show (default 20000)",
     )
-    parser.add_argument("--stop-after-runs", type=int, help="stop once the agent has run this many times")
+    parser.add_argument(
+        "--stop-after-runs", type=positive, help="stop once the agent has run this many times"
+    )
     args = parser.parse_args(argv)
     try:
         return run(args)
