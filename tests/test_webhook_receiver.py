@@ -533,6 +533,31 @@ async def test_a_refused_expect_request_gets_its_final_status_before_any_body_is
     assert stored(hook) == []
 
 
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+async def test_a_body_that_stops_coming_is_answered_408_and_the_connection_closed(
+    hook: Hook, tls: TLS, framing: str
+) -> None:
+    hook.receiver.body_timeout_s = 0.2
+    body = json.dumps(event()).encode()
+    head = head_of(hook, body).replace(b"Expect: 100-continue\r\n", b"")
+    if framing == "chunked":
+        head = head.replace(f"Content-Length: {len(body)}".encode(), b"Transfer-Encoding: chunked")
+        first_part = b"%x\r\n%s\r\n" % (10, body[:10])
+    else:
+        first_part = body[:10]
+    with anyio.fail_after(10):
+        async with await open_raw(hook, tls) as stream:
+            await stream.send(head + first_part)  # and the rest never comes
+            final, rest = await read_head(stream, b"")
+            assert final.startswith(b"HTTP/1.1 408")
+            assert b"Connection: close" in final
+            with pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError)):
+                while True:  # the receiver closes the connection
+                    rest += await stream.receive()
+    assert stored(hook) == []
+    assert hook.receiver.counts["rejected_408"] == 1
+
+
 async def test_a_webhook_id_that_is_not_utf8_is_refused_401_not_500(hook: Hook, tls: TLS) -> None:
     body = json.dumps(event()).encode()
     request = (

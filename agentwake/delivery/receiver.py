@@ -6,7 +6,7 @@ Order of checks for each request, cheapest first, so a flood costs little:
     -> the four headers present and sane, webhook-timestamp within 5 minutes (401)
     -> X-MCP-Subscription-Id known (else 410 if we unsubscribed it, 503 while a subscribe
        is in flight, 404) -> Expect: 100-continue answered now (else 417)
-    -> body read up to the limit (413)
+    -> body read up to the limit (413), within 10 s of the headers (408)
     -> Standard Webhooks signature over the raw bytes, under any secret of that subscription (401)
     -> JSON parse and shape (400) -> durable accept
 
@@ -53,6 +53,11 @@ READ_CHUNK: Final = 64 * 1024
 MAX_PENDING_COMMITS: Final = 10_000
 REJECT_LOG_INTERVAL_S: Final = 60.0
 SHUTDOWN_TIMEOUT_S: Final = 2.0
+# How long the rest of a body may take once its headers are in (senders time out at about 5 s).
+BODY_TIMEOUT_S: Final = 10.0
+# After an answer given before the whole body was read (413, 408), aiohttp reads and drops what the
+# sender still sends for this long, so that it reads the answer rather than a reset, then closes.
+LINGER_S: Final = 2.0
 LISTEN_BACKLOG: Final = 1024
 
 # Terminated envelopes handled, remembered per process: a retry racing its id's retirement ends nothing twice.
@@ -336,7 +341,7 @@ class _QuietServer(web.Server):
     def __init__(
         self, handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]], refuse: Refuse
     ) -> None:
-        super().__init__(handler, access_log=None)
+        super().__init__(handler, access_log=None, lingering_time=LINGER_S)
         self.refuse = refuse
 
     def __call__(self) -> RequestHandler:
@@ -362,6 +367,7 @@ class Receiver:
         self.on_new_events = on_new_events
         self.on_terminated = on_terminated
         self.clock = clock
+        self.body_timeout_s = BODY_TIMEOUT_S
         self.port: int | None = None
         self.counts: Counter[str] = Counter()
         self._commit = _GroupCommit(store, self._committed)
@@ -488,7 +494,14 @@ class Receiver:
         if length is not None and content.is_eof():
             body: bytes | None = content.read_nowait()  # all of it came with the headers: the usual case
         else:
-            body = await self._read_body(request)
+            try:
+                with anyio.fail_after(self.body_timeout_s):
+                    body = await self._read_body(request)
+            except TimeoutError:
+                # A sender that trickles its body would hold the connection (and its buffer) forever.
+                slow = self._reject(408, "body not received in time")
+                slow.force_close()
+                return slow
         if body is None:
             return self._reject(413, "body over the limit")
         if route is None:
