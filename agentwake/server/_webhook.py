@@ -282,12 +282,14 @@ def encode(body: dict[str, Any]) -> bytes:
 
 
 def echoed_challenge(body: bytes) -> str | None:
+    """The challenge an endpoint echoed, or None for anything else (its body is untrusted)."""
     try:
         document = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     challenge = document.get("challenge") if isinstance(document, dict) else None
-    return challenge if isinstance(challenge, str) else None
+    # Our nonces are ASCII; a lone surrogate or other non-ASCII echo cannot match (nor be encoded).
+    return challenge if isinstance(challenge, str) and challenge.isascii() else None
 
 
 @dataclass(slots=True)
@@ -742,7 +744,7 @@ class WebhookSubscription:
                 attempts, started = 0, anyio.current_time()  # a refresh resumed us: a fresh budget
             try:
                 payload = encode(body())
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, RecursionError):  # RecursionError: data nested too deep
                 logger.exception(
                     "webhook subscription %s: delivery %s is not JSON; abandoned", self.id, msg_id
                 )
@@ -834,6 +836,8 @@ class Webhooks:
         )
         self._sender: WebhookSender | None = None
         self._tg: anyio.abc.TaskGroup | None = None
+        # Terminated, out of memory, their store records not deleted yet.
+        self._ending: dict[str, WebhookSubscription] = {}
 
     # ---- running ---------------------------------------------------------------------
 
@@ -862,6 +866,7 @@ class Webhooks:
                 self._tg = None
                 self._sender = None
                 with anyio.CancelScope(shield=True):
+                    await self._delete_all_ended()
                     await self.flush()
                 # Like a restart: in-memory subscriptions are gone; stored ones load on the next run.
                 self._subs.clear()
@@ -871,6 +876,7 @@ class Webhooks:
             await anyio.sleep(self.settings.sweep_interval.total_seconds())
             try:
                 await self.sweep()
+                await self._delete_all_ended()
                 await self.flush()
             except Exception:  # a store hiccup must not stop expiry
                 logger.exception("webhook upkeep failed")
@@ -1082,28 +1088,50 @@ class Webhooks:
         return len(chosen)
 
     def terminate_soon(self, sub: WebhookSubscription, error: MCPError) -> None:
-        """End ``sub`` now; the terminated envelope, the store and on_unsubscribe follow in the background."""
+        """End ``sub`` now; the terminated envelope, the store and on_unsubscribe follow in the background.
+
+        Until its store record is deleted it stays in ``_ending``: a shutdown deletes it then, and
+        the next start deletes it before resuming anything, so it never comes back.
+        """
         if not self._forget(sub):
             return
+        self._ending[sub.id] = sub
         if self._tg is None:
             logger.warning("webhook subscription %s: ended outside running(); no terminated envelope", sub.id)
             return
         self._tg.start_soon(self._finish_termination, sub, error)
 
     async def _finish_termination(self, sub: WebhookSubscription, error: MCPError) -> None:
-        # Out of the store first, so a restart during the envelope's POST cannot bring it back.
-        async with self._locks.hold(sub.id):
-            if sub.id not in self._subs:  # not re-created under the same key meanwhile
-                await self._delete(sub.id)
-        body = encode({"type": "terminated", "error": error_object(error)})
-        outcome = await self.post(sub, control_id("terminated"), body)
-        logger.info(
-            "webhook subscription %s: terminated (%s); envelope %s",
-            sub.id,
-            error.error.message,
-            "delivered" if outcome.ok else f"not delivered ({outcome.category})",
-        )
+        try:
+            # Out of the store first, so a restart during the envelope's POST cannot bring it back.
+            await self._delete_ended(sub)
+            body = encode({"type": "terminated", "error": error_object(error)})
+            outcome = await self.post(sub, control_id("terminated"), body)
+            logger.info(
+                "webhook subscription %s: terminated (%s); envelope %s",
+                sub.id,
+                error.error.message,
+                "delivered" if outcome.ok else f"not delivered ({outcome.category})",
+            )
+        except Exception:  # the others' deliveries go on; the sweeper retries the delete
+            logger.exception("webhook subscription %s: ending it failed", sub.id)
         await self._fire_unsubscribe(sub)
+
+    async def _delete_ended(self, sub: WebhookSubscription) -> None:
+        """Delete an ended subscription's store record, unless its key was subscribed again since."""
+        async with self._locks.hold(sub.id):
+            if self._ending.get(sub.id) is not sub:
+                return
+            if sub.id not in self._subs:
+                await self._delete(sub.id)
+            del self._ending[sub.id]
+
+    async def _delete_all_ended(self) -> None:
+        for sub in list(self._ending.values()):
+            try:
+                await self._delete_ended(sub)
+            except Exception:
+                logger.exception("webhook subscription %s: deleting the ended subscription failed", sub.id)
 
     # ---- upkeep ------------------------------------------------------------------------
 
@@ -1140,7 +1168,10 @@ class Webhooks:
             return
         for sub in list(self._subs.values()):
             if sub.dirty or sub.record().cursor != sub.saved_cursor:
-                await self._save(sub)
+                async with self._locks.hold(sub.id):
+                    # Unsubscribed, expired or ended while earlier saves ran: not written back.
+                    if self._subs.get(sub.id) is sub:
+                        await self._save(sub)
 
     async def _save(self, sub: WebhookSubscription) -> None:
         store = self.settings.store
@@ -1159,6 +1190,7 @@ class Webhooks:
         store = self.settings.store
         if store is None:
             return
+        await self._delete_all_ended()  # ended outside running(), or a delete that failed before
         records = await anyio.to_thread.run_sync(store.load)
         types = {t.name: t for t in self.extension.event_types()}
         now = self.extension.now()
