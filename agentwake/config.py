@@ -24,6 +24,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from yarl import URL
 
 from agentwake.errors import ConfigError
 
@@ -40,6 +41,8 @@ DEFAULT_HEALTH_REFRESH_S: Final = 3_600.0
 DEFAULT_ROTATION_GRACE_S: Final = 600.0
 # The spec's delivery profile: receivers may refuse bodies over 256 KiB with 413.
 DEFAULT_WEBHOOK_MAX_BODY: Final = 256 * 1024
+# More would let one delivery hold that much memory per connection.
+MAX_WEBHOOK_MAX_BODY: Final = 16 * 1024 * 1024
 OFFLINE_MODEL: Final = "agentwake/offline"
 OFFLINE_NOTICE: Final = f"{OFFLINE_MODEL} is a deterministic stand-in for a real model; no LLM is called"
 
@@ -125,7 +128,7 @@ class WebhookConfig(_Model):
     no_expiry: bool = Field(default=False, description="ask for a subscription with no expiry (ttlMs: null)")
     health_refresh_s: float = Field(
         default=DEFAULT_HEALTH_REFRESH_S,
-        gt=0,
+        ge=1,
         description="refresh cadence when the server grants no expiry (cursor and deliveryStatus)",
     )
     rotation_grace_s: float = Field(
@@ -134,7 +137,10 @@ class WebhookConfig(_Model):
         description="how long the old secret is still accepted after a rotation",
     )
     max_body_bytes: int = Field(
-        default=DEFAULT_WEBHOOK_MAX_BODY, ge=1024, description="larger deliveries are refused with 413"
+        default=DEFAULT_WEBHOOK_MAX_BODY,
+        ge=1024,
+        le=MAX_WEBHOOK_MAX_BODY,
+        description="larger deliveries are refused with 413 (the spec asks servers for at most 256 KiB)",
     )
 
     @field_validator("listen")
@@ -146,11 +152,22 @@ class WebhookConfig(_Model):
     @field_validator("public_url")
     @classmethod
     def _https_public_url(cls, value: str) -> str:
+        if re.match(r"^[^:/]*://[^/?#]*@", value):
+            # It would travel to every server as delivery.url, and show in logs and status; nor is
+            # the value repeated here.
+            raise ValueError("public_url must not hold a user name or password")
         if not re.match(r"^https://[^/\s?#]+(/[^\s?#]*)?$", value):
             raise ValueError(
                 f"public_url must be an https:// URL without query or fragment (the spec requires https"
                 f" for callbacks), got {value!r}"
             )
+        try:
+            url = URL(value)
+            port = url.explicit_port
+        except ValueError as exc:
+            raise ValueError(f"public_url is not a valid URL ({exc})") from None
+        if not url.host or port == 0:
+            raise ValueError(f"public_url needs a host and a port from 1 to 65535, got {value!r}")
         return value.rstrip("/")
 
     @model_validator(mode="after")

@@ -28,6 +28,7 @@ from pydantic_core import PydanticSerializationError, to_json
 from sqlite_utils.migrations import Migrations
 
 from agentwake.errors import StoreError
+from agentwake.sanitize import redact
 
 logger = logging.getLogger(__name__)
 
@@ -260,6 +261,11 @@ def _gap_deliveries(db: sqlite_utils.Database) -> None:
     db.execute(
         "CREATE UNIQUE INDEX gaps_delivery ON gaps (subscription, delivery_id) WHERE delivery_id IS NOT NULL"
     )
+
+
+def _redacted(error: str | None) -> str | None:
+    """A subscription's error as stored: a server's message may quote what it was sent (a secret)."""
+    return None if error is None else redact(error)[0]
 
 
 # The ASCII encoder is the fallback for text pydantic-core's faster one refuses (lone surrogates).
@@ -583,7 +589,7 @@ class Store:
             self._db.execute(
                 "UPDATE subscriptions SET status = ?, mode = coalesce(?, mode), last_error = ?, updated_at = ?"
                 " WHERE name = ?",
-                [status, mode, error, now_iso(), name],
+                [status, mode, _redacted(error), now_iso(), name],
             )
 
     async def set_state(
@@ -595,7 +601,7 @@ class Store:
         with self._db.atomic():
             self._db.execute(
                 "UPDATE subscriptions SET last_error = ?, updated_at = ? WHERE name = ?",
-                [error, now_iso(), name],
+                [_redacted(error), now_iso(), name],
             )
 
     async def record_error(self, name: str, error: str) -> None:
@@ -606,7 +612,7 @@ class Store:
             self._db.execute(
                 "UPDATE subscriptions SET stream_errors = stream_errors + 1, last_error = ?, updated_at = ?"
                 " WHERE name = ?",
-                [error, now_iso(), name],
+                [_redacted(error), now_iso(), name],
             )
 
     async def count_stream_error(self, name: str, error: str) -> None:
@@ -721,7 +727,17 @@ class Store:
                     "name": name,
                 },
             )
-            return self.webhook_sync(name)
+            record = self.webhook_sync(name)
+            if record is not None:
+                # The server derives the id from the key: a key subscribed again (removed from the
+                # config and added back) gets a retired id back. It is live now: no more 410s for it,
+                # and no pending events/unsubscribe, which would end this very subscription.
+                self._db.execute(
+                    "UPDATE webhooks_retired SET webhook_id = NULL, unsubscribed_at = coalesce(unsubscribed_at, ?)"
+                    " WHERE webhook_id = ?",
+                    [now, webhook_id],
+                )
+            return record
 
     async def webhook_subscribed(self, name: str, **fields: Any) -> WebhookRecord | None:
         """webhook_subscribed_sync in the store's thread; the same keyword arguments."""

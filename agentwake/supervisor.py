@@ -279,7 +279,8 @@ class Supervisor:
             except EventsCallError as exc:
                 if exc.code != protocol.NOT_FOUND:
                     logger.warning(
-                        "subscription %s: events/unsubscribe refused (%s); it lapses at its TTL",
+                        "subscription %s: events/unsubscribe refused (%s); it lapses at its TTL, or, if it"
+                        " was granted no expiry, stays until it is removed on the server",
                         retired.subscription,
                         exc,
                     )

@@ -11,6 +11,7 @@ import socket
 import stat
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -19,7 +20,12 @@ from agentwake import protocol, signing
 from agentwake.cli import app
 from agentwake.config import SubscriptionConfig, WebhookConfig, parse_config
 from agentwake.delivery.select import choose_mode
-from agentwake.delivery.webhook import describe_subscribe_error, refresh_delay
+from agentwake.delivery.webhook import (
+    EXPIRED_GRANT_REFRESH_S,
+    describe_subscribe_error,
+    parse_time,
+    refresh_delay,
+)
 from agentwake.errors import ConfigError, events_call_error
 from agentwake.logs import install_redaction
 from agentwake.store import IncomingEvent, Store, SubscriptionKey, WebhookDelivery
@@ -47,6 +53,30 @@ def test_webhook_config_needs_an_https_public_url_and_both_tls_files() -> None:
         parse_config({"webhook": {"public_url": "https://h.example", "tls_cert": "c.pem"}}, env={})
     with pytest.raises(ConfigError, match="listen must be HOST:PORT"):
         parse_config({"webhook": {"public_url": "https://h.example", "listen": "8787"}}, env={})
+
+
+@pytest.mark.parametrize(
+    "url", ["https://user:hunter2@proxy.example/hooks", "http://user:hunter2@proxy.example"]
+)
+def test_a_public_url_with_a_password_is_refused_without_repeating_it(url: str) -> None:
+    # It would go to every server as delivery.url and show in logs and status.
+    with pytest.raises(ConfigError, match="must not hold a user name or password") as refused:
+        parse_config({"webhook": {"public_url": url}}, env={})
+    assert "hunter2" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("webhook", "expected"),
+    [
+        ({"public_url": "https://h.example:99999/x"}, "public_url is not a valid URL"),
+        ({"public_url": "https://h.example:0/x"}, "a port from 1 to 65535"),
+        ({"public_url": "https://h.example", "health_refresh_s": 0.001}, "health_refresh_s"),
+        ({"public_url": "https://h.example", "max_body_bytes": 10**9}, "max_body_bytes"),
+    ],
+)
+def test_webhook_settings_out_of_range_are_config_errors(webhook: dict[str, Any], expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        parse_config({"webhook": webhook}, env={})
 
 
 def test_each_subscription_gets_its_own_callback_url_under_the_public_url() -> None:
@@ -95,17 +125,59 @@ def test_auto_prefers_webhook_when_there_is_a_receiver_and_the_type_offers_it() 
 def test_refresh_comes_well_before_refresh_before_with_jitter() -> None:
     rng = random.Random(7)
     delays = [
-        refresh_delay(NOW + timedelta(seconds=100), NOW, health_refresh_s=3600, rng=rng) for _ in range(200)
+        refresh_delay(NOW + timedelta(seconds=100), NOW, requested_ttl_s=300, health_refresh_s=3600, rng=rng)
+        for _ in range(200)
     ]
     assert all(50 <= d <= 75 for d in delays)
     assert len({round(d, 3) for d in delays}) > 100  # jittered, not one cadence for everyone
 
 
-def test_an_expired_grant_refreshes_at_once_and_no_expiry_gets_a_health_refresh() -> None:
-    rng = random.Random(1)
-    assert refresh_delay(NOW - timedelta(seconds=1), NOW, health_refresh_s=3600, rng=rng) == 0.0
-    health = refresh_delay(None, NOW, health_refresh_s=3600, rng=rng)
+def test_no_expiry_gets_a_health_refresh() -> None:
+    health = refresh_delay(None, NOW, requested_ttl_s=None, health_refresh_s=3600, rng=random.Random(1))
     assert 0.8 * 3600 <= health <= 3600
+
+
+@pytest.mark.parametrize("requested_ttl_s", [100.0, None])
+def test_a_grant_already_over_by_this_clock_is_refreshed_on_the_ttl_asked_for_not_at_once(
+    requested_ttl_s: float | None,
+) -> None:
+    # A clock ahead of the server's: "at once" would re-subscribe in a tight loop for as long as it lasts.
+    rng = random.Random(3)
+    delays = [
+        refresh_delay(
+            NOW - timedelta(seconds=1), NOW, requested_ttl_s=requested_ttl_s, health_refresh_s=3600, rng=rng
+        )
+        for _ in range(50)
+    ]
+    pace = requested_ttl_s if requested_ttl_s is not None else EXPIRED_GRANT_REFRESH_S
+    assert all(0.5 * pace <= d <= 0.75 * pace for d in delays)
+
+
+def test_a_clock_behind_the_servers_cannot_stretch_the_plan_past_the_ttl_asked_for() -> None:
+    # The grant looks an hour long here, but a 60 s TTL was asked for (a grant SHOULD be at most that).
+    rng = random.Random(5)
+    delay = refresh_delay(NOW + timedelta(hours=1), NOW, requested_ttl_s=60, health_refresh_s=3600, rng=rng)
+    assert 30 <= delay <= 45
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2026-02-19T16:30:00Z", datetime(2026, 2, 19, 16, 30, tzinfo=UTC)),
+        ("2026-02-19t16:30:00z", datetime(2026, 2, 19, 16, 30, tzinfo=UTC)),  # RFC 3339 allows lowercase
+        ("2026-02-19T16:30:00.123456789Z", datetime(2026, 2, 19, 16, 30, 0, 123456, tzinfo=UTC)),
+        ("2026-02-19T17:30:00+01:00", datetime(2026, 2, 19, 16, 30, tzinfo=UTC)),
+        ("2026-02-19T16:30:00", datetime(2026, 2, 19, 16, 30, tzinfo=UTC)),  # no offset: UTC
+    ],
+)
+def test_refresh_before_is_read_as_rfc_3339(text: str, expected: datetime) -> None:
+    assert parse_time(text) == expected
+
+
+@pytest.mark.parametrize("text", ["garbage", "2026-02-19T24:61:00Z", ""])
+def test_a_refresh_before_that_is_not_a_time_is_an_error_not_no_expiry(text: str) -> None:
+    with pytest.raises(ValueError, match="not a time"):
+        parse_time(text)
 
 
 # ---- error messages --------------------------------------------------------------------------
@@ -211,6 +283,17 @@ async def test_secrets_stay_out_of_reprs_and_status_and_the_file_is_private(stor
     assert "whsec_" not in json.dumps(store.subscriptions_sync())
     assert store.subscriptions_sync()[0]["webhook"]["url"] == URL
     assert stat.S_IMODE(os.stat(store.path).st_mode) == 0o600
+
+
+async def test_a_servers_error_that_quotes_a_secret_is_stored_and_shown_without_it(store: Store) -> None:
+    # A server's -32602 message may echo the delivery.secret it was sent; status shows last_error.
+    await store.register(KEY)
+    secret = signing.generate_secret()
+    await store.record_error(KEY.name, f"events/subscribe: InvalidParams: bad secret {secret}")
+    assert secret not in json.dumps(store.subscriptions_sync())
+    await store.set_state(KEY.name, status="ended", error=f"refused: {secret}")
+    [row] = store.subscriptions_sync()
+    assert row["last_error"] == "refused: [REDACTED]"
 
 
 # ---- rotate-secret -------------------------------------------------------------------------------

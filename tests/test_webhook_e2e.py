@@ -9,7 +9,7 @@ import json
 import logging
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -231,6 +231,29 @@ async def test_a_restart_keeps_the_subscription_and_removing_it_from_the_config_
                 )
         assert gone.value.code == protocol.NOT_FOUND  # the server no longer has it
 
+    # Added back, to a restarted server (which verifies the endpoint again): the server derives the
+    # same id from the same key, and the receiver takes it as live, not as the retired one.
+    async with webhook_demo(tmp_path, tls, ttl_ms=60_000) as demo:
+        with_tickets = config(tmp_path, demo, tls, port, subscriptions=[TICKETS])
+        async with delivering(with_tickets) as (store, supervisor):
+            with anyio.fail_after(30):
+                await wait_refreshes(supervisor, store, "tickets", 1)
+            record = store.webhook_sync("tickets")
+            assert record is not None and record.webhook_id == ids[0]
+            assert store.retired_webhook_ids_sync() == set()
+            assert store.to_unsubscribe_sync() == []  # nothing would unsubscribe the live one
+            upstream = TicketStore(demo.db)
+            try:
+                upstream.create([("support", "P2", "after coming back", "", "al@example.com")])
+            finally:
+                upstream.close()
+            with anyio.fail_after(30):
+                while not store.event_ids_sync("tickets"):
+                    await supervisor._wake.wait()
+                    supervisor._wake = anyio.Event()
+            assert supervisor.receiver is not None
+            assert supervisor.receiver.counts["rejected_410"] == 0
+
 
 async def test_a_rotated_secret_goes_out_on_the_next_refresh_and_deliveries_keep_verifying(
     tmp_path: Path, tls: Tls, caplog: pytest.LogCaptureFixture
@@ -304,6 +327,66 @@ async def test_a_terminated_envelope_ends_the_subscription_and_its_id_is_refused
             assert await post_signed(port, context, record, "T-9", late) == 410
             assert store.event_ids_sync("tickets") == []
             assert store.to_unsubscribe_sync() == []  # the server already dropped it
+
+
+class TerminatedDuringRefresh(Store):
+    """A store that lets a terminated envelope reach the receiver while a refresh stores its cursor.
+
+    ``written`` is set as that write returns; the refresh goes on without yielding to bind its
+    route or not, so a task woken by it sees the outcome.
+    """
+
+    envelope: Callable[[], Awaitable[None]] | None = None
+    written: anyio.Event | None = None
+
+    async def ingest(self, key: Any, events: Any, cursor: Any, **kwargs: Any) -> Any:
+        envelope, self.envelope = self.envelope, None
+        if envelope is not None:
+            await envelope()
+        result = await super().ingest(key, events, cursor, **kwargs)
+        if envelope is not None and self.written is not None:
+            self.written.set()
+        return result
+
+
+async def test_a_terminated_envelope_during_a_refresh_leaves_the_id_refused_not_routed_again(
+    tmp_path: Path, tls: Tls
+) -> None:
+    port = free_port()
+    context = ssl.create_default_context(cafile=str(tls.ca))
+    async with webhook_demo(tmp_path, tls, ttl_ms=1500) as demo:
+        cfg = config(tmp_path, demo, tls, port, subscriptions=[TICKETS])
+        store = await TerminatedDuringRefresh.open(cfg.store.path)
+        assert isinstance(store, TerminatedDuringRefresh)
+        try:
+            supervisor = Supervisor(cfg, store, processing=False)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(supervisor.run)
+                with anyio.fail_after(30):
+                    await wait_refreshes(supervisor, store, "tickets", 1)
+                record = store.webhook_sync("tickets")
+                assert record is not None and record.webhook_id is not None
+                envelope = {"type": "terminated", "error": {"code": -32012, "message": "Forbidden"}}
+
+                async def terminate() -> None:
+                    assert await post_signed(port, context, record, "msg_terminated_1", envelope) == 204
+
+                store.written = anyio.Event()
+                store.envelope = terminate  # the next refresh (within the 1.5 s grant) meets it
+                with anyio.fail_after(30):
+                    await store.written.wait()
+                assert supervisor.routes.lookup(record.webhook_id) is None
+                assert supervisor.routes.is_retired(record.webhook_id)
+                late = {
+                    "eventId": "T-9",
+                    "name": "ticket.created",
+                    "timestamp": "2026-12-02T00:00:00Z",
+                    "data": {},
+                }
+                assert await post_signed(port, context, record, "T-9", late) == 410
+                tg.cancel_scope.cancel()
+        finally:
+            await store.close()
 
 
 async def post_signed(

@@ -37,7 +37,7 @@ from _webhook_support import (
 from agentwake import signing
 from agentwake.delivery import receiver as receiver_module
 from agentwake.delivery.receiver import Receiver, WebhookRoutes
-from agentwake.errors import ConfigError
+from agentwake.errors import ConfigError, StoreError
 from agentwake.store import Store, SubscriptionKey
 
 pytestmark = pytest.mark.anyio
@@ -325,10 +325,32 @@ async def test_a_delivery_for_the_new_id_is_stored_once_the_subscribe_response_b
 async def test_a_retired_subscription_id_is_answered_410(hook: Hook) -> None:
     hook.routes.unbind(KEY.name)
     hook.routes.retire(SUB_ID)
-    hook.routes.begin_subscribe(KEY, [hook.secret])  # even while resubscribing: that id is gone for good
-    reply = await hook.deliver(event())
-    assert reply.status == 410
+    assert (await hook.deliver(event())).status == 410
+    # A subscribe in flight under a fresh secret does not revive the old subscription's deliveries.
+    hook.routes.begin_subscribe(KEY, [signing.generate_secret()])
+    assert (await hook.deliver(event())).status == 410
     assert stored(hook) == []
+
+
+async def test_a_key_subscribed_again_gets_its_retired_id_back_and_its_deliveries_are_taken(
+    hook: Hook,
+) -> None:
+    # The server derives the id from (principal, url, name, arguments): removing a subscription from the
+    # config and adding it back yields the retired id again.
+    hook.routes.unbind(KEY.name)
+    hook.routes.retire(SUB_ID)
+    fresh = signing.generate_secret()
+    hook.routes.begin_subscribe(KEY, [fresh])
+    challenge = {"type": "verification", "challenge": "n-1"}
+    verification = await hook.deliver(challenge, secret=fresh)
+    assert (verification.status, verification.json()) == (200, {"challenge": "n-1"})
+    early = await hook.deliver(event("evt_1"), secret=fresh)  # before the subscribe response: retry later
+    assert early.status == 503
+    hook.routes.bind(SUB_ID, KEY, [(fresh, None)])
+    hook.routes.end_subscribe(KEY.name)
+    assert (await hook.deliver(event("evt_1"), secret=fresh)).status == 204
+    assert stored(hook) == ["evt_1"]
+    assert not hook.routes.is_retired(SUB_ID)
 
 
 # ---- the request envelope ---------------------------------------------------------------
@@ -842,6 +864,26 @@ async def test_a_terminated_envelope_is_acknowledged_and_reported_with_its_error
     assert 200 <= reply.status < 300
     assert hook.terminated == [("tickets", error)]
     assert hook.receiver.counts["terminated"] == 1
+
+
+async def test_a_terminated_envelope_whose_handling_fails_is_503_and_its_retry_ends_the_subscription(
+    tls: TLS, store: Store
+) -> None:
+    ended: list[str] = []
+
+    async def end_once_the_store_is_free(name: str, error: dict[str, Any]) -> None:
+        if not ended:
+            ended.append("refused")
+            raise StoreError("database is locked")
+        ended.append(name)
+
+    async with running_hook(tls, store, on_terminated=end_once_the_store_is_free) as hook:
+        envelope = {"type": "terminated", "error": {"code": -32012, "message": "Forbidden"}}
+        first = await hook.deliver(envelope, msg_id="msg_terminated_1")
+        retry = await hook.deliver(envelope, msg_id="msg_terminated_1")
+        assert (first.status, first.body, retry.status) == (503, b"", 204)
+        assert ended == ["refused", "tickets"]  # the retry was handled, not taken for a duplicate
+        assert hook.receiver.counts["terminated"] == 1
 
 
 async def test_a_terminated_envelope_signed_with_another_secret_is_refused_and_not_reported(

@@ -5,7 +5,9 @@ Order of checks for each request, cheapest first, so a flood costs little:
     POST only (405) -> Content-Length over the limit (413) -> JSON only (415)
     -> the four headers present and sane, webhook-timestamp within 5 minutes (401)
     -> X-MCP-Subscription-Id known (else 410 if we unsubscribed it, 503 while a subscribe
-       is in flight, 404) -> Expect: 100-continue answered now (else 417)
+       is in flight, 404; while one is in flight the body is read first, as it may be that
+       subscribe's verification, even under an id we retired: the key may be back)
+    -> Expect: 100-continue answered now (else 417)
     -> body read up to the limit (413), within 10 s of the headers (408)
     -> Standard Webhooks signature over the raw bytes, under any secret of that subscription (401)
     -> JSON parse and shape (400) -> durable accept
@@ -146,6 +148,8 @@ class WebhookRoutes:
         )
         self._by_id[webhook_id] = Route(webhook_id, key, decoded)
         self._id_of[key.name] = webhook_id
+        # The server derives the id from the key, so a key subscribed again gets its retired id back.
+        self._retired.discard(webhook_id)
         self.binds += 1
         bound, self._bound = self._bound, anyio.Event()
         bound.set()
@@ -477,11 +481,10 @@ class Receiver:
         if stale is not None:
             return self._reject(401, f"webhook-timestamp {stale}")
         route = self.routes.lookup(webhook_id)
-        if route is None:
+        if route is None and not self.routes.subscribing:
             if self.routes.is_retired(webhook_id):
                 return self._reject(410, "unsubscribed subscription id")
-            if not self.routes.subscribing:
-                return self._reject(404, "unknown subscription id")
+            return self._reject(404, "unknown subscription id")
         expect = headers.get("Expect")
         if expect is not None and request.version == HttpVersion11:
             # Answered only now, after the header checks, so a refused sender never uploads its body.
@@ -536,6 +539,8 @@ class Receiver:
             if document is not None and document.get("type") == "verification":
                 key, _secret = matched
                 return self._verification(key.name, webhook_id, document)
+        if matched is None and self.routes.is_retired(webhook_id):
+            return self._reject(410, "unsubscribed subscription id")
         # The subscribe response has not reached us yet: the sender retries after its backoff.
         return self._reject(503, "subscription id not known yet (subscribe in flight)")
 
@@ -585,10 +590,14 @@ class Receiver:
                 return _no_content()  # a retry that came before its id was retired
             error = document.get("error")
             error = error if isinstance(error, dict) else {}
+            if self.on_terminated is not None:
+                try:
+                    await self.on_terminated(name, error)
+                except Exception:  # e.g. the store is locked: the sender retries, and it ends then
+                    logger.exception("subscription %s: ending it on a terminated envelope failed", name)
+                    return self._reject(503, "terminated envelope not handled")
             self._seen_control(route.webhook_id, msg_id)
             self.counts["terminated"] += 1
-            if self.on_terminated is not None:
-                await self.on_terminated(name, error)
             return _no_content()
         logger.info(
             "subscription %s: webhook control envelope of unknown type %r ignored", name, str(kind)[:40]

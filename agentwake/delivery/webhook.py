@@ -25,6 +25,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import anyio
+from pydantic import TypeAdapter, ValidationError
 
 from agentwake import protocol, signing
 from agentwake.config import SubscriptionConfig, WebhookConfig
@@ -40,6 +41,8 @@ logger = logging.getLogger(__name__)
 REFRESH_FRACTION: Final = (0.5, 0.75)
 HEALTH_REFRESH_JITTER: Final = (0.8, 1.0)
 MIN_REFRESH_S: Final = 0.05
+# The pace when a grant looks over as soon as it arrives and no TTL was asked for (see refresh_delay).
+EXPIRED_GRANT_REFRESH_S: Final = 60.0
 # How often a waiting loop looks for a rotation asked for by `agentwake rotate-secret`.
 ROTATION_CHECK_S: Final = 2.0
 ENDING_SUBSCRIBE_CODES: Final = frozenset(
@@ -47,25 +50,43 @@ ENDING_SUBSCRIBE_CODES: Final = frozenset(
 )
 
 
-def parse_time(value: str | None) -> datetime | None:
-    if value is None:
-        return None
+_DATETIME: Final = TypeAdapter(datetime)
+
+
+def parse_time(value: str) -> datetime:
+    """An RFC 3339 time (lowercase t and z, any fraction of a second); one without an offset is UTC.
+
+    ValueError when it is not a time.
+    """
     try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
+        parsed = _DATETIME.validate_python(value)
+    except ValidationError:
+        raise ValueError(f"not a time: {value[:60]!r}") from None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def refresh_delay(
-    refresh_before: datetime | None, now: datetime, *, health_refresh_s: float, rng: random.Random
+    refresh_before: datetime | None,
+    now: datetime,
+    *,
+    requested_ttl_s: float | None,
+    health_refresh_s: float,
+    rng: random.Random,
 ) -> float:
-    """Seconds until the next refresh: well before the grant ends, jittered; occasional without expiry."""
+    """Seconds until the next refresh: well before the grant ends, jittered; occasional without expiry.
+
+    Times come from two clocks. A clock here behind the server's makes the grant look longer than it
+    is, so the plan never reaches past the TTL asked for; one ahead can make a fresh grant look over
+    already, and then the TTL asked for (or EXPIRED_GRANT_REFRESH_S) sets the pace, not "at once",
+    which a steady skew would turn into a tight loop.
+    """
     if refresh_before is None:
         return health_refresh_s * rng.uniform(*HEALTH_REFRESH_JITTER)
     remaining = (refresh_before - now).total_seconds()
+    if requested_ttl_s is not None:
+        remaining = min(remaining, requested_ttl_s)
     if remaining <= 0:
-        return 0.0
+        remaining = requested_ttl_s if requested_ttl_s is not None else EXPIRED_GRANT_REFRESH_S
     return max(MIN_REFRESH_S, remaining * rng.uniform(*REFRESH_FRACTION))
 
 
@@ -117,9 +138,8 @@ def bind_route(routes: WebhookRoutes, key: SubscriptionKey, record: WebhookRecor
     secrets: list[tuple[str, float | None]] = [(record.secret, None)]
     if record.pending_secret:
         secrets.append((record.pending_secret, None))
-    until = parse_time(record.previous_until)
-    if record.previous_secret and until is not None:
-        secrets.append((record.previous_secret, until.timestamp()))
+    if record.previous_secret and record.previous_until:
+        secrets.append((record.previous_secret, parse_time(record.previous_until).timestamp()))
     routes.bind(record.webhook_id, key, secrets)
 
 
@@ -182,8 +202,9 @@ class WebhookLoop:
                 resuming = False
                 failures = 0
                 delay = refresh_delay(
-                    parse_time(record.refresh_before),
+                    self._grant_end(record.refresh_before),
                     self.clock(),
+                    requested_ttl_s=self._requested_ttl_s(),
                     health_refresh_s=self.config.health_refresh_s,
                     rng=self.rng,
                 )
@@ -199,6 +220,40 @@ class WebhookLoop:
                 logger.warning("%s; next try in %.1fs", message, delay)
                 await self.store.record_error(sub.name, message)
             await self._wait(delay, ended)
+
+    def _grant_end(self, refresh_before: str | None) -> datetime | None:
+        """When the grant ends; a time that is not one, or already past here, is said and planned around."""
+        if refresh_before is None:
+            return None
+        now = self.clock()
+        try:
+            end = parse_time(refresh_before)
+        except ValueError:
+            logger.warning(
+                "subscription %s: the server's refreshBefore %r is not a time; refreshing on the TTL asked for",
+                self.subscription.name,
+                refresh_before[:60],
+            )
+            return now
+        if end <= now:
+            logger.warning(
+                "subscription %s: refreshBefore %s is already past by this machine's clock (is it right?);"
+                " refreshing on the TTL asked for",
+                self.subscription.name,
+                refresh_before,
+            )
+        return end
+
+    def _requested_ttl_s(self) -> float | None:
+        ttl = self._params_ttl_ms()
+        return None if ttl is None else ttl / 1000
+
+    def _params_ttl_ms(self) -> int | None:
+        """The ttlMs a subscribe asks for; None for no expiry or the server's default."""
+        if self.config.no_expiry:
+            return None
+        sub = self.subscription
+        return sub.ttl_ms if sub.ttl_ms is not None else self.config.ttl_ms
 
     def _backoff(self, failures: int) -> float:
         base = min(self.retry_max_s, self.retry_initial_s * float(2 ** (failures - 1)))
@@ -232,10 +287,8 @@ class WebhookLoop:
             params["maxAgeMs"] = sub.max_age_ms
         if self.config.no_expiry:
             params["ttlMs"] = None
-        else:
-            ttl = sub.ttl_ms if sub.ttl_ms is not None else self.config.ttl_ms
-            if ttl is not None:
-                params["ttlMs"] = ttl
+        elif (ttl := self._params_ttl_ms()) is not None:
+            params["ttlMs"] = ttl
         return params
 
     async def _subscribe(
@@ -268,6 +321,9 @@ class WebhookLoop:
         if updated is None:  # a terminated envelope retired it while this refresh was in flight
             raise self._terminated()
         await self.store.ingest(key, [], result.cursor, truncated=result.truncated, cursor_before=cursor)
+        # A terminated envelope may have retired it during that write; binding now would route it again.
+        if self.routes.ended(sub.name).is_set() or await self.store.webhook(sub.name) is None:
+            raise self._terminated()
         # Last: binding is what marks a refresh as complete (WebhookRoutes.wait_binds).
         self._bind(key, updated)
         if result.truncated:
