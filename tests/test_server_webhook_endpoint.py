@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
@@ -68,6 +69,38 @@ async def test_the_challenge_is_signed_with_the_request_secret_and_cached_per_pr
     assert challenge.headers["content-type"] == "application/json"
     assert len(receiver.of("verification")) == 3
     assert len({r.document["challenge"] for r in receiver.of("verification")}) == 3  # single-use nonces
+
+
+async def test_a_verification_does_not_lapse_while_a_subscription_to_its_url_is_live(ca: trustme.CA) -> None:
+    # "a successful handshake ... covers that principal's subscriptions to that URL across refreshes"
+    caller = Caller()
+    clock = [datetime(2026, 12, 2, 12, 0, tzinfo=UTC)]
+    events = EventsExtension(
+        webhook=webhook_settings(
+            ca,
+            verification_ttl=timedelta(minutes=1),
+            max_ttl=timedelta(hours=1),
+            sweep_interval=timedelta(hours=1),
+        ),
+        principal_of=caller,
+        now=lambda: clock[0],
+    )
+    declare_incidents(events)
+    async with Receiver(ca) as receiver, serving(events, caller) as wire:
+        secret = new_secret()
+        await wire.subscribe("incident.created", receiver.url(), secret, ttlMs=3_600_000)
+        clock[0] += timedelta(minutes=5)  # past the verification's own lifetime, the grant still live
+        assert events._webhooks is not None
+        await events._webhooks.sweep()
+        await wire.subscribe("incident.created", receiver.url(), secret, ttlMs=3_600_000)  # a refresh
+        await wire.subscribe("incident.created", receiver.url(), new_secret(), {"severity": "P1"})
+        assert len(receiver.of("verification")) == 1
+        # Once nothing to that URL is live, the lapsed handshake is asked for again.
+        for arguments in ({}, {"severity": "P1"}):
+            await wire.unsubscribe("incident.created", receiver.url(), arguments)
+        await events._webhooks.sweep()
+        await wire.subscribe("incident.created", receiver.url(), new_secret())
+        assert len(receiver.of("verification")) == 2
 
 
 @pytest.mark.parametrize(

@@ -126,6 +126,10 @@ async def test_without_a_principal_subscribe_and_unsubscribe_are_forbidden(ca: t
         "https:///path-only",
         "https://user:pw@127.0.0.1/hook",
         "https://127.0.0.1:99999/hook",
+        "https://127.0.0.1:0/hook",
+        "https://2130706433/hook",  # 127.0.0.1 to some parsers, a name to others
+        "https://127.1/hook",
+        "https://0x7f.1/hook",
         "",
         42,
         None,
@@ -246,6 +250,10 @@ def test_the_derived_id_is_deterministic_and_distinct_per_key_component() -> Non
         subscription_id("alice", "https://a.test/hook", "incident.created", {"severity": "P2", "x": [1, 2]}),
     }
     assert len(others) == 4 and base not in others
+    # Canonical-JSON equality: 1 and 1.0 are one number.
+    assert subscription_id("alice", "https://a.test/hook", "incident.created", {"n": 1, "x": [2.0]}) == (
+        subscription_id("alice", "https://a.test/hook", "incident.created", {"n": 1.0, "x": [2]})
+    )
 
 
 async def test_the_id_is_the_same_after_a_restart_and_differs_per_principal_url_and_arguments(

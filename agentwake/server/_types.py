@@ -32,7 +32,19 @@ def parse_timestamp(value: str) -> datetime | None:
 
 
 def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """Equal JSON values give equal text: keys sorted, and a number written one way (1.0 is 1, as
+    in RFC 8785), so arguments compare by canonical-JSON equality as the spec asks."""
+    return json.dumps(_one_number_form(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _one_number_form(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _one_number_form(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_one_number_form(item) for item in value]
+    return value
 
 
 def canonical_hash(arguments: Mapping[str, Any] | None) -> str:

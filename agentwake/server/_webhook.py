@@ -36,11 +36,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import itertools
 import json
 import logging
 import math
 import random
+import re
 import secrets
 import ssl
 from collections import deque
@@ -234,7 +236,21 @@ def check_url(value: Any) -> str:
         raise invalid_params("delivery.url is not a valid URL")
     if url.raw_user is not None or url.raw_password is not None:
         raise invalid_params("delivery.url must not carry credentials")
+    if port == 0:
+        raise invalid_params("delivery.url port must be 1 to 65535")
+    if _numeric_name(url.raw_host):
+        # 2130706433 or 127.1 is an address to some parsers and a name to others: say which.
+        raise invalid_params("delivery.url host must be a DNS name or a plain IP address")
     return value
+
+
+def _numeric_name(host: str) -> bool:
+    """A host that is no IP literal but whose last label is a number (no DNS name ends so)."""
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return re.fullmatch(r"(0x[0-9a-f]*|[0-9]+)", host.rstrip(".").rsplit(".", 1)[-1], re.I) is not None
+    return False
 
 
 def check_secret(value: Any) -> bytes:
@@ -1034,7 +1050,11 @@ class Webhooks:
         async with self._locks.hold(canonical_json(["verification", principal, url])):
             verified_at = self._verified.get((principal, url))
             now = self.extension.now()
-            if verified_at is not None and now < verified_at + self.settings.verification_ttl:
+            # A handshake covers the principal's subscriptions to the URL across refreshes: while any
+            # is live, it does not lapse.
+            if verified_at is not None and (
+                now < verified_at + self.settings.verification_ttl or self._live_at(principal, url)
+            ):
                 return verified_at
             host = (URL(url).raw_host or "").lower()
             if not self._buckets.take(host, anyio.current_time()):
@@ -1043,6 +1063,9 @@ class Webhooks:
             await self._verify(url, key, sid)
             self._verified[(principal, url)] = now
             return now
+
+    def _live_at(self, principal: str, url: str) -> bool:
+        return any(sub.principal == principal and sub.url == url for sub in self._subs.values())
 
     async def _verify(self, url: str, key: bytes, sid: str) -> None:
         """POST a verification envelope signed with this request's secret; the endpoint must echo it."""
@@ -1156,8 +1179,9 @@ class Webhooks:
                 self.terminate_soon(sub, callback_endpoint_error(sub.last_error or CONNECTION_REFUSED))
                 ended += 1
         horizon = now - self.settings.verification_ttl
+        live = {(sub.principal, sub.url) for sub in self._subs.values()}
         for pair, verified_at in list(self._verified.items()):
-            if verified_at <= horizon:
+            if verified_at <= horizon and pair not in live:
                 del self._verified[pair]
         self._buckets.forget_full(anyio.current_time())
         return ended
