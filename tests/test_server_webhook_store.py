@@ -178,6 +178,46 @@ async def test_expired_records_are_dropped_at_start_up(ca: trustme.CA, tmp_path:
     assert live == 0 and left == []
 
 
+async def test_a_stored_record_that_was_never_verified_is_not_resumed(ca: trustme.CA, tmp_path: Path) -> None:
+    # "a persisted subscription resumes delivery without a re-subscribe ... the stored record only exists
+    # because verification succeeded": one without it (another store's, say) must not deliver.
+    caller = Caller()
+    path = tmp_path / "hooks.db"
+    async with Receiver(ca) as receiver:
+        store = SqliteWebhookStore(path)
+        store.save(
+            StoredWebhook(
+                id="sub_0123456789abcdef",
+                principal="alice",
+                url=receiver.url(),
+                name="incident.created",
+                arguments={},
+                secret=new_secret(),
+                expires_at=None,
+                verified_at=None,
+                cursor=None,
+            )
+        )
+        events = EventsExtension(webhook=webhook_settings(ca, store=store), principal_of=caller)
+        declare_incidents(events)
+        async with serving(events, caller):
+            live = events.webhook_subscriptions()
+        left = store.load()
+        store.close()
+    assert live == 0 and left == []
+    assert receiver.received == []
+
+
+def test_a_long_ttl_cap_without_a_store_is_warned_about(
+    ca: trustme.CA, caplog: pytest.LogCaptureFixture
+) -> None:
+    webhook_settings(ca, max_ttl=timedelta(days=30))
+    assert "without a store: a restart loses subscriptions" in caplog.text
+    caplog.clear()
+    webhook_settings(ca, max_ttl=timedelta(hours=1))
+    assert caplog.text == ""
+
+
 async def test_a_failing_no_expiry_subscription_is_dropped_after_drop_after_with_a_terminated_attempt(
     ca: trustme.CA, tmp_path: Path, signals: Signals
 ) -> None:

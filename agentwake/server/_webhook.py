@@ -94,6 +94,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_MIN_TTL: Final = timedelta(minutes=1)
+# A cap above this without a store draws a warning (see WebhookSettings).
+LONG_TTL_WITHOUT_STORE: Final = timedelta(days=1)
 DEFAULT_VERIFICATION_TTL: Final = timedelta(hours=24)
 DEFAULT_VERIFICATIONS_PER_HOST: Final = 10
 DEFAULT_VERIFICATION_WINDOW: Final = timedelta(minutes=1)
@@ -196,6 +198,13 @@ class WebhookSettings:
             raise ValueError("WebhookSettings.max_subscriptions must be at least 1 (or None for no cap)")
         if not 0.0 < self.suspend_failure_rate <= 1.0:
             raise ValueError("WebhookSettings.suspend_failure_rate must be in (0, 1]")
+        if self.store is None and self.max_ttl > LONG_TTL_WITHOUT_STORE:
+            # The spec: a server granting long TTLs must hold its subscriptions that long, restarts
+            # included; without a store a restart loses them, and a client refreshing rarely notices late.
+            logger.warning(
+                "WebhookSettings: max_ttl %s without a store: a restart loses subscriptions granted that long",
+                self.max_ttl,
+            )
         # Malformed CIDR blocks fail here, at configuration time.
         object.__setattr__(self, "allow_networks", parse_networks(self.allow_networks))
 
@@ -1056,7 +1065,8 @@ class Webhooks:
                 now < verified_at + self.settings.verification_ttl or self._live_at(principal, url)
             ):
                 return verified_at
-            host = (URL(url).raw_host or "").lower()
+            # One bucket per host however it is spelled (case, a trailing dot).
+            host = (URL(url).raw_host or "").lower().rstrip(".")
             if not self._buckets.take(host, anyio.current_time()):
                 logger.warning("webhook verification to host %s refused: rate limit", host)
                 raise resource_exhausted("verifications")
@@ -1224,6 +1234,14 @@ class Webhooks:
                 await self._delete(record.id)
                 continue
             if WEBHOOK not in event_type.modes():
+                await self._delete(record.id)
+                continue
+            if record.verified_at is None:
+                # Delivery must not begin before the endpoint proved intent; a record from another
+                # store that never did is not resumed (the client's next subscribe verifies it).
+                logger.warning(
+                    "webhook subscription %s: stored without a verification; not resumed", record.id
+                )
                 await self._delete(record.id)
                 continue
             sub = WebhookSubscription(
