@@ -597,12 +597,12 @@ async def test_a_webhook_id_that_is_not_utf8_is_refused_401_not_500(hook: Hook, 
     assert response.startswith(b"HTTP/1.1 401")
 
 
-async def test_no_answer_names_the_http_library_or_its_version(hook: Hook) -> None:
-    accepted = await hook.deliver(event())
+async def test_no_refusal_names_the_http_library_or_its_version(hook: Hook) -> None:
     refused = await hook.deliver(event("evt_2"), secret=signing.generate_secret())
+    unknown = await hook.deliver(event("evt_3"), sub_id="sub_nobody")
     echoed = await hook.deliver({"type": "verification", "challenge": "n-1"})
-    assert [r.status for r in (accepted, refused, echoed)] == [204, 401, 200]
-    assert [r.headers.get("Server") for r in (accepted, refused, echoed)] == ["agentwake"] * 3
+    assert [r.status for r in (refused, unknown, echoed)] == [401, 404, 200]
+    assert [r.headers.get("Server") for r in (refused, unknown, echoed)] == ["agentwake"] * 3
 
 
 @pytest.mark.parametrize(
