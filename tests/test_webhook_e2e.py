@@ -122,6 +122,19 @@ async def delivering(cfg: AgentwakeConfig) -> AsyncIterator[tuple[Store, Supervi
         await store.close()
 
 
+async def ticket_arrives(demo: DemoHTTP, store: Store, supervisor: Supervisor, title: str) -> None:
+    """Open a ticket on the demo server and wait until a delivery has put it in the inbox."""
+    upstream = TicketStore(demo.db)
+    try:
+        upstream.create([("support", "P2", title, "", "al@example.com")])
+    finally:
+        upstream.close()
+    with anyio.fail_after(30):
+        while not store.event_ids_sync("tickets"):
+            await supervisor._wake.wait()
+            supervisor._wake = anyio.Event()
+
+
 async def wait_refreshes(supervisor: Supervisor, store: Store, name: str, count: int) -> None:
     """Every subscribe and refresh binds the receiver's route; wait for ``count`` stored refreshes."""
     while True:
@@ -242,15 +255,7 @@ async def test_a_restart_keeps_the_subscription_and_removing_it_from_the_config_
             assert record is not None and record.webhook_id == ids[0]
             assert store.retired_webhook_ids_sync() == set()
             assert store.to_unsubscribe_sync() == []  # nothing would unsubscribe the live one
-            upstream = TicketStore(demo.db)
-            try:
-                upstream.create([("support", "P2", "after coming back", "", "al@example.com")])
-            finally:
-                upstream.close()
-            with anyio.fail_after(30):
-                while not store.event_ids_sync("tickets"):
-                    await supervisor._wake.wait()
-                    supervisor._wake = anyio.Event()
+            await ticket_arrives(demo, store, supervisor, "after coming back")
             assert supervisor.receiver is not None
             assert supervisor.receiver.counts["rejected_410"] == 0
 
@@ -280,15 +285,7 @@ async def test_a_rotated_secret_goes_out_on_the_next_refresh_and_deliveries_keep
                     await supervisor.routes.wait_binds(supervisor.routes.binds + 1)
             assert after.previous_secret == before.secret and after.pending_secret is None
             assert after.webhook_id == before.webhook_id
-            upstream = TicketStore(demo.db)
-            try:
-                upstream.create([("support", "P1", "after the rotation", "", "bo@example.com")])
-            finally:
-                upstream.close()
-            with anyio.fail_after(30):
-                while not store.event_ids_sync("tickets"):
-                    await supervisor._wake.wait()
-                    supervisor._wake = anyio.Event()
+            await ticket_arrives(demo, store, supervisor, "after the rotation")
             assert store.event_ids_sync("tickets") == ["T-000001"]
             # No secret, old or new, in any log line (DEBUG included, where the SDK logs each request).
             for secret in (before.secret, after.secret):
