@@ -24,6 +24,7 @@ from _webhook_support import (
     FailingStore,
     GatedStore,
     Hook,
+    MeteredReceiver,
     Reply,
     event,
     gather,
@@ -578,6 +579,25 @@ async def test_a_body_that_stops_coming_is_answered_408_and_the_connection_close
                     rest += await stream.receive()
     assert stored(hook) == []
     assert hook.receiver.counts["rejected_408"] == 1
+
+
+class QuicklyIdleReceiver(MeteredReceiver):
+    idle_timeout_s = 0.3
+
+
+@pytest.mark.parametrize("sent", [b"", b"POST /tickets HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty"])
+async def test_a_connection_that_completes_no_request_is_closed_after_the_idle_timeout(
+    tls: TLS, store: Store, sent: bytes
+) -> None:
+    async with running_hook(tls, store, receiver_class=QuicklyIdleReceiver) as hook:
+        with anyio.fail_after(10):
+            async with await open_raw(hook, tls) as stream:
+                if sent:
+                    await stream.send(sent)  # and the rest of the headers never comes
+                with pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError)):
+                    await stream.receive()  # nothing is answered: the receiver closes
+        # while a connection that keeps sending requests is served
+        assert (await hook.deliver(event())).status == 204
 
 
 async def test_a_webhook_id_that_is_not_utf8_is_refused_401_not_500(hook: Hook, tls: TLS) -> None:

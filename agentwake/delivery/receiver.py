@@ -8,7 +8,8 @@ Order of checks for each request, cheapest first, so a flood costs little:
        is in flight, 404; while one is in flight the body is read first, as it may be that
        subscribe's verification, even under an id we retired: the key may be back)
     -> Expect: 100-continue answered now (else 417)
-    -> body read up to the limit (413), within 10 s of the headers (408)
+    -> body read up to the limit (413), within 10 s of the headers (408); a connection that
+       completes no request for 15 s is closed
     -> Standard Webhooks signature over the raw bytes, under any secret of that subscription (401)
     -> JSON parse and shape (400) -> durable accept
 
@@ -60,6 +61,9 @@ BODY_TIMEOUT_S: Final = 10.0
 # After an answer given before the whole body was read (413, 408), aiohttp reads and drops what the
 # sender still sends for this long, so that it reads the answer rather than a reset, then closes.
 LINGER_S: Final = 2.0
+# A connection that completes no request for this long is closed: one that sends nothing, or its
+# headers too slowly, or idles between deliveries (senders open a new one when they need it).
+IDLE_TIMEOUT_S: Final = 15.0
 LISTEN_BACKLOG: Final = 1024
 
 # Terminated envelopes handled, remembered per process: a retry racing its id's retirement ends nothing twice.
@@ -345,9 +349,14 @@ class _QuietRequestHandler(RequestHandler):
 
 class _QuietServer(web.Server):
     def __init__(
-        self, handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]], refuse: Refuse
+        self,
+        handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
+        refuse: Refuse,
+        idle_timeout_s: float,
     ) -> None:
-        super().__init__(handler, access_log=None, lingering_time=LINGER_S)
+        # aiohttp's keep-alive timeout also runs from the moment a connection opens, so it closes a
+        # connection that sends nothing, or headers too slowly, as well as one idle between requests.
+        super().__init__(handler, access_log=None, lingering_time=LINGER_S, keepalive_timeout=idle_timeout_s)
         self.refuse = refuse
 
     def __call__(self) -> RequestHandler:
@@ -356,6 +365,8 @@ class _QuietServer(web.Server):
 
 class Receiver:
     """The aiohttp app. ``await tg.start(receiver.serve)`` returns once it listens."""
+
+    idle_timeout_s: float = IDLE_TIMEOUT_S
 
     def __init__(
         self,
@@ -384,7 +395,7 @@ class Receiver:
     def server(self) -> web.Server:
         """aiohttp's low-level server: one handler for every path, with no router or middleware layer
         (about a tenth of a delivery's cost). Subscriptions are told apart by X-MCP-Subscription-Id."""
-        return _QuietServer(self.handle, self._reject)
+        return _QuietServer(self.handle, self._reject, self.idle_timeout_s)
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         host, port = self.config.address
