@@ -367,6 +367,7 @@ class Receiver:
     """The aiohttp app. ``await tg.start(receiver.serve)`` returns once it listens."""
 
     idle_timeout_s: float = IDLE_TIMEOUT_S
+    body_timeout_s: float = BODY_TIMEOUT_S
 
     def __init__(
         self,
@@ -384,7 +385,6 @@ class Receiver:
         self.on_new_events = on_new_events
         self.on_terminated = on_terminated
         self.clock = clock
-        self.body_timeout_s = BODY_TIMEOUT_S
         self.port: int | None = None
         self.counts: Counter[str] = Counter()
         self._commit = _GroupCommit(store, self._committed)
@@ -565,15 +565,11 @@ class Receiver:
         logger.info("subscription %s: webhook endpoint verification answered (id %s)", name, webhook_id)
         return web.json_response({"challenge": challenge}, headers=_SERVER_HEADER)
 
-    def _seen_control(self, webhook_id: str, msg_id: str) -> bool:
-        """Whether this control envelope was handled already (a retry); remembers it otherwise."""
-        key = (webhook_id, msg_id)
-        if key in self._control_ids:
-            return True
-        self._control_ids[key] = None
+    def _remember_control(self, webhook_id: str, msg_id: str) -> None:
+        """Remember a handled terminated envelope, so a retry of it ends nothing twice."""
+        self._control_ids[(webhook_id, msg_id)] = None
         while len(self._control_ids) > SEEN_CONTROL_IDS:
             self._control_ids.popitem(last=False)
-        return False
 
     async def _control(self, route: Route, msg_id: str, document: dict[str, Any]) -> web.StreamResponse:
         kind = document.get("type")
@@ -609,7 +605,7 @@ class Receiver:
                 except Exception:  # e.g. the store is locked: the sender retries, and it ends then
                     logger.exception("subscription %s: ending it on a terminated envelope failed", name)
                     return self._reject(503, "terminated envelope not handled")
-            self._seen_control(route.webhook_id, msg_id)
+            self._remember_control(route.webhook_id, msg_id)
             self.counts["terminated"] += 1
             return _no_content()
         logger.info(
