@@ -224,6 +224,22 @@ class FakeNow:
         self.value += timedelta(**delta)
 
 
+class Changes:
+    """For a test that waits on a condition: ``changed()`` after each change; ``until`` waits for it."""
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+
+    def changed(self) -> None:
+        event, self._event = self._event, anyio.Event()
+        event.set()
+
+    async def until(self, predicate: Callable[[], bool]) -> None:
+        with anyio.fail_after(WAIT):
+            while not predicate():
+                await self._event.wait()
+
+
 class Signals(logging.Handler):
     """Waits on what the sender says at debug level: a delivery finishing, a suspension."""
 
@@ -233,7 +249,7 @@ class Signals(logging.Handler):
         super().__init__(logging.DEBUG)
         self.finished: dict[str, str] = {}  # msg_id -> acknowledged | abandoned
         self.suspended: set[str] = set()
-        self._changed = anyio.Event()
+        self._changes = Changes()
 
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
@@ -242,13 +258,10 @@ class Signals(logging.Handler):
             self.finished[match.group(2)] = match.group(3)
         elif "suspended after sustained delivery failure" in message:
             self.suspended.add(message.split()[2].rstrip(":"))
-        changed, self._changed = self._changed, anyio.Event()
-        changed.set()
+        self._changes.changed()
 
     async def until(self, predicate: Callable[[], bool]) -> None:
-        with anyio.fail_after(WAIT):
-            while not predicate():
-                await self._changed.wait()
+        await self._changes.until(predicate)
 
     async def done(self, *msg_ids: str) -> list[str]:
         await self.until(lambda: all(m in self.finished for m in msg_ids))

@@ -31,6 +31,7 @@ import trustme
 from _webhook_server_support import (
     WAIT,
     Caller,
+    Changes,
     Receiver,
     Signals,
     Wire,
@@ -63,7 +64,7 @@ class WatchedStore(SqliteWebhookStore):
         self.fail_deletes = False
         self.saved: list[str] = []  # ids, in the order they were written
         self._token = anyio.lowlevel.current_token()
-        self._changed = anyio.Event()
+        self._changes = Changes()
 
     def save(self, record: StoredWebhook) -> None:
         if record.id == self.hold_save_of:
@@ -84,20 +85,14 @@ class WatchedStore(SqliteWebhookStore):
 
     def _note_held(self) -> None:
         self.held = True
-        self._wake()
+        self._changes.changed()
 
     def _note_saved(self, subscription_id: str) -> None:
         self.saved.append(subscription_id)
-        self._wake()
-
-    def _wake(self) -> None:
-        changed, self._changed = self._changed, anyio.Event()
-        changed.set()
+        self._changes.changed()
 
     async def until(self, predicate: Callable[[], bool]) -> None:
-        with anyio.fail_after(WAIT):
-            while not predicate():
-                await self._changed.wait()
+        await self._changes.until(predicate)
 
 
 def incidents(ca: trustme.CA, caller: Caller, **settings: Any) -> EventsExtension:
