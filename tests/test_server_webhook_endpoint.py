@@ -191,6 +191,17 @@ async def test_verifications_are_rate_limited_per_destination_host(ca: trustme.C
     assert len(receiver.of("verification")) == 3
 
 
+async def test_a_host_spelled_another_way_shares_its_verification_bucket(ca: trustme.CA) -> None:
+    caller = Caller()
+    events = incidents(ca, caller, verifications_per_host=1)
+    async with Receiver(ca) as receiver, serving(events, caller) as wire:
+        await wire.subscribe("incident.created", receiver.url(host="hooks.test"), new_secret(), as_="p1")
+        # Upper case and a trailing dot name the same host: no second bucket for it.
+        respelled = receiver.url(host="HOOKS.test.")
+        limited = await wire.subscribe_error("incident.created", respelled, new_secret(), as_="p2")
+    assert (limited.code, limited.data) == (-32013, {"limit": "verifications"})
+
+
 # ---- the SSRF guard -------------------------------------------------------------------------------
 
 
