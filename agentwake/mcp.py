@@ -12,7 +12,7 @@ import logging
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from types import TracebackType
 from typing import Any, Final, Literal, TypeVar
@@ -23,7 +23,6 @@ from mcp import Client, StdioServerParameters
 from mcp.client.extension import ClientExtension, NotificationBinding
 from mcp.client.stdio import get_default_environment, stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
     CONNECTION_CLOSED,
@@ -37,6 +36,7 @@ from mcp_types import (
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from agentwake import protocol
+from agentwake._compat import InterceptingClient, http_client, send_raw_request
 from agentwake.config import ServerConfig
 from agentwake.errors import (
     ConnectError,
@@ -171,36 +171,29 @@ class StreamRoute:
         self.receive.close()
 
 
-@dataclass
-class _EventsClient(Client):
-    """The SDK client, with events/stream notifications taken off the receive path in wire order.
+class StreamRoutes:
+    """Open events/stream requests by id; their notifications are taken off the receive path here.
 
     The SDK's own notification bindings go through a per-method queue that drops the
     oldest on overflow and may reorder across methods; a stream's cursor must never get
-    ahead of an event not yet stored, so its notifications are routed here instead, the
-    way the SDK routes its own subscriptions/listen streams.
+    ahead of an event not yet stored, so stream notifications are routed here instead,
+    in wire order, the way the SDK routes its own subscriptions/listen streams.
     """
 
-    routes: dict[Any, StreamRoute] = field(default_factory=dict)
+    def __init__(self) -> None:
+        self.routes: dict[Any, StreamRoute] = {}
 
-    async def _build_session(self, exit_stack: AsyncExitStack) -> Any:
-        session: Any = await super()._build_session(exit_stack)
-        original = session._intercept_notification
-
-        def intercept(method: str, params: Any) -> bool:
-            if method in STREAM_NOTIFICATIONS and isinstance(params, Mapping):
-                meta = params.get("_meta")
-                request_id = meta.get(protocol.SUBSCRIPTION_ID_META) if isinstance(meta, Mapping) else None
-                route = self.routes.get(request_id)
-                if route is not None:
-                    route.offer(method, dict(params))
-                else:
-                    logger.debug("%s for no open stream (%r): dropped", method, request_id)
-                return True
-            return bool(original(method, params))
-
-        session._intercept_notification = intercept
-        return session
+    def intercept(self, method: str, params: Mapping[str, Any] | None) -> bool:
+        if method not in STREAM_NOTIFICATIONS or not isinstance(params, Mapping):
+            return False
+        meta = params.get("_meta")
+        request_id = meta.get(protocol.SUBSCRIPTION_ID_META) if isinstance(meta, Mapping) else None
+        route = self.routes.get(request_id)
+        if route is not None:
+            route.offer(method, dict(params))
+        else:
+            logger.debug("%s for no open stream (%r): dropped", method, request_id)
+        return True
 
 
 class ServerConnection:
@@ -222,6 +215,7 @@ class ServerConnection:
         self._errlog = errlog if errlog is not None else _real_stderr()
         self._stack: AsyncExitStack | None = None
         self._client: Client | None = None
+        self._streams = StreamRoutes()
         self.last_http_error: int | None = None
 
     async def _on_message(self, message: Any) -> None:
@@ -246,16 +240,16 @@ class ServerConnection:
             )
             return stdio_client(params, errlog=self._errlog)
         assert config.url is not None
-        http_client = create_mcp_http_client(headers=dict(config.headers) or None)
-        http_client.event_hooks["response"].append(self._note_http_status)
-        stack.push_async_callback(http_client.aclose)
-        return streamable_http_client(config.url, http_client=http_client)
+        client = http_client(config.headers)
+        client.event_hooks["response"].append(self._note_http_status)
+        stack.push_async_callback(client.aclose)
+        return streamable_http_client(config.url, http_client=client)
 
     async def __aenter__(self) -> ServerConnection:
         stack = AsyncExitStack()
         mode: Literal["auto", "legacy"] = self.config.protocol
         try:
-            client = _EventsClient(
+            client = InterceptingClient(
                 self._transport(stack),
                 mode=mode,
                 # The handshake's bound; every later request passes request_timeout_s itself.
@@ -263,6 +257,7 @@ class ServerConnection:
                 client_info=Implementation(name="agentwake", version=_agentwake_version()),
                 extensions=[_EventsClientExtension(self._on_list_changed)],
                 message_handler=self._on_message,
+                intercept=self._streams.intercept,
             )
             self._client = await stack.enter_async_context(client)
         except BaseException as exc:
@@ -328,10 +323,7 @@ class ServerConnection:
         timeout = read_timeout_s or self.config.request_timeout_s
         try:
             if keep_nulls:
-                session: Any = self.client.session
-                opts: dict[str, Any] = {"timeout": timeout}
-                session._stamp({"method": method, "params": params}, opts)
-                return dict(await session._dispatcher.send_raw_request(method, params, opts))
+                return await send_raw_request(self.client.session, method, params, timeout_s=timeout)
             request = _EventsRequest(method=method, params=_Params.model_validate(params))
             return await self.client.session.send_request(  # type: ignore[type-var]
                 request, _RESULT, request_read_timeout_seconds=timeout
@@ -428,17 +420,14 @@ class ServerConnection:
 
     def open_stream_route(self) -> StreamRoute:
         """A route for a new events/stream; register it before sending the request."""
-        client = self.client
-        assert isinstance(client, _EventsClient)
+        _ = self.client  # raises ConnectionLost when not connected
         send, receive = anyio.create_memory_object_stream[tuple[str, dict[str, Any]]](STREAM_BUFFER)
         route = StreamRoute(f"agentwake-stream-{next(_stream_ids)}", send, receive)
-        client.routes[route.request_id] = route
+        self._streams.routes[route.request_id] = route
         return route
 
     def close_stream_route(self, route: StreamRoute) -> None:
-        client = self._client
-        if isinstance(client, _EventsClient):
-            client.routes.pop(route.request_id, None)
+        self._streams.routes.pop(route.request_id, None)
         route.close()
 
     async def stream(
@@ -450,12 +439,9 @@ class ServerConnection:
         caller's scope) cancels the request: notifications/cancelled on stdio, the POST
         stream aborted on HTTP, as the SDK does for any abandoned request.
         """
-        session: Any = self.client.session
-        data = {"method": protocol.METHOD_STREAM, "params": params}
-        opts: dict[str, Any] = {"request_id": route.request_id}
-        session._stamp(data, opts)
+        session = self.client.session
         try:
-            await session._dispatcher.send_raw_request(protocol.METHOD_STREAM, params, opts)
+            await send_raw_request(session, protocol.METHOD_STREAM, params, request_id=route.request_id)
         except MCPError as exc:
             if exc.code == CONNECTION_CLOSED:
                 raise ConnectionLost(f"server {self.name!r}: connection closed", server=self.name) from None

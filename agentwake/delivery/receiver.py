@@ -44,6 +44,7 @@ from aiohttp.web_protocol import RequestHandler
 from pydantic import TypeAdapter, ValidationError
 
 from agentwake import protocol, signing
+from agentwake._compat import request_handler_arguments
 from agentwake.config import WebhookConfig
 from agentwake.errors import ConfigError, StoreError
 from agentwake.store import IncomingEvent, IngestResult, Store, SubscriptionKey, WebhookDelivery
@@ -360,7 +361,8 @@ class _QuietServer(web.Server):
         self.refuse = refuse
 
     def __call__(self) -> RequestHandler:
-        return _QuietRequestHandler(self, self.refuse, loop=self._loop, **self._kwargs)
+        loop, kwargs = request_handler_arguments(self)
+        return _QuietRequestHandler(self, self.refuse, loop=loop, **kwargs)
 
 
 class Receiver:
@@ -411,8 +413,8 @@ class Receiver:
                     f"the webhook receiver cannot listen on {self.config.listen}: {exc.strerror or exc};"
                     " check [webhook] listen"
                 ) from None
-            sockets = getattr(site._server, "sockets", None) or []
-            self.port = sockets[0].getsockname()[1] if sockets else port
+            addresses = runner.addresses
+            self.port = int(addresses[0][1]) if addresses else port
             async with anyio.create_task_group() as tg:
                 # Requests that come before the committer runs are answered 503 and retried.
                 await tg.start(self._commit.run)

@@ -34,6 +34,7 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 import jsonschema
+from mcp.server.connection import Connection
 from mcp.server.context import HandlerResult, ServerRequestContext
 from mcp.server.extension import Extension, MethodBinding
 from mcp.shared.exceptions import MCPError
@@ -41,6 +42,7 @@ from mcp_types import RequestParams
 from pydantic import ConfigDict, Field
 
 from agentwake import protocol
+from agentwake._compat import connection_of
 from agentwake.server._buffer import EmitBuffer, RingBuffer
 from agentwake.server._errors import (
     forbidden,
@@ -237,7 +239,7 @@ class EventsExtension(Extension):
         self._on_unsubscribe: dict[str, list[LifecycleHook]] = {}
         # The SDK's Connection objects, not ctx.session: a ServerSession is a per-request
         # proxy that is collected as soon as the request returns.
-        self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
         # Open push streams by event name; the serial makes each one's hook subscription id unique.
         self._streams: dict[str, set[PushStream]] = {}
         self._stream_serial = itertools.count(1)
@@ -417,7 +419,7 @@ class EventsExtension(Extension):
     def _remember_connection(self, ctx: ServerRequestContext[Any, Any]) -> None:
         if self._loop_token is None:
             self._loop_token = anyio.lowlevel.current_token()
-        connection = getattr(ctx.session, "_connection", None)
+        connection = connection_of(ctx)
         if connection is not None:
             self._connections.add(connection)
 

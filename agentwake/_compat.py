@@ -1,0 +1,169 @@
+"""Every private attribute of the ``mcp`` SDK and of aiohttp that agentwake relies on, in one place.
+
+Each use is here, typed, with the reason it is needed; nothing else in agentwake
+touches a private name of a dependency. ``PRIVATE_ATTRIBUTES`` lists them, and
+``tests/test_compat.py`` checks every one against the installed versions, failing
+with the attribute's name when an upgrade removes it. ``mcp`` is pinned to the
+minor release that test passes on.
+
+    mcp.client.Client._build_session            the session a Client builds, before it is entered
+    mcp.client.ClientSession._intercept_notification
+                                                the dispatcher's synchronous, wire-order look at each
+                                                notification; the public bindings queue per method,
+                                                drop the oldest on overflow and may reorder
+    mcp.client.ClientSession._stamp             protocol-era headers on a request we send raw
+    mcp.client.ClientSession._dispatcher        sending a request raw: with nulls kept in its params
+                                                (the SDK's models drop them) and with our own id
+    mcp.shared._httpx_utils.create_mcp_http_client
+                                                the SDK's HTTP client defaults (timeouts, redirects)
+    mcp.server.session.ServerSession._connection
+                                                the connection behind a request, to notify it later
+    aiohttp.web.Server._loop, ._kwargs          building our own RequestHandler subclass as
+                                                web.Server.__call__ does
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from collections.abc import Callable, Mapping
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from mcp import Client, ClientSession
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+if TYPE_CHECKING:
+    import httpx2
+    from aiohttp import web
+    from mcp.server.connection import Connection
+    from mcp.server.context import ServerRequestContext
+    from mcp.shared.dispatcher import CallOptions
+
+Intercept = Callable[[str, Mapping[str, Any] | None], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class PrivateAttribute:
+    """``owner.name`` in ``module``; ``on_instance`` when only an instance has it (set in __init__)."""
+
+    module: str
+    owner: str | None
+    name: str
+    on_instance: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.module}.{self.owner + '.' if self.owner else ''}{self.name}"
+
+
+PRIVATE_ATTRIBUTES: Final = (
+    PrivateAttribute("mcp.client.client", "Client", "_build_session"),
+    PrivateAttribute("mcp.client.session", "ClientSession", "_intercept_notification"),
+    PrivateAttribute("mcp.client.session", "ClientSession", "_stamp", on_instance=True),
+    PrivateAttribute("mcp.client.session", "ClientSession", "_dispatcher", on_instance=True),
+    PrivateAttribute("mcp.shared._httpx_utils", None, "create_mcp_http_client"),
+    PrivateAttribute("mcp.server.session", "ServerSession", "_connection", on_instance=True),
+    PrivateAttribute("aiohttp.web_server", "Server", "_loop", on_instance=True),
+    PrivateAttribute("aiohttp.web_server", "Server", "_kwargs", on_instance=True),
+)
+
+
+def missing_attributes(instances: Mapping[str, object] | None = None) -> list[str]:
+    """The labels of PRIVATE_ATTRIBUTES the installed packages lack.
+
+    Class-level names are checked on the class; instance names on the object given
+    for the owner's name in ``instances`` (skipped when none is given).
+    """
+    missing: list[str] = []
+    for attribute in PRIVATE_ATTRIBUTES:
+        try:
+            holder: object = importlib.import_module(attribute.module)
+        except ImportError:
+            missing.append(attribute.label)
+            continue
+        if attribute.owner is not None:
+            holder = getattr(holder, attribute.owner, None)
+            if holder is None:
+                missing.append(attribute.label)
+                continue
+            if attribute.on_instance:
+                if instances is None or attribute.owner not in instances:
+                    continue
+                holder = instances[attribute.owner]
+        if not hasattr(holder, attribute.name):
+            missing.append(attribute.label)
+    return missing
+
+
+# ---- mcp, client side ---------------------------------------------------------------
+
+
+@dataclass
+class InterceptingClient(Client):
+    """A Client whose session shows every notification to ``intercept`` first, on the receive path.
+
+    ``intercept`` returns True to consume the notification (the SDK never sees it),
+    False to hand it on to the SDK's own handling.
+    """
+
+    intercept: Intercept | None = None
+
+    async def _build_session(self, exit_stack: AsyncExitStack) -> ClientSession:
+        session = await super()._build_session(exit_stack)
+        intercept = self.intercept
+        if intercept is not None:
+            original: Intercept = session._intercept_notification
+
+            def chained(method: str, params: Mapping[str, Any] | None) -> bool:
+                return intercept(method, params) or bool(original(method, params))
+
+            session._intercept_notification = chained  # type: ignore[method-assign]
+        return session
+
+
+async def send_raw_request(
+    session: ClientSession,
+    method: str,
+    params: dict[str, Any],
+    *,
+    timeout_s: float | None = None,
+    request_id: str | None = None,
+) -> dict[str, Any]:
+    """Send a request as written: null params stay null, and ``request_id`` names it if given.
+
+    The session stamps it (protocol-era headers) as it stamps its own requests.
+    """
+    opts: CallOptions = {}
+    if timeout_s is not None:
+        opts["timeout"] = timeout_s
+    if request_id is not None:
+        opts["request_id"] = request_id
+    session._stamp({"method": method, "params": params}, opts)
+    return dict(await session._dispatcher.send_raw_request(method, params, opts))
+
+
+def http_client(headers: Mapping[str, str] | None) -> httpx2.AsyncClient:
+    """An HTTP client with the SDK's own defaults for MCP transports."""
+    return create_mcp_http_client(headers=dict(headers) if headers else None)
+
+
+# ---- mcp, server side -----------------------------------------------------------------
+
+
+def connection_of(ctx: ServerRequestContext[Any, Any]) -> Connection | None:
+    """The connection a request came on: a ServerSession is a per-request proxy, collected when
+    the request returns, so notifying a client later needs the connection itself."""
+    connection: Connection | None = getattr(ctx.session, "_connection", None)
+    return connection
+
+
+# ---- aiohttp ------------------------------------------------------------------------------
+
+
+def request_handler_arguments(server: web.Server) -> tuple[asyncio.AbstractEventLoop, dict[str, Any]]:
+    """What ``web.Server.__call__`` passes to each RequestHandler it builds (loop, keyword arguments)."""
+    loop: asyncio.AbstractEventLoop = server._loop
+    kwargs: dict[str, Any] = server._kwargs
+    return loop, kwargs
