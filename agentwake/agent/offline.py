@@ -12,10 +12,14 @@ only ``agentwake.agent.llm`` imports it.
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 import uuid
 from typing import Any, Final
+
+# litellm fetches its model price map from the internet on import unless this is set.
+os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
 
 import litellm
 from litellm.llms.custom_llm import CustomLLM
