@@ -42,6 +42,8 @@ from agentwake.server import Event, EventContext, EventResult, EventsExtension, 
 
 WAIT = 10.0  # seconds any single expected thing may take
 HOOK_NAMES = ("127.0.0.1", "hooks.test", "localhost")
+# The registry and the per-subscription delivery task log under their own module names.
+WEBHOOK_LOGGERS = ("agentwake.server._webhook", "agentwake.server._webhook_delivery")
 
 INCIDENT_INPUT: dict[str, Any] = {
     "type": "object",
@@ -272,15 +274,17 @@ class Signals(logging.Handler):
 def watching() -> Iterator[Signals]:
     """Signals from the sender's logger for the duration (a test module wraps it in a fixture)."""
     handler = Signals()
-    logger = logging.getLogger("agentwake.server._webhook")
-    previous = logger.level
-    logger.setLevel(logging.DEBUG)
-    logger.addHandler(handler)
+    loggers = [logging.getLogger(name) for name in WEBHOOK_LOGGERS]
+    previous = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.DEBUG)
+        logger.addHandler(handler)
     try:
         yield handler
     finally:
-        logger.removeHandler(handler)
-        logger.setLevel(previous)
+        for logger, level in zip(loggers, previous, strict=True):
+            logger.removeHandler(handler)
+            logger.setLevel(level)
 
 
 # ---- the MCP side ---------------------------------------------------------------------------------

@@ -126,7 +126,7 @@ async def test_a_5xx_is_retried_with_growing_backoff_and_a_fresh_timestamp_and_s
         return respond(received)  # type: ignore[no-any-return]
 
     secret = new_secret()
-    caplog.set_level("DEBUG", logger="agentwake.server._webhook")
+    caplog.set_level("DEBUG", logger="agentwake.server._webhook_delivery")
     async with Receiver(ca) as receiver, serving(events, caller) as wire:
         receiver.respond = tick
         await wire.subscribe("incident.created", receiver.url(), secret)
@@ -141,7 +141,8 @@ async def test_a_5xx_is_retried_with_growing_backoff_and_a_fresh_timestamp_and_s
     assert len({a.headers["webhook-signature"] for a in attempts}) == 3
     assert all(a.verify(secret)["eventId"] == "inc-1" for a in attempts)
     delays = [float(d) for d in re.findall(r"retry \d+ in ([\d.]+)s", caplog.text)]
-    assert len(delays) == 2 and delays[0] < delays[1]
+    # retry_initial 10ms, retry_max 50ms: 10ms then 20ms, each plus up to 10ms of jitter
+    assert len(delays) == 2 and 0.01 <= delays[0] <= 0.02 <= delays[1] <= 0.03
     assert (
         status["lastError"] is None and status["lastDeliveryAt"] is not None and "failedSince" not in status
     )

@@ -3,6 +3,7 @@ backoff, the suspension window, the verification rate limit and callback URL che
 
 from __future__ import annotations
 
+import random
 from datetime import timedelta
 from pathlib import Path
 
@@ -10,14 +11,9 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from agentwake.server import SqliteWebhookStore, WebhookSettings
-from agentwake.server._webhook import (
-    HealthWindow,
-    TokenBuckets,
-    Watermark,
-    check_url,
-    grant_ttl,
-    retry_delay_s,
-)
+from agentwake.server._webhook import TokenBuckets
+from agentwake.server._webhook_delivery import HealthWindow, Watermark
+from agentwake.server._webhook_settings import check_url, grant_ttl, retry_delay_s
 
 SETTINGS = WebhookSettings(max_ttl=timedelta(minutes=30), min_ttl=timedelta(minutes=1))
 
@@ -99,13 +95,29 @@ def test_no_expiry_is_granted_only_when_asked_and_a_store_is_configured(tmp_path
 # ---- retries, suspension, rate limits -----------------------------------------------------------------
 
 
-def test_backoff_doubles_up_to_the_cap_with_bounded_jitter() -> None:
+class _Uniform(random.Random):
+    """A random source whose ``uniform`` always lands at one fraction of its range."""
+
+    def __init__(self, fraction: float) -> None:
+        super().__init__()
+        self.fraction = fraction
+
+    def uniform(self, low: float, high: float) -> float:
+        return low + (high - low) * self.fraction
+
+
+def test_backoff_doubles_up_to_the_cap_plus_up_to_one_initial_interval_of_jitter() -> None:
     settings = WebhookSettings(
         max_ttl=timedelta(minutes=1), retry_initial=timedelta(seconds=1), retry_max=timedelta(seconds=10)
     )
-    assert [retry_delay_s(settings, n, 0.0) for n in range(1, 7)] == [1, 2, 4, 8, 10, 10]
-    assert retry_delay_s(settings, 1, 0.999) < 1.2
-    assert retry_delay_s(settings, 500, 0.0) == 10  # no overflow for huge attempt numbers
+    low, high = _Uniform(0.0), _Uniform(1.0)
+    assert [retry_delay_s(settings, n, rng=low) for n in range(1, 7)] == [1, 2, 4, 8, 10, 10]
+    assert [retry_delay_s(settings, n, rng=high) for n in range(1, 7)] == [2, 3, 5, 9, 11, 11]
+    assert retry_delay_s(settings, 500, rng=low) == 10  # no overflow for huge attempt numbers
+    rng = random.Random(7)
+    for attempt in range(1, 7):
+        floor = min(10.0, 2.0 ** (attempt - 1))
+        assert floor <= retry_delay_s(settings, attempt, rng=rng) <= floor + 1.0
 
 
 def test_suspension_needs_both_the_sample_size_and_the_failure_rate() -> None:

@@ -8,16 +8,12 @@ from agentwake.server._errors import (
     resource_exhausted,
     unsupported_mode,
 )
-from agentwake.server._extension import (
-    DEFAULT_MAX_EVENTS,
-    DEFAULT_NEXT_POLL_MS,
-    EventsExtension,
-    EventType,
-)
+from agentwake.server._extension import DEFAULT_MAX_EVENTS, DEFAULT_NEXT_POLL_MS, EventsExtension
 from agentwake.server._leases import DEFAULT_POLL_LEASE_TTL
+from agentwake.server._shared import EventType
 from agentwake.server._stream import DEFAULT_HEARTBEAT_MS, MAX_HEARTBEAT_MS, STREAM_NOTIFICATIONS
 from agentwake.server._types import Event, EventContext, EventResult, canonical_hash, isoformat
-from agentwake.server._webhook import WebhookSettings, subscription_id
+from agentwake.server._webhook_settings import WebhookSettings, subscription_id
 from agentwake.server._webhook_store import SqliteWebhookStore, StoredWebhook, WebhookStore
 
 __all__ = [

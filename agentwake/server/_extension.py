@@ -10,23 +10,22 @@
     server = MCPServer("demo", extensions=[events])
     events.install(server)   # also advertise capabilities.events on the wire
 
-Poll (events/poll) is served here, push (events/stream) in ``_stream`` and
-webhook (events/subscribe, events/unsubscribe; only with ``webhook=WebhookSettings(...)``)
-in ``_webhook``. Every mode reads through ``_read`` and the same match/transform
-and lifecycle-hook machinery.
+This module is the extension itself: declaring types, the request handlers,
+emit, and the lifecycle hooks. events/list and events/poll are served here, push
+(events/stream) by ``_stream`` and webhook (events/subscribe, events/unsubscribe;
+only with ``webhook=WebhookSettings(...)``) by ``_webhook``. Every mode reads
+through ``_read`` and the same match/transform and lifecycle-hook machinery; the
+request params are in ``_params`` and ``EventType`` is in ``_shared``.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import inspect
 import itertools
 import logging
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal, TypeVar, cast
 
@@ -38,21 +37,29 @@ from mcp.server.connection import Connection
 from mcp.server.context import HandlerResult, ServerRequestContext
 from mcp.server.extension import Extension, MethodBinding
 from mcp.shared.exceptions import MCPError
-from mcp_types import RequestParams
-from pydantic import ConfigDict, Field
 
 from agentwake import protocol
 from agentwake._compat import connection_of
 from agentwake.server._buffer import EmitBuffer, RingBuffer
 from agentwake.server._errors import (
     forbidden,
-    internal_error,
     invalid_params,
     not_found,
     resource_exhausted,
     unsupported_mode,
 )
 from agentwake.server._leases import DEFAULT_POLL_LEASE_TTL, Lease, LeaseTable
+from agentwake.server._params import (
+    ListParams,
+    PollParams,
+    StreamParams,
+    SubscribeParams,
+    UnsubscribeParams,
+    decode_page_cursor,
+    encode_page_cursor,
+)
+from agentwake.server._read import maybe_await, read_events
+from agentwake.server._shared import SERVED_MODES, UNCONFIGURED_MODES, EventType
 from agentwake.server._stream import DEFAULT_HEARTBEAT_MS, MAX_HEARTBEAT_MS, PushStream
 from agentwake.server._types import (
     CheckFunction,
@@ -65,7 +72,8 @@ from agentwake.server._types import (
     TransformHook,
     utc_now,
 )
-from agentwake.server._webhook import Webhooks, WebhookSettings, check_delivery
+from agentwake.server._webhook import Webhooks
+from agentwake.server._webhook_settings import WebhookSettings, check_delivery
 
 logger = logging.getLogger(__name__)
 
@@ -74,96 +82,7 @@ MAX_EVENTS_CEILING: Final = 10_000
 DEFAULT_NEXT_POLL_MS: Final = 5_000
 DEFAULT_LIST_PAGE_SIZE: Final = 100
 LEASE_SWEEP_INTERVAL_S: Final = 5.0
-# Every mode this SDK can serve; webhook only when the extension has WebhookSettings.
-SERVED_MODES: Final[tuple[DeliveryModeName, ...]] = ("poll", "push", "webhook")
-UNCONFIGURED_MODES: Final[tuple[DeliveryModeName, ...]] = ("poll", "push")
-
 T = TypeVar("T")
-
-
-class _Params(RequestParams):
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
-
-
-class _ListParams(_Params):
-    cursor: str | None = None
-
-
-class _PollParams(_Params):
-    name: str
-    arguments: dict[str, Any] | None = None
-    cursor: str | None = None
-    max_age_ms: int | None = Field(default=None, alias="maxAgeMs", ge=0)
-    max_events: int | None = Field(default=None, alias="maxEvents", ge=1)
-
-
-class _StreamParams(_Params):
-    name: str
-    arguments: dict[str, Any] | None = None
-    cursor: str | None = None
-    max_age_ms: int | None = Field(default=None, alias="maxAgeMs", ge=0)
-
-
-class _SubscribeParams(_Params):
-    name: str
-    arguments: dict[str, Any] | None = None
-    # Checked by hand, so no error message ever quotes delivery.secret.
-    delivery: Any = None
-    cursor: str | None = None
-    max_age_ms: int | None = Field(default=None, alias="maxAgeMs", ge=0)
-    # Absent = the server's default; an explicit null asks for no expiry (see model_fields_set).
-    ttl_ms: int | None = Field(default=None, alias="ttlMs")
-
-
-class _UnsubscribeParams(_Params):
-    name: str
-    arguments: dict[str, Any] | None = None
-    delivery: Any = None
-
-
-@dataclass(slots=True)
-class EventType:
-    """One declared event type. Built by ``EventsExtension.event``."""
-
-    name: str
-    description: str | None
-    input_schema: dict[str, Any]
-    payload_schema: dict[str, Any] | None
-    check: CheckFunction | None = None
-    emit_only: bool = False
-    replay: bool = True
-    match: MatchHook | None = None
-    transform: TransformHook | None = None
-    delivery: tuple[DeliveryModeName, ...] | None = None
-    next_poll_ms: int | None = None
-    meta: dict[str, Any] | None = None
-    validator: Any = field(default=None, repr=False)
-    buffer: RingBuffer | None = field(default=None, repr=False)
-    # What the extension it is declared on serves (set by add_event_type).
-    served: tuple[DeliveryModeName, ...] = field(default=UNCONFIGURED_MODES, repr=False)
-
-    def modes(self) -> list[str]:
-        return [m for m in self.served if self.delivery is None or m in self.delivery]
-
-    def descriptor(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "name": self.name,
-            "delivery": self.modes(),
-            "inputSchema": self.input_schema,
-        }
-        if self.description:
-            body["description"] = self.description
-        if self.payload_schema is not None:
-            body["payloadSchema"] = self.payload_schema
-        if self.meta:
-            body["_meta"] = self.meta
-        return body
-
-
-async def _maybe_await(value: T | Any) -> T:
-    if inspect.isawaitable(value):
-        return cast(T, await value)
-    return cast(T, value)
 
 
 def _on_event_loop() -> bool:
@@ -253,22 +172,22 @@ class EventsExtension(Extension):
 
     def methods(self) -> Sequence[MethodBinding]:
         bindings = [
-            MethodBinding(method=protocol.METHOD_LIST, params_type=_ListParams, handler=self._handle_list),
-            MethodBinding(method=protocol.METHOD_POLL, params_type=_PollParams, handler=self._handle_poll),
+            MethodBinding(method=protocol.METHOD_LIST, params_type=ListParams, handler=self._handle_list),
+            MethodBinding(method=protocol.METHOD_POLL, params_type=PollParams, handler=self._handle_poll),
             MethodBinding(
-                method=protocol.METHOD_STREAM, params_type=_StreamParams, handler=self._handle_stream
+                method=protocol.METHOD_STREAM, params_type=StreamParams, handler=self._handle_stream
             ),
         ]
         if self._webhooks is not None:
             bindings += [
                 MethodBinding(
                     method=protocol.METHOD_SUBSCRIBE,
-                    params_type=_SubscribeParams,
+                    params_type=SubscribeParams,
                     handler=self._handle_subscribe,
                 ),
                 MethodBinding(
                     method=protocol.METHOD_UNSUBSCRIBE,
-                    params_type=_UnsubscribeParams,
+                    params_type=UnsubscribeParams,
                     handler=self._handle_unsubscribe,
                 ),
             ]
@@ -577,36 +496,19 @@ class EventsExtension(Extension):
         hooks = self._on_subscribe if kind == "subscribe" else self._on_unsubscribe
         ctx = EventContext(lease.name, lease.principal, mode, self.default_max_events, request=request)
         for hook in hooks.get(lease.name, ()):
-            await _maybe_await(hook(ctx, lease.arguments, lease.subscription_id))
+            await maybe_await(hook(ctx, lease.arguments, lease.subscription_id))
 
     # ---- request handlers ------------------------------------------------------
 
-    async def _handle_list(self, ctx: ServerRequestContext[Any, Any], params: _ListParams) -> dict[str, Any]:
+    async def _handle_list(self, ctx: ServerRequestContext[Any, Any], params: ListParams) -> dict[str, Any]:
         self._remember_connection(ctx)
-        offset = self._decode_page_cursor(params.cursor)
+        offset = decode_page_cursor(params.cursor)
         types = list(self._types.values())
         page = types[offset : offset + self.list_page_size]
         result: dict[str, Any] = {"events": [t.descriptor() for t in page]}
         if offset + self.list_page_size < len(types):
-            result["nextCursor"] = self._encode_page_cursor(offset + self.list_page_size)
+            result["nextCursor"] = encode_page_cursor(offset + self.list_page_size)
         return result
-
-    @staticmethod
-    def _encode_page_cursor(offset: int) -> str:
-        return base64.urlsafe_b64encode(f"events:{offset}".encode()).decode()
-
-    @staticmethod
-    def _decode_page_cursor(cursor: str | None) -> int:
-        if cursor is None:
-            return 0
-        try:
-            text = base64.urlsafe_b64decode(cursor.encode()).decode()
-        except (binascii.Error, UnicodeDecodeError, ValueError):
-            raise invalid_params("events/list: unknown pagination cursor") from None
-        prefix, _, number = text.partition(":")
-        if prefix != "events" or not (number.isascii() and number.isdigit()):
-            raise invalid_params("events/list: unknown pagination cursor")
-        return int(number)
 
     def _resolve(self, name: str, arguments: dict[str, Any] | None, mode: DeliveryModeName) -> EventType:
         event_type = self._types.get(name)
@@ -626,7 +528,7 @@ class EventsExtension(Extension):
             )
         return event_type
 
-    async def _handle_poll(self, ctx: ServerRequestContext[Any, Any], params: _PollParams) -> dict[str, Any]:
+    async def _handle_poll(self, ctx: ServerRequestContext[Any, Any], params: PollParams) -> dict[str, Any]:
         self._remember_connection(ctx)
         arguments = params.arguments or {}
         event_type = self._resolve(params.name, arguments, "poll")
@@ -651,7 +553,7 @@ class EventsExtension(Extension):
             not_before=not_before,
             request=ctx,
         )
-        result = await self._read(event_type, event_ctx, arguments, params.cursor, lease)
+        result = await read_events(event_type, event_ctx, arguments, params.cursor, lease)
         return {
             "events": [event.to_wire() for event in result.events],
             "cursor": result.cursor if event_type.replay else None,
@@ -665,7 +567,7 @@ class EventsExtension(Extension):
         }
 
     async def _handle_stream(
-        self, ctx: ServerRequestContext[Any, Any], params: _StreamParams
+        self, ctx: ServerRequestContext[Any, Any], params: StreamParams
     ) -> dict[str, Any]:
         """events/stream: validate like poll (errors come back at once, no stream), then stream."""
         self._remember_connection(ctx)
@@ -701,7 +603,7 @@ class EventsExtension(Extension):
         return self._webhooks, principal
 
     async def _handle_subscribe(
-        self, ctx: ServerRequestContext[Any, Any], params: _SubscribeParams
+        self, ctx: ServerRequestContext[Any, Any], params: SubscribeParams
     ) -> dict[str, Any]:
         """events/subscribe: create or refresh the caller's webhook subscription for this key."""
         self._remember_connection(ctx)
@@ -724,7 +626,7 @@ class EventsExtension(Extension):
         )
 
     async def _handle_unsubscribe(
-        self, ctx: ServerRequestContext[Any, Any], params: _UnsubscribeParams
+        self, ctx: ServerRequestContext[Any, Any], params: UnsubscribeParams
     ) -> dict[str, Any]:
         """events/unsubscribe: by (the caller, name, arguments, delivery.url); never by id."""
         self._remember_connection(ctx)
@@ -747,75 +649,4 @@ class EventsExtension(Extension):
         lease: Lease | None,
     ) -> EventResult:
         """One read, the same for every mode: the check function, or the ring buffer."""
-        return await self._read(event_type, ctx, arguments, cursor, lease)
-
-    async def _read(
-        self,
-        event_type: EventType,
-        ctx: EventContext,
-        arguments: dict[str, Any],
-        cursor: str | None,
-        lease: Lease | None,
-    ) -> EventResult:
-        if event_type.buffer is not None:
-            return self._read_buffer(event_type, event_type.buffer, ctx, arguments, cursor, lease)
-        assert event_type.check is not None
-        try:
-            result: EventResult = await _maybe_await(event_type.check(ctx, arguments, cursor))
-        except MCPError:
-            raise
-        except Exception as exc:
-            logger.exception("check function for %s failed", event_type.name)
-            raise internal_error("UpstreamError", type(exc).__name__) from exc
-        if cursor is None:
-            # Null cursor means "start from now": a fresh position and nothing else.
-            return EventResult(events=[], cursor=result.cursor, next_poll_ms=result.next_poll_ms)
-        events = list(result.events)
-        truncated = result.truncated
-        if ctx.not_before is not None:
-            kept = [e for e in events if e.moment >= ctx.not_before]
-            truncated = truncated or len(kept) < len(events)
-            events = kept
-        new_cursor, has_more = result.cursor, result.has_more
-        if len(events) > ctx.max_events:
-            cut = events[ctx.max_events - 1].cursor
-            if cut is not None:
-                events, new_cursor, has_more = events[: ctx.max_events], cut, True
-        return EventResult(
-            events, new_cursor, has_more=has_more, truncated=truncated, next_poll_ms=result.next_poll_ms
-        )
-
-    def _read_buffer(
-        self,
-        event_type: EventType,
-        buffer: RingBuffer,
-        ctx: EventContext,
-        arguments: dict[str, Any],
-        cursor: str | None,
-        lease: Lease | None,
-    ) -> EventResult:
-        def accept(event: Event) -> Event | None:
-            if event_type.match is not None and not event_type.match(ctx, event, arguments):
-                return None
-            return event_type.transform(ctx, event, arguments) if event_type.transform is not None else event
-
-        if not event_type.replay:
-            # No cursor on the wire: the lease remembers where this poller is.
-            if lease is None or lease.position is None:
-                if lease is not None:
-                    lease.position = buffer.head
-                return EventResult(events=[], cursor=None)
-            read = buffer.read(lease.position, ctx.max_events, accept=accept)
-            lease.position = read.position
-            return EventResult(read.events, None, has_more=read.has_more)
-
-        if cursor is None:
-            return EventResult(events=[], cursor=buffer.cursor_for(buffer.head))
-        position = buffer.parse_cursor(cursor)
-        if position is None:
-            # A cursor from another process lifetime: the events in between are gone.
-            return EventResult(events=[], cursor=buffer.cursor_for(buffer.head), truncated=True)
-        read = buffer.read(position, ctx.max_events, not_before=ctx.not_before, accept=accept)
-        return EventResult(
-            read.events, buffer.cursor_for(read.position), has_more=read.has_more, truncated=read.truncated
-        )
+        return await read_events(event_type, ctx, arguments, cursor, lease)

@@ -1,6 +1,6 @@
 """Push delivery: ``events/stream``, one long-lived request per subscription.
 
-A stream is the request handler itself. It reads with the same ``_read`` as
+A stream is the request handler itself. It reads with the same ``EventsExtension.read`` as
 events/poll (the check function for check types, the ring buffer for emit-only
 types) and writes notifications on the request's own channel, the server
 session's ``related_request_id``: newline-delimited JSON on stdout over stdio,
@@ -19,6 +19,9 @@ and ``terminated`` followed by the ``StreamEventsResult`` when the server ends
 the subscription. A client cancels with ``notifications/cancelled`` (stdio) or
 by closing the response (HTTP); the SDK then cancels the handler, and the
 stream's ``on_unsubscribe`` hooks run shielded.
+
+A stream sees the extension only through ``StreamHost`` (a Protocol), so this
+module never imports ``_extension``.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import math
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import Any, Final, Protocol, cast
 
 import anyio
 import anyio.lowlevel
@@ -40,10 +43,17 @@ from pydantic import BaseModel
 
 from agentwake import protocol
 from agentwake.server._leases import Lease
+from agentwake.server._shared import (
+    HOOK_TIMEOUT_S,
+    TERMINAL_CODES,
+    EventSource,
+    EventType,
+    error_object,
+    idle_delay,
+    retry_delay,
+    start_cursor,
+)
 from agentwake.server._types import EventContext, EventResult
-
-if TYPE_CHECKING:
-    from agentwake.server._extension import EventsExtension, EventType
 
 logger = logging.getLogger(__name__)
 
@@ -64,14 +74,6 @@ STREAM_NOTIFICATIONS: Final = frozenset(
 
 DEFAULT_HEARTBEAT_MS: Final = 30_000
 MAX_HEARTBEAT_MS: Final = 30_000
-# A failed read is retried after the poll interval, doubling per consecutive failure up to this.
-MAX_RETRY_MS: Final = 30_000
-# How long on_unsubscribe hooks may take once a stream has ended (they run shielded from cancellation).
-HOOK_TIMEOUT_S: Final = 10.0
-# Errors that end a subscription: retrying the same read cannot succeed.
-TERMINAL_CODES: Final = frozenset(
-    {protocol.NOT_FOUND, protocol.FORBIDDEN, protocol.INVALID_PARAMS, protocol.UNSUPPORTED}
-)
 
 
 def stream_result() -> dict[str, Any]:
@@ -79,49 +81,13 @@ def stream_result() -> dict[str, Any]:
     return {"_meta": {}}
 
 
-def error_object(exc: MCPError) -> dict[str, Any]:
-    body: dict[str, Any] = {"code": exc.error.code, "message": exc.error.message}
-    if exc.error.data is not None:
-        body["data"] = exc.error.data
-    return body
+class StreamHost(EventSource, Protocol):
+    """The parts of ``EventsExtension`` a push stream uses beyond reading."""
 
+    @property
+    def heartbeat_ms(self) -> int: ...
 
-def _poll_ms(extension: EventsExtension, event_type: EventType, batch: EventResult | None) -> int:
-    candidates = (
-        batch.next_poll_ms if batch is not None else None,
-        event_type.next_poll_ms,
-        extension.default_next_poll_ms,
-    )
-    return next(ms for ms in candidates if ms is not None)
-
-
-def idle_delay(extension: EventsExtension, event_type: EventType, batch: EventResult) -> float | None:
-    """How long a push stream or webhook subscription waits before reading again after ``batch``.
-
-    None means until woken (an emit, a close): emit-only types are never read on a timer.
-    """
-    if event_type.buffer is not None:
-        return None
-    return _poll_ms(extension, event_type, batch) / 1000
-
-
-def start_cursor(event_type: EventType, batch: EventResult, *, fallback: str | None) -> str | None:
-    """The position delivery of ``batch`` starts from: just before its first event, when that is known."""
-    if not batch.events:
-        return batch.cursor
-    buffer, first = event_type.buffer, batch.events[0].cursor
-    if buffer is not None and first is not None:
-        position = buffer.parse_cursor(first)
-        if position is not None:
-            return buffer.cursor_for(position - 1)
-    return fallback
-
-
-def retry_delay(extension: EventsExtension, event_type: EventType, failures: int) -> float:
-    """The wait after ``failures`` failed reads in a row: the poll interval, doubling, capped."""
-    base = _poll_ms(extension, event_type, None)
-    backoff: int = base << max(failures - 1, 0)
-    return min(backoff, max(MAX_RETRY_MS, base)) / 1000
+    def forget_stream(self, stream: PushStream) -> None: ...
 
 
 class _Notification(BaseModel):
@@ -136,7 +102,7 @@ class PushStream:
 
     def __init__(
         self,
-        extension: EventsExtension,
+        extension: StreamHost,
         event_type: EventType,
         request: ServerRequestContext[Any, Any],
         *,

@@ -8,27 +8,18 @@ import json
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Literal
+
+from agentwake import clock
 
 DeliveryModeName = Literal["poll", "push", "webhook"]
 
 
-def utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
-def isoformat(moment: datetime) -> str:
-    """ISO 8601 in UTC with a trailing Z, the form the spec's examples use."""
-    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def parse_timestamp(value: str) -> datetime | None:
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+# The server's names for the shared clock helpers (agentwake.clock), kept for existing imports.
+utc_now = clock.utc_now
+isoformat = clock.iso
+parse_timestamp = clock.parse_iso
 
 
 def canonical_json(value: Any) -> str:

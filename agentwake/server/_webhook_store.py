@@ -7,6 +7,7 @@ is a file-backed implementation. The methods are synchronous and the extension
 calls them from a worker thread, one call at a time.
 
 The file holds signing secrets, so it is created readable by its owner only (0600).
+Its schema is migrated with sqlite-utils ``Migrations`` (set "agentwake-server-webhooks").
 """
 
 from __future__ import annotations
@@ -20,16 +21,24 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+import sqlite_utils
+from sqlite_utils.migrations import Migrations
+
 from agentwake.server._types import canonical_json, isoformat, parse_timestamp
 
 FILE_MODE: Final = 0o600
 
-# Named, in order; the database's user_version says how many have run.
-MIGRATIONS: Final[tuple[tuple[str, str], ...]] = (
-    (
-        "create webhook_subscriptions",
+# Its own set name: a server may share one SQLite file with agentwake's client store ("agentwake").
+migrations = Migrations("agentwake-server-webhooks")
+
+
+@migrations(name="0001_initial")
+def _initial(db: sqlite_utils.Database) -> None:
+    # IF NOT EXISTS: a file made before Migrations has the table already (PRAGMA user_version 1,
+    # no _sqlite_migrations row); this adopts it as is.
+    db.execute(
         """
-        CREATE TABLE webhook_subscriptions (
+        CREATE TABLE IF NOT EXISTS webhook_subscriptions (
             id TEXT PRIMARY KEY,
             principal TEXT NOT NULL,
             url TEXT NOT NULL,
@@ -42,9 +51,8 @@ MIGRATIONS: Final[tuple[tuple[str, str], ...]] = (
             verified_at TEXT,
             cursor TEXT
         )
-        """,
-    ),
-)
+        """
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,16 +105,8 @@ class SqliteWebhookStore:
         os.chmod(self.path, FILE_MODE)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._migrate()
-
-    def _migrate(self) -> None:
         with self._lock:
-            done = int(self._db.execute("PRAGMA user_version").fetchone()[0])
-            for number, (_name, sql) in enumerate(MIGRATIONS[done:], start=done + 1):
-                self._db.execute("BEGIN IMMEDIATE")
-                self._db.execute(sql)
-                self._db.execute(f"PRAGMA user_version = {number}")
-                self._db.execute("COMMIT")
+            migrations.apply(sqlite_utils.Database(self._db))
 
     def load(self) -> list[StoredWebhook]:
         with self._lock:
