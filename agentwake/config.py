@@ -1,16 +1,13 @@
-"""agentwake.toml: pydantic models, ``${ENV}`` interpolation and ``load_config``.
+"""agentwake.toml: pydantic models of every section, and ``load_config``.
 
-Interpolation runs on string values after TOML parsing (so a variable can never
-inject TOML): ``${NAME}`` must be set, ``${NAME:-default}`` falls back, and
-``$${`` writes a literal ``${``. Relative paths resolve against the folder that
-holds the config file.
+Reading the file, ``${ENV}`` interpolation and path resolution are in
+``agentwake.configfile`` (no pydantic), which the CLI's quick readers use alone.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -24,12 +21,18 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from yarl import URL
 
+from agentwake.configfile import (
+    DEFAULT_CONFIG_PATH,
+    DEFAULT_STORE_PATH,
+    config_base,
+    interpolate,
+    read_config_file,
+    under,
+    with_default_name,
+)
 from agentwake.errors import ConfigError
 
-DEFAULT_CONFIG_PATH: Final = Path("agentwake.toml")
-DEFAULT_STORE_PATH: Final = "agentwake.db"
 DEFAULT_MAX_EVENTS: Final = 100
 MAX_EVENTS_LIMIT: Final = 10_000
 DEFAULT_POLL_FLOOR_MS: Final = 1000
@@ -48,7 +51,6 @@ OFFLINE_NOTICE: Final = f"{OFFLINE_MODEL} is a deterministic stand-in for a real
 
 DeliveryChoice = Literal["auto", "poll", "push", "webhook"]
 _NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
-_ENV_PATTERN: Final = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 class _Model(BaseModel):
@@ -162,6 +164,8 @@ class WebhookConfig(_Model):
                 f" for callbacks), got {value!r}"
             )
         try:
+            from yarl import URL  # only here: loading it costs every quick CLI command
+
             url = URL(value)
             port = url.explicit_port
         except ValueError as exc:
@@ -231,9 +235,7 @@ class SubscriptionConfig(_Model):
     @model_validator(mode="before")
     @classmethod
     def _default_name(cls, data: Any) -> Any:
-        if isinstance(data, dict) and not data.get("name") and data.get("server") and data.get("event"):
-            data = {**data, "name": f"{data['server']}.{data['event']}"}
-        return data
+        return with_default_name(data)
 
     @field_validator("name")
     @classmethod
@@ -378,33 +380,6 @@ class AgentwakeConfig(_Model):
         raise ConfigError(f"no subscription named {name!r}")
 
 
-def interpolate(value: Any, env: Mapping[str, str], where: str = "") -> Any:
-    """Replace ``${NAME}`` / ``${NAME:-default}`` in every string inside ``value``."""
-    if isinstance(value, str):
-
-        def replace(match: re.Match[str]) -> str:
-            if match.group(0) == "$${":
-                return "${"
-            name, default = match.group(1), match.group(2)
-            if name in env and env[name] != "":
-                return env[name]
-            if default is not None:
-                return default
-            raise ConfigError(
-                f"{where or 'a value'} uses ${{{name}}}, but {name} is not set; "
-                f"export it or write ${{{name}:-default}}"
-            )
-
-        return _ENV_PATTERN.sub(replace, value)
-    if isinstance(value, dict):
-        return {
-            key: interpolate(item, env, f"{where}.{key}" if where else key) for key, item in value.items()
-        }
-    if isinstance(value, list):
-        return [interpolate(item, env, f"{where}[{index}]") for index, item in enumerate(value)]
-    return value
-
-
 def _location(loc: tuple[int | str, ...]) -> str:
     text = ""
     for part in loc:
@@ -428,37 +403,31 @@ def parse_config(
                 message = "unknown key (check the spelling; see the README for every key)"
             lines.append(f"  {_location(error['loc'])}: {message}")
         raise ConfigError(f"{label} is invalid:\n" + "\n".join(lines)) from None
-    base = source.parent.resolve() if source else Path.cwd()
-    config = _resolve_paths(config, base)
+    config = _resolve_paths(config, config_base(source))
     config._source = source
     return config
 
 
 def _resolve_paths(config: AgentwakeConfig, base: Path) -> AgentwakeConfig:
-    store = config.store.model_copy(update={"path": _under(base, config.store.path)})
+    store = config.store.model_copy(update={"path": under(base, config.store.path)})
     servers = {
-        name: server.model_copy(update={"cwd": _under(base, server.cwd) if server.cwd else base})
+        name: server.model_copy(update={"cwd": under(base, server.cwd) if server.cwd else base})
         if server.transport == "stdio"
         else server
         for name, server in config.servers.items()
     }
     agent = config.agent
     if agent is not None:
-        agent = agent.model_copy(update={"prompts": _under(base, agent.prompts)})
-    policy = config.policy.model_copy(update={"dir": _under(base, config.policy.dir)})
+        agent = agent.model_copy(update={"prompts": under(base, agent.prompts)})
+    policy = config.policy.model_copy(update={"dir": under(base, config.policy.dir)})
     webhook = config.webhook
     if webhook is not None and webhook.tls_cert is not None and webhook.tls_key is not None:
         webhook = webhook.model_copy(
-            update={"tls_cert": _under(base, webhook.tls_cert), "tls_key": _under(base, webhook.tls_key)}
+            update={"tls_cert": under(base, webhook.tls_cert), "tls_key": under(base, webhook.tls_key)}
         )
     return config.model_copy(
         update={"store": store, "servers": servers, "agent": agent, "policy": policy, "webhook": webhook}
     )
-
-
-def _under(base: Path, path: Path) -> Path:
-    path = path.expanduser()
-    return path if path.is_absolute() else base / path
 
 
 def load_config(
@@ -466,14 +435,4 @@ def load_config(
 ) -> AgentwakeConfig:
     """Read, interpolate and validate a config file. Every failure is a ConfigError."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path} (pass -c FILE, or create agentwake.toml)") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
-    return parse_config(data, source=path, env=env)
+    return parse_config(read_config_file(path), source=path, env=env)

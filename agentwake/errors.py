@@ -2,7 +2,8 @@
 
     AgentwakeError
      ├── ConfigError            bad agentwake.toml, unknown event, bad arguments, unusable mode
-     ├── StoreError             the SQLite inbox could not be opened or written
+     │    └── PolicyError       a bad policy file (names the file, the line and the rule)
+     ├── StoreError             the store could not be opened, read or written (locked, corrupt, full)
      └── DeliveryError          talking to an MCP server failed
           ├── ConnectError      the server could not be started or reached
           └── EventsCallError   an events/* request got a JSON-RPC error
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentwake import protocol
+from agentwake import codes as protocol
 
 
 class AgentwakeError(Exception):
@@ -28,8 +29,12 @@ class ConfigError(AgentwakeError):
     """The configuration is invalid; the message says where and how to fix it."""
 
 
+class PolicyError(ConfigError):
+    """A policy file is invalid; the message names the file, the line and the rule."""
+
+
 class StoreError(AgentwakeError):
-    """The SQLite store could not be opened, migrated or written."""
+    """The store could not be opened, migrated, read or written."""
 
 
 class DeliveryError(AgentwakeError):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from agentwake.sanitize import redact
+from agentwake.redaction import redact
 
 
 class RedactSecrets(logging.Filter):

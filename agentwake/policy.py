@@ -36,18 +36,15 @@ from typing import Any, Final, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from agentwake.errors import ConfigError
+from agentwake.errors import ConfigError, PolicyError
 
 logger = logging.getLogger(__name__)
 
 Action = Literal["ignore", "log", "agent", "approve"]
+ACTIONS: Final[tuple[Action, ...]] = ("ignore", "log", "agent", "approve")
 Op = Literal["eq", "ne", "in", "glob", "regex", "gt", "ge", "lt", "le", "exists"]
 MISSING: Final = object()
 _NUMERIC: Final = frozenset({"gt", "ge", "lt", "le"})
-
-
-class PolicyError(ConfigError):
-    """A policy file is invalid; the message names the file, the line and the rule."""
 
 
 class _Model(BaseModel):

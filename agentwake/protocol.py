@@ -9,51 +9,67 @@ explicit ``null`` (the spec's "absent means null").
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Final, Literal, NotRequired
+from typing import Annotated, Any, Final, NotRequired
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from pydantic.alias_generators import to_camel
 from typing_extensions import TypedDict
 
-EXTENSION_ID: Final = "io.modelcontextprotocol/events"
-SUBSCRIPTION_ID_META: Final = "io.modelcontextprotocol/subscriptionId"
+from agentwake.codes import (
+    CALLBACK_ENDPOINT_ERROR,
+    DELIVERY_MODES,
+    ERROR_NAMES,
+    EXTENSION_ID,
+    FORBIDDEN,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    METHOD_LIST,
+    METHOD_NOT_FOUND,
+    METHOD_POLL,
+    METHOD_STREAM,
+    METHOD_SUBSCRIBE,
+    METHOD_UNSUBSCRIBE,
+    NOT_FOUND,
+    NOTIFICATION_ACTIVE,
+    NOTIFICATION_ERROR,
+    NOTIFICATION_EVENT,
+    NOTIFICATION_HEARTBEAT,
+    NOTIFICATION_LIST_CHANGED,
+    NOTIFICATION_TERMINATED,
+    RESOURCE_EXHAUSTED,
+    SUBSCRIPTION_ID_META,
+    UNSUPPORTED,
+    DeliveryMode,
+    error_name,
+)
 
-# Methods and notifications.
-METHOD_LIST: Final = "events/list"
-METHOD_POLL: Final = "events/poll"
-METHOD_STREAM: Final = "events/stream"
-METHOD_SUBSCRIBE: Final = "events/subscribe"
-METHOD_UNSUBSCRIBE: Final = "events/unsubscribe"
-NOTIFICATION_LIST_CHANGED: Final = "notifications/events/list_changed"
-NOTIFICATION_ACTIVE: Final = "notifications/events/active"
-NOTIFICATION_EVENT: Final = "notifications/events/event"
-NOTIFICATION_HEARTBEAT: Final = "notifications/events/heartbeat"
-NOTIFICATION_ERROR: Final = "notifications/events/error"
-NOTIFICATION_TERMINATED: Final = "notifications/events/terminated"
-
-# Error codes (JSON-RPC and the extension's general-purpose codes).
-INVALID_PARAMS: Final = -32602
-INTERNAL_ERROR: Final = -32603
-METHOD_NOT_FOUND: Final = -32601
-NOT_FOUND: Final = -32011
-FORBIDDEN: Final = -32012
-RESOURCE_EXHAUSTED: Final = -32013
-UNSUPPORTED: Final = -32014
-CALLBACK_ENDPOINT_ERROR: Final = -32015
-
-ERROR_NAMES: Final[dict[int, str]] = {
-    INVALID_PARAMS: "InvalidParams",
-    INTERNAL_ERROR: "InternalError",
-    METHOD_NOT_FOUND: "MethodNotFound",
-    NOT_FOUND: "NotFound",
-    FORBIDDEN: "Forbidden",
-    RESOURCE_EXHAUSTED: "ResourceExhausted",
-    UNSUPPORTED: "Unsupported",
-    CALLBACK_ENDPOINT_ERROR: "CallbackEndpointError",
-}
-
-DeliveryMode = Literal["poll", "push", "webhook"]
-DELIVERY_MODES: Final[tuple[DeliveryMode, ...]] = ("poll", "push", "webhook")
+__all__ = [
+    "CALLBACK_ENDPOINT_ERROR",
+    "DELIVERY_MODES",
+    "ERROR_NAMES",
+    "EXTENSION_ID",
+    "FORBIDDEN",
+    "INTERNAL_ERROR",
+    "INVALID_PARAMS",
+    "METHOD_LIST",
+    "METHOD_NOT_FOUND",
+    "METHOD_POLL",
+    "METHOD_STREAM",
+    "METHOD_SUBSCRIBE",
+    "METHOD_UNSUBSCRIBE",
+    "NOTIFICATION_ACTIVE",
+    "NOTIFICATION_ERROR",
+    "NOTIFICATION_EVENT",
+    "NOTIFICATION_HEARTBEAT",
+    "NOTIFICATION_LIST_CHANGED",
+    "NOTIFICATION_TERMINATED",
+    "NOT_FOUND",
+    "RESOURCE_EXHAUSTED",
+    "SUBSCRIPTION_ID_META",
+    "UNSUPPORTED",
+    "DeliveryMode",
+    "error_name",
+]
 
 
 class WireModel(BaseModel):
@@ -185,7 +201,3 @@ class ErrorObject(WireModel):
     code: int
     message: str
     data: Any = None
-
-
-def error_name(code: int) -> str:
-    return ERROR_NAMES.get(code, f"Error{code}")

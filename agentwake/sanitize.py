@@ -12,13 +12,30 @@ import re
 import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+from agentwake.redaction import REDACTED, redact
+
+if TYPE_CHECKING:
+    from agentwake.config import SanitizeConfig
+
+__all__ = [
+    "REDACTED",
+    "Limits",
+    "Sanitized",
+    "clean_text",
+    "datamark",
+    "hidden_text",
+    "injection_score",
+    "redact",
+    "sanitize",
+    "sanitize_with",
+]
 
 DEFAULT_MAX_DEPTH: Final = 8
 DEFAULT_MAX_STRING: Final = 4_000
 DEFAULT_MAX_LIST: Final = 100
 DEFAULT_MAX_BYTES: Final = 32_000
-REDACTED: Final = "[REDACTED]"
 
 # Bidi embeddings/overrides/isolates, zero-width characters, the BOM, and Unicode tag characters
 # (invisible ASCII look-alikes used to smuggle instructions).
@@ -26,49 +43,6 @@ _INVISIBLE: Final = re.compile(
     "[\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\u061c\ufeff\u180e\U000e0000-\U000e007f]"
 )
 _CONTROL: Final = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
-
-_SECRET_PATTERNS: Final[tuple[tuple[str, re.Pattern[str]], ...]] = (
-    (
-        "private key",
-        re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(?:-----END [A-Z ]*PRIVATE KEY-----|\Z)", re.S),
-    ),
-    ("password in URL", re.compile(r"://[^/\s:@]+:(?P<secret>[^/\s@]+)@")),
-    ("bearer token", re.compile(r"(?i)\bbearer\s+(?P<secret>[A-Za-z0-9._~+/=-]{16,})")),
-    (
-        "basic credentials",
-        re.compile(r"(?i)\bauthorization[\"']?\s*[:=]\s*[\"']?basic\s+(?P<secret>[A-Za-z0-9+/]{8,}={0,2})"),
-    ),
-    ("JWT", re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")),
-    ("OpenAI-style key", re.compile(r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_-]{16,}")),
-    ("GitHub token", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,})")),
-    ("Slack token", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}")),
-    ("AWS access key", re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")),
-    ("Google API key", re.compile(r"\bAIza[0-9A-Za-z_-]{35}")),
-    ("GitLab token", re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}")),
-    ("webhook secret", re.compile(r"\bwhsec_[A-Za-z0-9+/]{16,}={0,2}")),
-    (
-        "credential field",
-        re.compile(
-            r"(?i)(?<![A-Za-z0-9])(?:[A-Za-z0-9]*[_-])?"
-            r"(?:password|passwd|pwd|secret|api[_-]?key|access[_-]?token|auth[_-]?token|token)"
-            r"[\"']?\s*[:=]\s*[\"']?(?P<secret>[^\s\"',;]{4,})"
-        ),
-    ),
-)
-_PII_PATTERNS: Final[tuple[tuple[str, re.Pattern[str]], ...]] = (
-    # Not the user part of ssh://git@host style URLs.
-    ("email", re.compile(r"(?<![/\w.%+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b")),
-    # Grouped like a phone number; dates (2026-12-01), versions and dotted quads are not.
-    (
-        "phone",
-        re.compile(
-            r"(?<![\w.+-])(?:"
-            r"(?:\+|00)\d{1,3}[\s.-]?(?:\(\d{1,4}\)|\d{1,4})(?:[\s.-]?\d{2,8}){1,4}"
-            r"|(?:\(\d{2,4}\)\s?|\d{2,4}[\s.-])\d{3,4}[\s.-]\d{3,4}"
-            r")(?![\w.-])"
-        ),
-    ),
-)
 
 # Phrasing common in prompt-injection corpora (AgentDojo, garak's PromptInject). Weights add up; the
 # score is capped at 1. Tuned against tests/fixtures/injections.json and ordinary help-desk text.
@@ -228,26 +202,6 @@ def clean_text(text: str) -> tuple[str, int]:
     return cleaned, invisible + control
 
 
-def redact(text: str, *, pii: bool = False) -> tuple[str, dict[str, int]]:
-    counts: dict[str, int] = {}
-    patterns = _SECRET_PATTERNS + (_PII_PATTERNS if pii else ())
-    for label, pattern in patterns:
-        text, n = pattern.subn(_redact_match, text)
-        if n:
-            counts[label] = counts.get(label, 0) + n
-    return text, counts
-
-
-def _redact_match(match: re.Match[str]) -> str:
-    """The whole match, or only its ``secret`` group when the pattern has one (keeps 'password=' readable)."""
-    if "secret" not in match.re.groupindex:
-        return REDACTED
-    start, end = match.span("secret")
-    whole_start = match.start()
-    text = match.group(0)
-    return text[: start - whole_start] + REDACTED + text[end - whole_start :]
-
-
 def injection_score(texts: Iterable[str]) -> tuple[float, list[str]]:
     """A 0..1 score of known injection phrasing, and the signals that fired."""
     joined = "\n".join(texts)
@@ -392,3 +346,12 @@ def _bound_bytes(value: Any, max_bytes: int, cuts: list[str]) -> Any:
     where = ", ".join(f"{path} ({count}x)" for path, count in trimmed.items())
     cuts.append(f"$: {original} bytes cut to {_size(value)} to fit {max_bytes}: trimmed {where}")
     return value
+
+
+def sanitize_with(options: SanitizeConfig, value: Any, *, pii: bool = False) -> Sanitized:
+    """``sanitize`` with the configured limits; ``pii`` (a rule's redact_pii) adds to ``options.redact_pii``."""
+    return sanitize(
+        value,
+        limits=Limits(options.max_depth, options.max_string, options.max_list, options.max_bytes),
+        pii=options.redact_pii or pii,
+    )

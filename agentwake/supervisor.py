@@ -1,41 +1,33 @@
-"""Wiring: one task per server (connect, discover, run its subscriptions' loops), and the processing stage.
+"""Wiring: one task per server (connect, discover, run its subscriptions' delivery loops), and the worker.
 
 Everything runs in one anyio task group; cancelling it is the only way anything
 stops. A server that cannot be reached, or whose connection breaks, is retried
 with exponential backoff and jitter; it never takes the others down. A
-subscription the server refuses (unknown event, Forbidden) ends alone.
+subscription the server refuses (unknown event, Forbidden) ends alone. What
+happens to a stored event is the worker's business (``agentwake.worker``), not
+this module's: the loops only wake it.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 import anyio
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception_type,
-    stop_never,
-    wait_exponential_jitter,
-)
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_never
 
 from agentwake import protocol
-from agentwake.agent.runner import retry_at
-from agentwake.config import OFFLINE_MODEL, OFFLINE_NOTICE, AgentwakeConfig, SubscriptionConfig
-from agentwake.delivery.poll import PollLoop, Sleep, subscription_key
+from agentwake.backoff import tenacity_wait
+from agentwake.config import AgentwakeConfig, SubscriptionConfig
+from agentwake.delivery.common import Sleep, subscription_key
+from agentwake.delivery.poll import PollLoop
 from agentwake.delivery.push import PushLoop
 from agentwake.delivery.receiver import Receiver, WebhookRoutes
 from agentwake.delivery.select import SubscriptionPlan, plan_subscription
 from agentwake.delivery.webhook import WebhookLoop, bind_route
 from agentwake.errors import (
-    AgentwakeError,
     ConfigError,
-    ConnectError,
     ConnectionLost,
     DeliveryError,
     EventsCallError,
@@ -43,35 +35,16 @@ from agentwake.errors import (
     TransientEventsError,
 )
 from agentwake.mcp import ServerConnection
-from agentwake.policy import MISSING, Decision, Policy, Rule, lookup
-from agentwake.store import FlowGate, InboxEvent, Store, SubscriptionKey
+from agentwake.store import Store, SubscriptionKey
 
 if TYPE_CHECKING:
-    from agentwake.agent.runner import AgentRunner
     from agentwake.agent.tools import ConnectionPool
+    from agentwake.worker import Worker
 
 logger = logging.getLogger(__name__)
 
 RECONNECT_INITIAL_S: Final = 1.0
 RECONNECT_MAX_S: Final = 60.0
-CLAIM_BATCH: Final = 100
-IDLE_RECHECK_S: Final = 5.0
-SERVER_WAIT_S: Final = 5.0
-RULE_BUSY_S: Final = 1.0
-
-Processor = Callable[[InboxEvent], None]
-
-
-def log_event(event: InboxEvent) -> None:
-    """The processing stage of this release: record that the event arrived. The agent replaces it."""
-    logger.info(
-        "event %s %s from %s (subscription %s): %s",
-        event.name,
-        event.event_id,
-        event.server,
-        event.subscription,
-        _preview(event.data),
-    )
 
 
 def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
@@ -79,88 +52,44 @@ def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
     return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
-def iso_at(moment: datetime) -> str:
-    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+@dataclass
+class ServerSignals:
+    """What a connected server said since it was last looked at: its event types or its tools changed."""
 
+    events_changed: anyio.Event = field(default_factory=anyio.Event)
+    tools_changed: anyio.Event = field(default_factory=anyio.Event)
 
-def parse_iso(value: str) -> datetime | None:
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
+    async def on_events_changed(self) -> None:
+        self.events_changed.set()
 
+    async def on_tools_changed(self) -> None:
+        self.tools_changed.set()
 
-def flow_key(view: dict[str, object], path: str | None) -> str:
-    """The value a rule counts by, as text; one shared key when the rule names none."""
-    if path is None:
-        return "*"
-    value = lookup(view, path)
-    if value is MISSING:
-        return "(missing)"
-    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    async def next_events_change(self) -> None:
+        await self.events_changed.wait()
+        self.events_changed = anyio.Event()
 
-
-def gate_window(rule: Rule) -> float:
-    return rule.debounce.window_s if rule.debounce else 0.0
-
-
-def apply_hook_answer(decision: Decision, answer: object) -> Decision:
-    """A hook returns None (keep the rule's decision), an action name, or a dict of action/why/tools."""
-    if answer is None:
-        return decision
-    if isinstance(answer, str):
-        answer = {"action": answer}
-    if not isinstance(answer, dict):
-        raise TypeError(f"a hook returns None, an action name or a dict, not {type(answer).__name__}")
-    action = answer.get("action", decision.action)
-    if action not in ("ignore", "log", "agent", "approve"):
-        raise ValueError(f"a hook returned the unknown action {action!r}")
-    tools = answer.get("tools", decision.tools)
-    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, str) for t in tools)):
-        raise TypeError("a hook's 'tools' must be a list of globs")
-    why = str(answer.get("why") or f"hook chose {action}")
-    return replace(decision, action=action, why=f"{decision.why}; {why}", tools=tools)
-
-
-def policy_view(event: InboxEvent, injection_score: float) -> dict[str, object]:
-    """What policy conditions can look at: the event's envelope, its (raw) data, and the injection score."""
-    return {
-        "server": event.server,
-        "subscription": event.subscription,
-        "name": event.name,
-        "event_id": event.event_id,
-        "timestamp": event.timestamp,
-        "data": event.data,
-        "injection_score": injection_score,
-    }
-
-
-def _preview(data: dict[str, object], limit: int = 160) -> str:
-    text = ", ".join(f"{k}={v!r}" for k, v in data.items())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    async def next_tools_change(self) -> None:
+        await self.tools_changed.wait()
+        self.tools_changed = anyio.Event()
 
 
 @dataclass
 class Supervisor:
+    """The service's task group. ``worker`` handles what the loops store (None: store only)."""
+
     config: AgentwakeConfig
     store: Store
-    process: Processor = log_event
+    worker: Worker | None = None
+    pool: ConnectionPool | None = None
     sleep: Sleep = anyio.sleep
     reconnect_initial_s: float = RECONNECT_INITIAL_S
     reconnect_max_s: float = RECONNECT_MAX_S
-    processing: bool = True
-    agent: AgentRunner | None = None
-    pool: ConnectionPool | None = None
-    policy: Policy = field(default_factory=Policy)
-    _wake: anyio.Event = field(default_factory=anyio.Event, init=False)
-    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
-    _slot_freed: anyio.Event = field(default_factory=anyio.Event, init=False)
-    _active: int = field(default=0, init=False)
-    _rule_active: dict[str, int] = field(default_factory=dict, init=False)
-    _ended: set[str] = field(default_factory=set, init=False)
-    _ends: anyio.Event = field(default_factory=anyio.Event, init=False)
     routes: WebhookRoutes = field(default_factory=WebhookRoutes)
     receiver: Receiver | None = field(default=None, init=False)
+    _ended: set[str] = field(default_factory=set, init=False)
+    _ends: anyio.Event = field(default_factory=anyio.Event, init=False)
+    _stored: anyio.Event = field(default_factory=anyio.Event, init=False)
 
     def subscriptions_of(self, server: str) -> list[SubscriptionConfig]:
         return [s for s in self.config.subscriptions if s.server == server and s.name not in self._ended]
@@ -191,10 +120,8 @@ class Supervisor:
             for server in self.config.servers:
                 if self.subscriptions_of(server) or server in cleanup:
                     tg.start_soon(self._server_forever, server, name=f"server:{server}")
-            if self.processing and self.agent is not None:
-                tg.start_soon(self._agent_forever, self.agent, name="agent")
-            elif self.processing:
-                tg.start_soon(self._process_forever, name="processing")
+            if self.worker is not None:
+                await tg.start(self.worker.run, name="worker")
             task_status.started()
 
     # ---- webhook bookkeeping ----------------------------------------------------
@@ -305,9 +232,7 @@ class Supervisor:
 
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(DeliveryError),
-            wait=wait_exponential_jitter(
-                multiplier=self.reconnect_initial_s, max=self.reconnect_max_s, jitter=self.reconnect_initial_s
-            ),
+            wait=tenacity_wait(initial_s=self.reconnect_initial_s, max_s=self.reconnect_max_s),
             stop=stop_never,
             sleep=self.sleep,
             before_sleep=note,
@@ -323,33 +248,24 @@ class Supervisor:
                 raise ConnectionLost(f"server {server!r}: connection ended", server=server)
 
     async def _serve_connection(self, server: str) -> None:
-        holder = {"relist": anyio.Event(), "tools": anyio.Event()}
-
-        async def on_list_changed() -> None:
-            holder["relist"].set()
-
-        async def on_tools_changed() -> None:
-            holder["tools"].set()
-
+        signals = ServerSignals()
         async with ServerConnection(
             server,
             self.config.servers[server],
-            on_list_changed=on_list_changed,
-            on_tools_changed=on_tools_changed,
+            on_list_changed=signals.on_events_changed,
+            on_tools_changed=signals.on_tools_changed,
         ) as conn:
             if self.pool is not None:
                 await self.pool.attach(conn)
             try:
-                await self._serve_subscriptions(server, conn, holder)
+                await self._serve_subscriptions(server, conn, signals)
             finally:
                 if self.pool is not None:
                     self.pool.detach(server)
 
-    async def _serve_subscriptions(
-        self, server: str, conn: ServerConnection, holder: dict[str, anyio.Event]
-    ) -> None:
+    async def _serve_subscriptions(self, server: str, conn: ServerConnection, signals: ServerSignals) -> None:
         try:
-            await self._serve_listing(server, conn, holder)
+            await self._serve_listing(server, conn, signals)
         except BaseExceptionGroup as group:
             # A loop's ConnectionLost comes out of the task group wrapped; unwrapped, the reconnect
             # retry (which matches DeliveryError) sees it. Anything else propagates as it is.
@@ -358,14 +274,12 @@ class Supervisor:
                 raise
             raise _first_leaf(delivery) from None
 
-    async def _serve_listing(
-        self, server: str, conn: ServerConnection, holder: dict[str, anyio.Event]
-    ) -> None:
+    async def _serve_listing(self, server: str, conn: ServerConnection, signals: ServerSignals) -> None:
         while True:
             descriptors = {d.name: d for d in await conn.list_events()}
             async with anyio.create_task_group() as tg:
                 if self.pool is not None:
-                    tg.start_soon(self._watch_tools, conn, holder, name=f"tools:{server}")
+                    tg.start_soon(self._watch_tools, conn, signals, name=f"tools:{server}")
                 plans: list[SubscriptionPlan] = []
                 for sub in self.subscriptions_of(server):
                     try:
@@ -402,31 +316,29 @@ class Supervisor:
                 if not running:
                     tg.cancel_scope.cancel()
                     return
-                await holder["relist"].wait()
+                await signals.next_events_change()
                 logger.info("server %s: event types changed; listing them again", server)
-                holder["relist"] = anyio.Event()
                 tg.cancel_scope.cancel()
 
-    async def _watch_tools(self, conn: ServerConnection, holder: dict[str, anyio.Event]) -> None:
+    async def _watch_tools(self, conn: ServerConnection, signals: ServerSignals) -> None:
         """Refresh the server's tools when it says they changed (either protocol generation)."""
         assert self.pool is not None
         pool = self.pool
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._listen_tools, conn, holder)
+            tg.start_soon(self._listen_tools, conn, signals)
             while True:
-                await holder["tools"].wait()
-                holder["tools"] = anyio.Event()
+                await signals.next_tools_change()
                 logger.info("server %s: tools changed; listing them again", conn.name)
                 await pool.refresh(conn.name)
 
-    async def _listen_tools(self, conn: ServerConnection, holder: dict[str, anyio.Event]) -> None:
+    async def _listen_tools(self, conn: ServerConnection, signals: ServerSignals) -> None:
         # 2026-07-28 servers announce changes on a subscriptions/listen stream, not a notification.
         try:
             async with conn.client.listen(tools_list_changed=True) as changes:
                 # A change between the first listing and this stream's start would be missed: list once more.
-                holder["tools"].set()
+                signals.tools_changed.set()
                 async for _change in changes:
-                    holder["tools"].set()
+                    signals.tools_changed.set()
         except (
             Exception
         ) as exc:  # not offered (older protocol, or the server declines): the notification path stays
@@ -457,257 +369,15 @@ class Supervisor:
         while name not in self._ended:
             await self._ends.wait()
 
-    # ---- processing --------------------------------------------------------------
-
     def _notify_new(self, count: int) -> None:
-        self._wake.set()
+        if self.worker is not None:
+            self.worker.wake(count)
+        stored, self._stored = self._stored, anyio.Event()
+        stored.set()
 
-    async def _agent_forever(self, agent: AgentRunner) -> None:
-        """Claim pending events as run slots free up, and run the agent on each, ``concurrency`` at a time."""
-        requeued = await self.store.requeue_interrupted()
-        if requeued:
-            logger.info("agent: %d event(s) interrupted by a previous stop run again", requeued)
-        models = {agent.agent.model, *(s.model for s in self.config.subscriptions if s.model)}
-        if OFFLINE_MODEL in models:
-            logger.warning("agent: %s", OFFLINE_NOTICE)
-        limit = agent.agent.concurrency
-        async with anyio.create_task_group() as tg:
-            # litellm takes seconds to import; load it in a worker thread now, not on the first event.
-            from agentwake.agent.llm import load_litellm_async
-
-            tg.start_soon(load_litellm_async, name="load-litellm")
-            while True:
-                free = limit - self._active
-                if free <= 0:
-                    await self._slot_freed.wait()
-                    self._slot_freed = anyio.Event()
-                    continue
-                batch = await self.store.claim(free, iso_at(self.clock()))
-                if not batch:
-                    with anyio.move_on_after(IDLE_RECHECK_S):
-                        await self._wake.wait()
-                    self._wake = anyio.Event()
-                    continue
-                for event in batch:
-                    self._active += 1
-                    tg.start_soon(self._agent_one, agent, event, name=f"agent:{event.event_id}")
-
-    async def _agent_one(self, agent: AgentRunner, event: InboxEvent) -> None:
-        try:
-            sub = next((s for s in self.config.subscriptions if s.name == event.subscription), None)
-            if sub is not None and not sub.agent:
-                self.process(event)
-                await self.store.finish([event.id], "done")
-                return
-            cleaned = agent.renderer.clean(event.data)
-            decision = self._resumed(event)
-            fresh = decision is None
-            if decision is None:
-                view = policy_view(event, cleaned.injection_score)
-                decision = await self._hook(self.policy.decide(view), view)
-            rule = decision.source or self.policy.rule(decision.rule)
-            if (
-                decision.action == "agent"
-                and rule is not None
-                and rule.max_concurrent
-                and self._rule_active.get(rule.name, 0) >= rule.max_concurrent
-            ):
-                # At the rule's limit: back to the inbox, not an attempt, before any flow-control mark
-                # is taken; another rule's events go meanwhile.
-                await self.store.release(event.id, iso_at(self.clock() + timedelta(seconds=RULE_BUSY_S)))
-                return
-            if fresh:
-                record = {**decision.to_record(), "injection_score": cleaned.injection_score}
-                if await self._ends_here(event, decision, record):
-                    return
-            if rule is not None and rule.redact_pii and not self.config.sanitize.redact_pii:
-                cleaned = agent.renderer.clean(event.data, pii=True)
-            server = self.config.servers.get(event.server)
-            # Its tools come with its connection; without them the run could not act as allowed.
-            if (
-                self.pool is not None
-                and server is not None
-                and not await self.pool.wait_for(event.server, server.connect_timeout_s)
-            ):
-                logger.warning(
-                    "event %s waits: server %s is not connected, so its tools are not available",
-                    event.event_id,
-                    event.server,
-                )
-                await self.store.release(event.id, retry_at(1, SERVER_WAIT_S))
-                return
-            batch = (
-                await self.store.batch_members(event.id) if (event.decision or {}).get("batch_leader") else []
-            )
-            rule_name = rule.name if rule else decision.rule
-            self._rule_active[rule_name] = self._rule_active.get(rule_name, 0) + 1
-            try:
-                await agent.run(event, rule=decision, cleaned=cleaned, batch=batch)
-            finally:
-                self._rule_active[rule_name] -= 1
-        except AgentwakeError as exc:
-            logger.error("event %s failed: %s", event.event_id, exc)
-            await self.store.finish([event.id], "failed", str(exc))
-        except Exception as exc:  # a bug must cost this event, not the service
-            logger.exception("event %s failed unexpectedly", event.event_id)
-            await self.store.finish([event.id], "failed", f"unexpected error: {type(exc).__name__}: {exc}")
-        finally:
-            self._active -= 1
-            self._slot_freed.set()
-
-    def _resumed(self, event: InboxEvent) -> Decision | None:
-        """The stored decision of an event already decided: approved by a person, or a batch due now."""
-        stored = event.decision
-        if not stored or not (event.approved or stored.get("batch_leader")):
-            return None
-        why = str(stored.get("why"))
-        if event.approved:
-            why = f"approved by a person; held by: {why}"
-        return Decision(
-            action="agent",
-            rule=str(stored.get("rule") or "default"),
-            why=why,
-            where=stored.get("where"),
-            tools=stored.get("rule_tools"),
-            prompt=stored.get("prompt"),
-            model=stored.get("model"),
-            priority=int(stored.get("priority") or 0),
-        )
-
-    async def _hook(self, decision: Decision, view: dict[str, object]) -> Decision:
-        rule = decision.source
-        if rule is None or rule.hook is None:
-            return decision
-        hook = self.policy.hooks.get(rule.name)
-        try:
-            if hook is None:
-                raise RuntimeError(f"hook {rule.hook} is not loaded")
-            with anyio.fail_after(rule.hook_timeout_s):
-                answer = await anyio.to_thread.run_sync(hook, dict(view), abandon_on_cancel=True)
-            return apply_hook_answer(decision, answer)
-        except Exception as exc:  # the hook is user code: any failure means the rule's fallback
-            reason = "timed out" if isinstance(exc, TimeoutError) else f"failed: {type(exc).__name__}: {exc}"
-            logger.warning(
-                "rule %s: hook %s %s; using the fallback action %s",
-                rule.name,
-                rule.hook,
-                reason,
-                rule.fallback,
-            )
-            return replace(
-                decision, action=rule.fallback, why=f"{decision.why}; hook {reason}, fallback {rule.fallback}"
-            )
-
-    async def _ends_here(self, event: InboxEvent, decision: Decision, record: dict[str, object]) -> bool:
-        """Apply ignore / log / approve and the rule's flow control; True when the agent does not run now."""
-        if decision.action == "ignore":
-            logger.info("event %s ignored by rule %s: %s", event.event_id, decision.rule, decision.why)
-            await self.store.decide(event.id, record, "ignored")
-            return True
-        if decision.action == "log":
-            self.process(event)
-            await self.store.decide(event.id, record, "done")
-            return True
-        if decision.action == "approve":
-            logger.warning(
-                "event %s held for approval by rule %s (%s): agentwake approve %s, or deny it",
-                event.event_id,
-                decision.rule,
-                decision.why,
-                event.event_id,
-            )
-            await self.store.decide(event.id, record, "held")
-            return True
-        rule = decision.source
-        if rule is None or not (rule.dedup or rule.rate_limit or rule.debounce):
-            return False
-        score = record.get("injection_score")
-        view = policy_view(event, score if isinstance(score, float) else 0.0)
-        now = self.clock()
-        gate = FlowGate(now=iso_at(now))
-        if rule.dedup:
-            gate = replace(
-                gate,
-                dedup_key=flow_key(view, rule.dedup.key),
-                dedup_since=iso_at(now - timedelta(seconds=rule.dedup.window_s)),
-            )
-        if rule.rate_limit:
-            gate = replace(
-                gate,
-                rate_key=flow_key(view, rule.rate_limit.key),
-                rate_since=iso_at(now - timedelta(seconds=rule.rate_limit.window_s)),
-                rate_max=rule.rate_limit.max,
-            )
-        if rule.debounce:
-            gate = replace(
-                gate,
-                batch_key=flow_key(view, rule.debounce.key),
-                batch_since=iso_at(now - timedelta(seconds=rule.debounce.window_s)),
-                batch_due=iso_at(now + timedelta(seconds=rule.debounce.window_s)),
-                batch_max=rule.debounce.max_events,
-            )
-        outcome = await self.store.flow_gate(event.id, rule.name, record, gate)
-        if outcome.verdict == "run":
-            return False
-        if outcome.verdict == "duplicate":
-            assert rule.dedup is not None
-            why = (
-                f"duplicate: {rule.dedup.key} was seen in event {outcome.other_event_id} (row {outcome.other})"
-                f" within {rule.dedup.window_s:g}s"
-            )
-            logger.info("event %s ignored by rule %s: %s", event.event_id, rule.name, why)
-            await self.store.decide(event.id, {**record, "why": why}, "ignored")
-        elif outcome.verdict == "over_limit":
-            assert rule.rate_limit is not None
-            limit = rule.rate_limit
-            why = f"over the rate limit of {limit.max} per {limit.window_s:g}s" + (
-                f" for {limit.key}" if limit.key else ""
-            )
-            if limit.over_limit == "delay" and outcome.oldest:
-                start = parse_iso(outcome.oldest) or now
-                when = iso_at(start + timedelta(seconds=limit.window_s))
-                logger.info("event %s waits until %s: %s", event.event_id, when, why)
-                await self.store.release(event.id, when)
-            elif limit.over_limit == "ignore":
-                logger.info("event %s ignored by rule %s: %s", event.event_id, rule.name, why)
-                await self.store.decide(event.id, {**record, "why": why}, "ignored")
-            else:
-                self.process(event)
-                await self.store.decide(event.id, {**record, "action": "log", "why": why}, "done")
-        elif outcome.verdict == "batched":
-            logger.info(
-                "event %s joins the batch of event row %s (rule %s)", event.event_id, outcome.other, rule.name
-            )
-        else:
-            logger.info(
-                "event %s opens a batch (rule %s); it runs in %gs",
-                event.event_id,
-                rule.name,
-                gate_window(rule),
-            )
-        return True
-
-    async def _process_forever(self) -> None:
-        requeued = await self.store.requeue_interrupted()
-        if requeued:
-            logger.info("processing: %d event(s) interrupted by a previous stop go again", requeued)
-        while True:
-            batch = await self.store.claim(CLAIM_BATCH)
-            if not batch:
-                with anyio.move_on_after(IDLE_RECHECK_S):
-                    await self._wake.wait()
-                self._wake = anyio.Event()
-                continue
-            done: list[int] = []
-            for event in batch:
-                try:
-                    self.process(event)
-                except AgentwakeError as exc:
-                    logger.error("event %s failed: %s", event.event_id, exc)
-                    await self.store.finish([event.id], "failed", str(exc))
-                    continue
-                done.append(event.id)
-            await self.store.finish(done, "done")
+    async def next_stored(self) -> None:
+        """Return after the next commit that stored new events (from any delivery loop or the receiver)."""
+        await self._stored.wait()
 
 
-__all__ = ["ConnectError", "Supervisor", "log_event"]
+__all__ = ["Supervisor"]

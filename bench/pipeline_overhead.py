@@ -5,8 +5,9 @@
 
 Our overhead is agentwake's real processing path, one event at a time: ``Store.ingest``
 commits the event (a real store on a temp file), the clock starts when it returns, the
-poll loop's wake-up (``Supervisor._notify_new``) reaches ``Supervisor._agent_forever``,
-which claims the event and runs ``AgentRunner.run`` on it (prompt rendering, the run
+poll loop's wake-up (``Worker.wake``) reaches the service's ``Worker``, which claims the
+event, decides it (``agentwake.decide``: sanitizing, policy, flow control) and runs
+``AgentRunner.run`` on it (prompt rendering, the run
 record, ``complete()`` through litellm), and the clock stops when the request arrives at
 the fake OpenAI server (``tests/fake_llm.py`` on loopback, answering ``text("ok")`` at
 once, no tools; an empty ``ConnectionPool``). The next event is ingested only after the
@@ -46,10 +47,13 @@ from agentwake.agent.llm import load_litellm_async  # noqa: E402
 from agentwake.agent.prompts import PromptRenderer  # noqa: E402
 from agentwake.agent.runner import AgentRunner, RunResult  # noqa: E402
 from agentwake.agent.tools import ConnectionPool  # noqa: E402
+from agentwake.clock import now_iso  # noqa: E402
 from agentwake.config import AgentwakeConfig  # noqa: E402
-from agentwake.delivery.poll import subscription_key  # noqa: E402
-from agentwake.store import InboxEvent, IncomingEvent, RunKind, Store, SubscriptionKey, now_iso  # noqa: E402
-from agentwake.supervisor import Supervisor  # noqa: E402
+from agentwake.decide import Outcome  # noqa: E402
+from agentwake.delivery.common import subscription_key  # noqa: E402
+from agentwake.store import IncomingEvent, RunKind, Store, SubscriptionKey  # noqa: E402
+from agentwake.store.sqlite import SqliteStore  # noqa: E402
+from agentwake.worker import Worker  # noqa: E402
 
 DEFAULT_EVENTS: Final = 1000
 DEFAULT_WARMUP: Final = 5
@@ -86,9 +90,9 @@ class SignalingRunner(AgentRunner):
     on_start: Callable[[], None] = lambda: None
     on_finish: Callable[[RunResult], None] = lambda result: None
 
-    async def run(self, event: InboxEvent, *, kind: RunKind = "agent", **options: Any) -> RunResult:
+    async def run(self, outcome: Outcome, *, kind: RunKind = "agent", **options: Any) -> RunResult:
         self.on_start()
-        result = await super().run(event, kind=kind, **options)
+        result = await super().run(outcome, kind=kind, **options)
         self.on_finish(result)
         return result
 
@@ -153,23 +157,23 @@ async def run(count: int, warmup: int) -> Figures:
         async with FakeLLM() as fake:
             config = bench_config(fake.url)
             assert config.agent is not None
-            store = await Store.open(Path(tmpdir) / "agentwake.db")
+            store = await SqliteStore.open(Path(tmpdir) / "agentwake.db")
             try:
                 key = subscription_key(config.subscriptions[0])
                 await store.register(key)
                 pool = ConnectionPool()  # no servers: the runs get no tools
                 runner = SignalingRunner(config, config.agent, store, pool, PromptRenderer(config.agent))
-                # No pool on the supervisor: it would wait for the never-connected server's tools.
-                supervisor = Supervisor(config, store, agent=runner, pool=None)
-                # As `agentwake run` does after start-up (agentwake/cli.py).
+                # No pool on the worker: it would wait for the never-connected server's tools.
+                worker = Worker(config, store, agent=runner, pool=None)
+                # As `agentwake run` does after start-up (agentwake/service.py).
                 gc.collect()
                 gc.freeze()
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(supervisor._agent_forever, runner)
+                    await tg.start(worker.run)
                     litellm = await load_litellm_async()
                     start = time.perf_counter()
                     for n in range(warmup + count):
-                        overhead, wake, messages = await one_event(fake, store, supervisor, runner, key, n)
+                        overhead, wake, messages = await one_event(fake, store, worker, runner, key, n)
                         baseline = await one_bare_call(fake, litellm, config, messages)
                         if n >= warmup:
                             overheads.append(overhead)
@@ -177,7 +181,7 @@ async def run(count: int, warmup: int) -> Figures:
                             bare.append(baseline)
                     seconds = time.perf_counter() - start
                     tg.cancel_scope.cancel()
-                counts = store.state_counts_sync()
+                counts = store.core.state_counts()
                 if counts["done"] != warmup + count:
                     raise BenchFailure(f"{counts['done']} events done, expected {warmup + count}: {counts}")
             finally:
@@ -204,7 +208,7 @@ async def run(count: int, warmup: int) -> Figures:
 async def one_event(
     fake: FakeLLM,
     store: Store,
-    supervisor: Supervisor,
+    worker: Worker,
     runner: SignalingRunner,
     key: SubscriptionKey,
     n: int,
@@ -224,7 +228,7 @@ async def one_event(
     event = ticket(n)
     await store.ingest(key, [event], str(n + 1))
     step.committed = time.perf_counter()
-    supervisor._notify_new(1)  # what PollLoop does right after the commit
+    worker.wake(1)  # what PollLoop does right after the commit
     try:
         with anyio.fail_after(STEP_TIMEOUT_S):
             await step.done.wait()

@@ -6,7 +6,7 @@
 The end-to-end figure is agentwake's real poll path: ``PollLoop`` -> ``ServerConnection``
 (the MCP SDK over a stdio subprocess running ``examples.demo_server``) -> ``Store.ingest``
 (one transaction per batch of ``max_events``). The two baselines insert the very same
-events without any MCP in between: ``Store.ingest_sync`` in a tight loop (the store's own
+events without any MCP in between: ``SqliteCore.ingest`` in a tight loop (the store's own
 cost) and plain ``sqlite3`` ``executemany`` into an identical ``events`` table (SQLite alone).
 Seeding the upstream database is not measured.
 """
@@ -29,13 +29,22 @@ from typing import Any, Final
 import anyio
 import sqlite_utils
 
+from agentwake.clock import now_iso
 from agentwake.config import ServerConfig, SubscriptionConfig
-from agentwake.delivery.poll import PollLoop, subscription_key
+from agentwake.delivery.common import subscription_key
+from agentwake.delivery.poll import PollLoop
 from agentwake.mcp import ServerConnection
-from agentwake.store import INSERT_EVENT_SQL, IncomingEvent, Store, migrations, now_iso
-from examples.demo_server import TicketStore, random_ticket
+from agentwake.store import IncomingEvent
+from agentwake.store.sqlite import SqliteCore, SqliteStore
+from agentwake.store.sqlite.inbox import INSERT_EVENT_SQL
+from agentwake.store.sqlite.schema import migrations
 
 REPO_ROOT: Final = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))  # examples/ is read from the checkout, not installed
+
+from examples.demo_server import TicketStore, random_ticket  # noqa: E402
+
 DEFAULT_EVENTS: Final = 100_000
 DEFAULT_REPEAT: Final = 3
 SEED_BATCH: Final = 10_000
@@ -104,10 +113,10 @@ async def drain(tmp: Path, demo_db: Path, expected: int) -> tuple[float, int, li
     sub = subscription()
     key = subscription_key(sub)
     async with ServerConnection("demo", server_config(demo_db)) as conn:
-        store = await Store.open(tmp / "agentwake.db")
+        store = await SqliteStore.open(tmp / "agentwake.db")
         try:
             await store.register(key)
-            store.ingest_sync(key, [], "0")  # persist cursor "0": replay from the start of the backlog
+            await store.ingest(key, [], "0")  # persist cursor "0": replay from the start of the backlog
             drained = anyio.Event()
 
             async def sleep_when_drained(seconds: float) -> None:
@@ -127,14 +136,14 @@ async def drain(tmp: Path, demo_db: Path, expected: int) -> tuple[float, int, li
                 seconds = time.perf_counter() - start
                 tg.cancel_scope.cancel()
 
-            ids = store.event_ids_sync("tickets")
+            ids = await store.event_ids("tickets")
             if len(ids) != expected or len(set(ids)) != expected:
                 raise BenchFailure(
                     f"the store holds {len(ids)} events ({len(set(ids))} distinct) after the drain,"
                     f" expected {expected}"
                 )
             # Oldest first: the same events, in the same order, the poll loop ingested.
-            inbox = store.inbox_sync(expected)[::-1]
+            inbox = (await store.inbox(expected))[::-1]
             events = [IncomingEvent(r["event_id"], r["event"], r["timestamp"], r["data"]) for r in inbox]
         finally:
             await store.close()
@@ -146,21 +155,21 @@ def batches(events: list[IncomingEvent]) -> list[list[IncomingEvent]]:
 
 
 def baseline_store(path: Path, events: list[IncomingEvent]) -> float:
-    """Store.ingest_sync of the same batches, one transaction each, no MCP and no threads."""
+    """SqliteCore.ingest of the same batches, one transaction each, no MCP and no threads."""
     key = subscription_key(subscription())
-    store = Store.open_sync(path)
+    store = SqliteCore.open(path)
     try:
-        store.register_sync(key)
+        store.register(key)
         chunks = batches(events)
         start = time.perf_counter()
         done = 0
         for chunk in chunks:
             done += len(chunk)
-            store.ingest_sync(key, chunk, str(done))
+            store.ingest(key, chunk, str(done))
         seconds = time.perf_counter() - start
-        count = len(store.event_ids_sync("tickets"))
+        count = len(store.event_ids("tickets"))
     finally:
-        store.close_sync()
+        store.close()
     if count != len(events):
         raise BenchFailure(f"baseline store holds {count} events, expected {len(events)}")
     return seconds
@@ -264,7 +273,7 @@ def report(f: Figures) -> None:
     print(f"drain time:                     {f.seconds:.3f} s")
     print(f"end-to-end over stdio:          {f.events_per_s:,.0f} events/s")
     print(
-        f"baseline, Store.ingest_sync:    {f.baseline_store_events_per_s:,.0f} events/s"
+        f"baseline, SqliteCore.ingest:    {f.baseline_store_events_per_s:,.0f} events/s"
         f" ({f.baseline_store_seconds:.3f} s)"
     )
     print(

@@ -76,6 +76,7 @@ if str(REPO_ROOT) not in sys.path:
 from agentwake import signing  # noqa: E402
 from agentwake.config import WebhookConfig  # noqa: E402
 from agentwake.store import Store, SubscriptionKey  # noqa: E402
+from agentwake.store.sqlite import SqliteCore, SqliteStore  # noqa: E402
 
 DEFAULT_SECONDS: Final = 10.0
 DEFAULT_WARMUP: Final = 1.0
@@ -363,7 +364,7 @@ async def serve_real(db: Path, cert: Path | None, key: Path | None) -> None:
     """The real receiver and store, as `agentwake run` sets them up, until stdin closes."""
     from agentwake.delivery.receiver import Receiver, WebhookRoutes
 
-    store = await Store.open(db)
+    store = await SqliteStore.open(db)
     try:
         subscription = SubscriptionKey(SUBSCRIPTION, SERVER, EVENT, {})
         await store.register(subscription)
@@ -574,11 +575,11 @@ async def run_side(setup: Setup, kind: str, deliveries: Deliveries, db: Path | N
 
 def count_rows(db: Path, accepted: set[int], counts: dict[str, int]) -> tuple[int, int]:
     """The events in the store, checked against the 2xx answers: (rows, duplicates the receiver counted)."""
-    store = Store.open_sync(db)
+    store = SqliteCore.open(db)
     try:
-        ids = store.event_ids_sync(SUBSCRIPTION)
+        ids = store.event_ids(SUBSCRIPTION)
     finally:
-        store.close_sync()
+        store.close()
     stored = {event_number(i) for i in ids}
     lost = accepted - stored
     phantom = stored - accepted

@@ -15,12 +15,16 @@ import pytest
 from conftest import demo_stdio
 from fake_llm import FakeLLM
 
-from agentwake.agent.runner import AgentRunner
+from agentwake.agent.runner import AgentRunner, RunResult
 from agentwake.agent.tools import ConnectionPool
+from agentwake.clock import utc_now
 from agentwake.config import AgentwakeConfig, parse_config
-from agentwake.delivery.poll import subscription_key
+from agentwake.decide import decide
+from agentwake.delivery.common import subscription_key
 from agentwake.mcp import ServerConnection
-from agentwake.store import InboxEvent, IncomingEvent, Store
+from agentwake.policy import Policy
+from agentwake.store import InboxEvent, IncomingEvent, RunKind, Store
+from agentwake.store.sqlite import SqliteStore
 
 KEY_ENV = "AGENTWAKE_TEST_LLM_KEY"
 
@@ -82,6 +86,15 @@ class Rig:
         [claimed] = await self.store.claim(1)
         return claimed
 
+    async def run(
+        self, runner: AgentRunner, event: InboxEvent | None = None, *, kind: RunKind = "agent"
+    ) -> RunResult:
+        """Decide the event (or the ticket) as the service does, with no policy files, and run the agent on it."""
+        event = event or await self.event()
+        outcome = await decide(event, config=runner.config, policy=Policy(), now=utc_now(), flow=None)
+        assert outcome.verdict == "run", outcome.why
+        return await runner.run(outcome, kind=kind)
+
     def comments(self) -> list[str]:
         with sqlite3.connect(self.demo_db) as db:
             return [
@@ -95,7 +108,7 @@ class Rig:
             )
 
     def stored(self) -> dict[str, Any]:
-        [event] = self.store.find_events_sync(self.ticket["id"])
+        [event] = self.store.core.find_events(self.ticket["id"])
         return event
 
 
@@ -109,7 +122,7 @@ async def build_rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIte
             ticket = dict(db.execute("SELECT * FROM tickets ORDER BY seq LIMIT 1").fetchone())
         pool = ConnectionPool()
         await pool.attach(conn)
-        store = await Store.open(tmp_path / "aw.db")
+        store = await SqliteStore.open(tmp_path / "aw.db")
         try:
             yield Rig(fake, store, pool, demo_db, tmp_path, ticket)
         finally:

@@ -29,6 +29,7 @@ from agentwake.config import WebhookConfig
 from agentwake.delivery.receiver import OnTerminated, Receiver, WebhookRoutes
 from agentwake.errors import StoreError
 from agentwake.store import Store, SubscriptionKey, WebhookDelivery
+from agentwake.store.sqlite import SqliteStore
 
 SUB_ID = "sub_abc"
 KEY = SubscriptionKey("tickets", "demo", "ticket.created", {})
@@ -142,14 +143,14 @@ class _MeteredRequest:
     content_length: int | None
 
 
-class FailingStore(Store):
+class FailingStore(SqliteStore):
     """A Store whose inbox writes fail the way a full disk or a broken database does."""
 
     async def ingest_deliveries(self, deliveries: Sequence[WebhookDelivery]) -> list[Any]:
         raise StoreError(f"store {self.path}: database or disk is full")
 
 
-class GatedStore(Store):
+class GatedStore(SqliteStore):
     """A Store that records each group commit's size and holds the first one until ``gate`` is set."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -17,6 +17,7 @@ import pytest
 
 from agentwake.config import ServerConfig
 from agentwake.store import Store
+from agentwake.store.sqlite import SqliteStore
 
 REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -48,7 +49,7 @@ def demo_stdio(db: Path, **env: str) -> ServerConfig:
 
 @pytest.fixture
 async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    opened = await Store.open(tmp_path / "agentwake.db")
+    opened = await SqliteStore.open(tmp_path / "agentwake.db")
     try:
         yield opened
     finally:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -36,17 +37,22 @@ from agentwake import cli
 from agentwake.agent.runner import AgentRunner, RunResult
 from agentwake.agent.tools import ConnectionPool
 from agentwake.cli import app
+from agentwake.clock import utc_now
 from agentwake.config import AgentwakeConfig, load_config
+from agentwake.decide import decide
 from agentwake.delivery.poll import subscription_key
 from agentwake.mcp import ServerConnection
+from agentwake.service import load_service_policy
 from agentwake.store import (
     EventVerdict,
     IncomingEvent,
     RunProgress,
-    Store,
     SubscriptionKey,
     ToolCallRecord,
+    open_store,
 )
+from agentwake.store.sqlite import SqliteCore
+from agentwake.worker import Worker
 
 runner = CliRunner()
 KEY_ENV = "AGENTWAKE_TEST_LLM_KEY"
@@ -62,7 +68,9 @@ def flat(text: str) -> str:
     return " ".join(text.split())
 
 
-def write_config(folder: Path, api_base: str, *, agent: bool = True) -> Path:
+def write_config(
+    folder: Path, api_base: str, *, agent: bool = True, prompts: Path = REPO / "prompts"
+) -> Path:
     demo = demo_stdio(folder / "demo.db", DEMO_BACKLOG="1")
     env = ", ".join(f"{k} = {json.dumps(v)}" for k, v in demo.env.items())
     agent_section = f"""
@@ -70,7 +78,7 @@ def write_config(folder: Path, api_base: str, *, agent: bool = True) -> Path:
 model = "openai/fake"
 api_base = {json.dumps(api_base)}
 api_key_env = "{KEY_ENV}"
-prompts = {json.dumps(str(REPO / "prompts"))}
+prompts = {json.dumps(str(prompts))}
 llm_retries = 0
 max_steps = 4
 timeout_s = 60
@@ -138,7 +146,7 @@ async def run_agent_once(config: Path, script: Callable[..., None]) -> AgentRun:
     cfg = load_config(config)
     sub = cfg.subscription("tickets")
     key: SubscriptionKey = subscription_key(sub)
-    store = await Store.open(cfg.store.path)
+    store = await open_store(cfg.store)
     try:
         await store.register(key)
         pool = ConnectionPool(call_timeout_s=30)
@@ -150,7 +158,11 @@ async def run_agent_once(config: Path, script: Callable[..., None]) -> AgentRun:
             await store.ingest(key, [IncomingEvent(ticket_id, "ticket.created", TIMESTAMP, data)], "1")
             [event] = await store.claim(1)
             script(tool_calls(("demo__add_comment", {"ticket_id": ticket_id, "body": COMMENT})), text(FINAL))
-            result = await AgentRunner.build(cfg, store, pool).run(event)
+            # As the service's worker does: decide, then run what was decided.
+            outcome = await decide(
+                event, config=cfg, policy=load_service_policy(cfg), now=utc_now(), flow=store
+            )
+            result = await AgentRunner.build(cfg, store, pool).run(outcome)
     finally:
         await store.close()
     return AgentRun(config, demo_db(cfg), ticket_id, title, result)
@@ -273,7 +285,7 @@ def test_the_read_only_commands_do_not_import_litellm(shared_run: AgentRun) -> N
     [
         ("actions", ["--limit", "-n", "--json", "--config", "newest first"]),
         ("show", ["event_id", "The eventId", "--server", "--json", "--config", "transcript"]),
-        ("replay", ["event_id", "stored event", "--dry-run", "--server", "--config", "planned"]),
+        ("replay", ["event_id", "stored event", "--dry-run", "--force", "--server", "--config", "planned"]),
     ],
 )
 def test_the_agent_commands_have_help_text(command: str, mentions: list[str]) -> None:
@@ -378,7 +390,7 @@ def test_show_prints_the_data_the_decision_and_the_transcript(shared_run: AgentR
     assert "ticket.created from demo (subscription tickets)" in text_
     assert "state: done, attempts: 1" in text_
     assert flat(json.dumps(shared_run.title)) in text_  # the event data
-    assert "decision: agent: subscription 'tickets' wakes the agent" in text_
+    assert "decision: agent: rule 'default': no policy rules" in text_
     assert "model: openai/fake; allowed tools: demo__add_comment" in text_
     assert "steps: 2, tokens: 20 in / 10 out" in text_
     # The transcript: the tool call the model asked for, the result, the final answer.
@@ -421,12 +433,12 @@ def test_show_of_an_unknown_event_says_so(shared_run: AgentRun) -> None:
 
 def test_show_asks_for_the_server_when_an_id_is_on_several(tmp_path: Path) -> None:
     config = write_config(tmp_path, "http://127.0.0.1:9/v1", agent=False)
-    store = Store.open_sync(tmp_path / "aw.db")
+    store = SqliteCore.open(tmp_path / "aw.db")
     for server in ("demo", "mirror"):
         key = SubscriptionKey(f"tickets-{server}", server, "ticket.created", {})
-        store.register_sync(key)
-        store.ingest_sync(key, [IncomingEvent("T-1", "ticket.created", TIMESTAMP, {"from": server})], "1")
-    store.close_sync()
+        store.register(key)
+        store.ingest(key, [IncomingEvent("T-1", "ticket.created", TIMESTAMP, {"from": server})], "1")
+    store.close()
     result = invoke("show", "T-1", "-c", str(config))
     assert result.exit_code == 2
     assert "event id 'T-1' is on several servers (demo, mirror); pass --server" in flat(result.output)
@@ -441,12 +453,12 @@ BRACKETED = "unexpected token [/INST] near [bold]"
 def store_with_bracketed_text(folder: Path) -> Path:
     """An event whose data, and a failed run whose reason, hold text that looks like rich markup."""
     config = write_config(folder, "http://127.0.0.1:9/v1")
-    store = Store.open_sync(folder / "aw.db")
+    store = SqliteCore.open(folder / "aw.db")
     key = SubscriptionKey("tickets", "demo", "ticket.created", {"queue": "support"})
-    store.register_sync(key)
-    store.ingest_sync(key, [IncomingEvent("T-1", "ticket.created", TIMESTAMP, {"title": BRACKETED})], "1")
-    [event] = store.claim_sync(1)
-    run_id = store.start_run_sync(
+    store.register(key)
+    store.ingest(key, [IncomingEvent("T-1", "ticket.created", TIMESTAMP, {"title": BRACKETED})], "1")
+    [event] = store.claim(1)
+    run_id = store.start_run(
         event.id,
         kind="agent",
         attempt=1,
@@ -456,7 +468,7 @@ def store_with_bracketed_text(folder: Path) -> Path:
         user_prompt=None,
     )
     reason = f"LLM call failed: BadRequestError: {BRACKETED}"
-    store.finish_run_sync(
+    store.finish_run(
         run_id,
         status="failed",
         reason=reason,
@@ -464,7 +476,7 @@ def store_with_bracketed_text(folder: Path) -> Path:
         duration_ms=5,
         verdict=EventVerdict("failed", reason),
     )
-    store.close_sync()
+    store.close()
     return config
 
 
@@ -489,10 +501,10 @@ def test_the_json_output_keeps_text_that_looks_like_markup(tmp_path: Path) -> No
 
 def test_actions_lists_a_refused_tool_name_as_the_model_gave_it(tmp_path: Path) -> None:
     config = store_with_bracketed_text(tmp_path)
-    store = Store.open_sync(tmp_path / "aw.db")
+    store = SqliteCore.open(tmp_path / "aw.db")
     call = ToolCallRecord(1, "call_1", "close every ticket", None, None, {}, "refused", "refused", 0)
-    store.record_progress_sync(1, RunProgress([], 1, 0, 0, None), [call])
-    store.close_sync()
+    store.record_progress(1, RunProgress([], 1, 0, 0, None), [call])
+    store.close()
     [action] = as_json("actions", "-c", str(config))
     assert (action["tool_calls"], action["refused"]) == (1, 1)
     assert action["tools"] == ["close every ticket"]
@@ -532,6 +544,17 @@ def test_replay_dry_run_plans_the_call_and_sends_nothing(agent_run: AgentRun, ll
     assert result.exit_code == 0, result.output
     text_ = flat(result.output)
     assert "(dry_run, attempt 1): completed" in text_
+    # The decision and the plan come first, then the transcript.
+    for line in (
+        "verdict: run",
+        "rule: default",
+        "why: no policy rules",
+        "model: openai/fake",
+        "allowed tools: demo__add_comment",
+        "prompts: system system.md.j2, user ticket.created.md.j2",
+    ):
+        assert line in text_, line
+    assert text_.index("verdict: run") < text_.index("prompts: system") < text_.index("(dry_run, attempt 1)")
     assert "dry run: 1 planned tool call(s), none sent:" in text_
     assert f'demo__add_comment({{"ticket_id": "{ticket_id}", "body": "second thoughts"}})' in text_
     assert "I would add a comment." in text_
@@ -594,9 +617,126 @@ def test_replay_that_fails_exits_non_zero_with_the_reason(agent_run: AgentRun, l
     assert (row["runs_failed"], row["events_done"], row["last_failure"]) == (0, 1, None)
 
 
+HOLD_TICKETS = """
+[[rules]]
+name = "hold-tickets"
+action = "approve"
+tools = ["demo__get_ticket"]
+prompt = "held.md.j2"
+model = "openai/held-model"
+match.event = "ticket.created"
+"""
+SKIP_TICKETS = """
+[[rules]]
+name = "skip-tickets"
+action = "ignore"
+match.event = "ticket.created"
+"""
+HELD_TEMPLATE = "Held ticket {{ event.id }}, approved by a person.\n\n{{ event.data_block }}\n"
+
+
+async def decide_one_ticket(config: Path) -> None:
+    """Store ticket T-1 and let the service's worker decide it (no agent: it is held or ignored here)."""
+    cfg = load_config(config)
+    store = await open_store(cfg.store)
+    try:
+        key = subscription_key(cfg.subscription("tickets"))
+        await store.register(key)
+        data = {"ticketId": "T-1", "queue": "support", "title": "Printer on fire"}
+        await store.ingest(key, [IncomingEvent("T-1", "ticket.created", TIMESTAMP, data)], "1")
+        [event] = await store.claim(1)
+        await Worker(cfg, store, policy=load_service_policy(cfg)).handle(event)
+    finally:
+        await store.close()
+
+
+def decided_by(folder: Path, llm: BackgroundLLM, policy: str) -> Path:
+    """A config with this policy file (and a held.md.j2 prompt), whose store holds T-1 as the policy decided it."""
+    prompts = folder / "prompts"
+    shutil.copytree(REPO / "prompts", prompts)
+    (prompts / "held.md.j2").write_text(HELD_TEMPLATE)
+    (folder / "policies").mkdir()
+    (folder / "policies" / "10-test.toml").write_text(policy)
+    config = write_config(folder, llm.fake.url, prompts=prompts)
+    anyio.run(decide_one_ticket, config)
+    return config
+
+
+def offered_tools(request: dict[str, Any]) -> list[str]:
+    return [t["function"]["name"] for t in request.get("tools") or []]
+
+
+@pytest.fixture
+def held(tmp_path: Path, llm: BackgroundLLM, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The config of a store where an approve rule holds T-1."""
+    monkeypatch.setenv(KEY_ENV, "sk-test")
+    config = decided_by(tmp_path, llm, HOLD_TICKETS)
+    assert as_json("show", "T-1", "-c", str(config))["state"] == "held"
+    return config
+
+
+def test_replay_of_an_event_held_for_approval_is_refused_naming_the_rule(
+    held: Path, llm: BackgroundLLM
+) -> None:
+    result = invoke("replay", "T-1", "-c", str(held))
+    assert result.exit_code == 1
+    text_ = flat(result.output)
+    assert "error: event 'T-1' is held for approval by rule 'hold-tickets'" in text_
+    assert "agentwake approve T-1" in text_ and "pass --force" in text_
+    assert llm.requests() == []  # refused before any LLM call
+    assert as_json("actions", "-c", str(held)) == []
+
+
+@LITELLM_MODELS
+def test_replay_with_force_runs_a_held_event_with_its_rules_tools(held: Path, llm: BackgroundLLM) -> None:
+    llm.script(text("I only looked."))
+    result = invoke("replay", "T-1", "--force", "-c", str(held))
+    assert result.exit_code == 0, result.output
+    text_ = flat(result.output)
+    assert "verdict: run (forced past the policy with --force)" in text_
+    assert "rule: hold-tickets (10-test.toml:2)" in text_ and "forced past hold" in text_
+    [request] = llm.requests()
+    assert offered_tools(request) == ["demo__get_ticket"]  # the rule's, not the subscription's
+    event = as_json("show", "T-1", "-c", str(held))
+    assert event["state"] == "held"  # a replay leaves the event as it was
+    assert [(r["kind"], r["status"]) for r in event["runs"]] == [("replay", "completed")]
+
+
+@LITELLM_MODELS
+def test_an_approved_event_replays_with_its_rules_tools_prompt_and_model(
+    held: Path, llm: BackgroundLLM
+) -> None:
+    assert invoke("approve", "T-1", "-c", str(held)).exit_code == 0
+    llm.script(text("Looked at it."))
+    result = invoke("replay", "T-1", "-c", str(held))
+    assert result.exit_code == 0, result.output
+    text_ = flat(result.output)
+    assert "verdict: run" in text_ and "forced" not in text_
+    assert "rule: hold-tickets" in text_ and "approved by a person" in text_
+    assert "model: openai/held-model" in text_
+    assert "prompts: system system.md.j2, user held.md.j2" in text_
+    [request] = llm.requests()
+    assert request["model"] == "held-model"
+    assert offered_tools(request) == ["demo__get_ticket"]
+    assert "Held ticket T-1, approved by a person." in request["messages"][1]["content"]
+
+
+def test_replay_of_an_ignored_event_is_refused(
+    tmp_path: Path, llm: BackgroundLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(KEY_ENV, "sk-test")
+    config = decided_by(tmp_path, llm, SKIP_TICKETS)
+    assert as_json("show", "T-1", "-c", str(config))["state"] == "ignored"
+    result = invoke("replay", "T-1", "-c", str(config))
+    assert result.exit_code == 1
+    text_ = flat(result.output)
+    assert "is not run by the policy: ignore by rule 'skip-tickets'" in text_ and "pass --force" in text_
+    assert llm.requests() == []
+
+
 def test_replay_of_an_unknown_event_says_so(tmp_path: Path) -> None:
     config = write_config(tmp_path, "http://127.0.0.1:9/v1")
-    Store.open_sync(tmp_path / "aw.db").close_sync()
+    SqliteCore.open(tmp_path / "aw.db").close()
     result = invoke("replay", "T-404", "-c", str(config))
     assert result.exit_code == 1
     assert "no event with id 'T-404' in the inbox" in flat(result.output)

@@ -24,8 +24,8 @@ from conftest import QUIET_DEMO, REPO
 from fake_llm import FakeLLM, hold, text, tool_calls
 
 from agentwake.config import load_config
-from agentwake.delivery.poll import subscription_key
-from agentwake.store import Store
+from agentwake.delivery.common import subscription_key
+from agentwake.store.sqlite import SqliteCore
 from examples.demo_server import TicketStore, random_ticket
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -93,11 +93,11 @@ tools = ["demo__add_comment"]
     config = load_config(path)
     # Persist cursor "0" as an earlier run would have: the demo's one ticket is delivered on start
     # (a null cursor bootstraps at the head and replays nothing).
-    store = Store.open_sync(config.store.path)
+    store = SqliteCore.open(config.store.path)
     key = subscription_key(config.subscriptions[0])
-    store.register_sync(key)
-    store.ingest_sync(key, [], "0")
-    store.close_sync()
+    store.register(key)
+    store.ingest(key, [], "0")
+    store.close()
     return Paths(path, config.store.path, demo_db)
 
 
@@ -173,11 +173,11 @@ async def service(paths: Paths) -> AsyncIterator[Service]:
 
 
 def stored_event(paths: Paths, event_id: str) -> dict[str, Any]:
-    store = Store.open_sync(paths.store)
+    store = SqliteCore.open(paths.store)
     try:
-        [event] = store.find_events_sync(event_id)
+        [event] = store.find_events(event_id)
     finally:
-        store.close_sync()
+        store.close()
     return event
 
 

@@ -21,9 +21,11 @@ from fake_llm import error, hold, text, tool_calls
 from agentwake.agent.runner import AgentRunner
 from agentwake.agent.tools import ConnectionPool
 from agentwake.config import parse_config
-from agentwake.delivery.poll import subscription_key
-from agentwake.store import IncomingEvent, Store
+from agentwake.delivery.common import subscription_key
+from agentwake.store import IncomingEvent
+from agentwake.store.sqlite import SqliteStore
 from agentwake.supervisor import Supervisor
+from agentwake.worker import Worker
 
 pytestmark = pytest.mark.anyio
 
@@ -38,7 +40,7 @@ async def test_the_event_reaches_the_llm_fenced_and_its_tool_call_changes_the_se
         tool_calls(("demo__add_comment", {"ticket_id": rig.ticket["id"], "body": "triaged: printer, P2"})),
         text("Added a triage comment."),
     )
-    result = await runner.run(await rig.event())
+    result = await rig.run(runner)
 
     assert (result.status, result.event_state) == ("completed", "done")
     first = rig.fake.requests[0]
@@ -86,7 +88,7 @@ async def test_a_tool_outside_the_allowlist_is_refused_recorded_and_never_sent(r
         tool_calls(("demo__close_ticket", {"ticket_id": rig.ticket["id"]})),
         text("I was not allowed to close it."),
     )
-    result = await runner.run(await rig.event())
+    result = await rig.run(runner)
 
     assert result.status == "completed"
     assert tool_names(rig.fake.requests[0]) == ["demo__get_ticket"]
@@ -102,7 +104,7 @@ async def test_no_tools_by_default(rig: Rig) -> None:
     rig.fake.script(
         tool_calls(("demo__add_comment", {"ticket_id": rig.ticket["id"], "body": "x"})), text("done")
     )
-    await runner.run(await rig.event())
+    await rig.run(runner)
     assert "tools" not in rig.fake.requests[0]
     assert rig.comments() == []
     assert rig.stored()["runs"][0]["tool_calls"][0]["status"] == "refused"
@@ -118,7 +120,7 @@ async def test_parallel_tool_calls_all_run_and_answer_in_order(rig: Rig) -> None
         ),
         text("done"),
     )
-    await runner.run(await rig.event())
+    await rig.run(runner)
     messages = rig.fake.requests[1]["messages"]
     ids = [c["id"] for c in messages[2]["tool_calls"]]
     assert [m["tool_call_id"] for m in messages[3:6]] == ids
@@ -131,7 +133,7 @@ async def test_parallel_tool_calls_all_run_and_answer_in_order(rig: Rig) -> None
 async def test_transient_llm_errors_are_retried(rig: Rig) -> None:
     runner = rig.runner(tools=[])
     rig.fake.script(error(429, "slow down", type="rate_limit_error"), error(503, "overloaded"), text("fine"))
-    result = await runner.run(await rig.event())
+    result = await rig.run(runner)
     assert (result.status, result.event_state, result.final_text) == ("completed", "done", "fine")
     assert len(rig.fake.requests) == 3
 
@@ -157,7 +159,7 @@ async def test_permanent_llm_errors_fail_the_event_at_once_with_the_reason(
 ) -> None:
     runner = rig.runner(tools=[])
     rig.fake.script(reply)
-    result = await runner.run(await rig.event())
+    result = await rig.run(runner)
     assert (result.status, result.event_state) == ("failed", "failed")
     assert len(rig.fake.requests) == 1  # not retried
     assert expected in (result.reason or "")
@@ -169,11 +171,11 @@ async def test_permanent_llm_errors_fail_the_event_at_once_with_the_reason(
 async def test_an_event_that_keeps_failing_stops_after_max_attempts(rig: Rig) -> None:
     runner = rig.runner(tools=[], llm_retries=0, max_attempts=2)
     rig.fake.responder = lambda body: error(500, "down")
-    first = await runner.run(await rig.event())
+    first = await rig.run(runner)
     assert (first.status, first.event_state) == ("failed", "pending")
     [again] = await rig.store.claim(1)
     assert again.attempts == 2
-    second = await runner.run(again)
+    second = await rig.run(runner, again)
     assert (second.status, second.event_state) == ("failed", "failed")
     assert "gave up after 2 attempt(s)" in rig.stored()["last_error"]
     assert await rig.store.claim(1) == []
@@ -182,7 +184,7 @@ async def test_an_event_that_keeps_failing_stops_after_max_attempts(rig: Rig) ->
 async def test_max_steps_stops_a_runaway_loop(rig: Rig) -> None:
     runner = rig.runner(tools=["demo__get_ticket"], max_steps=3)
     rig.fake.responder = lambda body: tool_calls(("demo__get_ticket", {"ticket_id": rig.ticket["id"]}))
-    result = await runner.run(await rig.event())
+    result = await rig.run(runner)
     assert (result.status, result.event_state) == ("failed", "failed")
     assert "max_steps=3" in (result.reason or "")
     assert len(rig.fake.requests) == 3
@@ -192,7 +194,7 @@ async def test_max_steps_stops_a_runaway_loop(rig: Rig) -> None:
 async def test_the_wall_clock_timeout_stops_a_run(rig: Rig) -> None:
     runner = rig.runner(tools=[], timeout_s=0.5)
     rig.fake.script(hold())
-    result = await runner.run(await rig.event())
+    result = await rig.run(runner)
     assert (result.status, result.event_state) == ("failed", "failed")
     assert "timed out after 0.5s" in (result.reason or "")
     rig.fake.release()
@@ -205,7 +207,7 @@ async def test_dry_run_replay_plans_tool_calls_and_sends_none(rig: Rig) -> None:
         text("planned"),
     )
     event = await rig.event()
-    result = await runner.run(event, kind="dry_run")
+    result = await rig.run(runner, event, kind="dry_run")
     assert result.status == "completed" and result.event_state is None
     assert rig.comments() == []
     [call] = result.tool_calls
@@ -228,14 +230,14 @@ async def test_the_service_runs_the_agent_on_new_events(rig: Rig) -> None:
     sub = cfg.subscriptions[0]
     key = subscription_key(sub)
     await rig.store.register(key)
-    supervisor = Supervisor(cfg, rig.store, agent=runner, pool=rig.pool)
+    worker = Worker(cfg, rig.store, agent=runner, pool=rig.pool)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(supervisor._agent_forever, runner)
+        await tg.start(worker.run)
         data = {"ticketId": rig.ticket["id"], "title": rig.ticket["title"]}
         await rig.store.ingest(
             key, [IncomingEvent(rig.ticket["id"], "ticket.created", rig.ticket["created_at"], data)], "1"
         )
-        supervisor._notify_new(1)
+        worker.wake(1)
         with anyio.fail_after(30):
             while rig.stored()["state"] != "done":
                 await rig.fake.wait_for_requests(2)
@@ -263,10 +265,10 @@ async def test_tools_are_listed_again_when_the_server_says_they_changed(
         },
         env={},
     )
-    store = await Store.open(tmp_path / "aw.db")
+    store = await SqliteStore.open(tmp_path / "aw.db")
     pool = ConnectionPool()
     try:
-        supervisor = Supervisor(cfg, store, pool=pool, processing=False)
+        supervisor = Supervisor(cfg, store, pool=pool)
         async with anyio.create_task_group() as tg:
             tg.start_soon(supervisor.run)
             with anyio.fail_after(20):
@@ -285,7 +287,7 @@ async def test_cost_comes_from_the_offline_price_map_when_the_model_is_known(rig
     # A known model name, served by the fake: litellm prices its usage from its bundled map.
     runner = rig.runner(tools=[], model="openai/gpt-4o-mini")
     rig.fake.script(text("fine", prompt_tokens=1000, completion_tokens=100))
-    result = await runner.run(await rig.event())
+    result = await rig.run(runner)
     assert result.status == "completed"
     [run] = rig.stored()["runs"]
     assert run["model"] == "openai/gpt-4o-mini"
@@ -296,5 +298,5 @@ async def test_cost_comes_from_the_offline_price_map_when_the_model_is_known(rig
 async def test_an_unknown_model_has_no_cost_rather_than_a_wrong_one(rig: Rig) -> None:
     runner = rig.runner(tools=[])
     rig.fake.script(text("fine"))
-    await runner.run(await rig.event())
+    await rig.run(runner)
     assert rig.stored()["runs"][0]["cost_usd"] is None

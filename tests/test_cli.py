@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 
 from agentwake import signing
 from agentwake.cli import PlainTable, app, print_status, print_table
-from agentwake.store import IncomingEvent, Store, SubscriptionKey
+from agentwake.store import IncomingEvent, SubscriptionKey
+from agentwake.store.sqlite import SqliteCore
 
 runner = CliRunner()
 COMMANDS = ["run", "check", "events", "status", "inbox", "rotate-secret"]
@@ -131,12 +132,12 @@ def test_events_lists_types_with_modes_and_arguments(tmp_path: Path) -> None:
 
 
 def seeded_store(config: Path) -> None:
-    store = Store.open_sync(config.parent / "aw.db")
+    store = SqliteCore.open(config.parent / "aw.db")
     key = SubscriptionKey("tickets", "demo", "ticket.created", {"queue": "support"})
-    store.register_sync(key)
+    store.register(key)
     event = IncomingEvent("T-000001", "ticket.created", "2026-01-01T00:00:00Z", {"ticketId": "T-000001"})
-    store.ingest_sync(key, [event, event], "1")
-    store.close_sync()
+    store.ingest(key, [event, event], "1")
+    store.close()
 
 
 def test_status_json_has_the_documented_fields(tmp_path: Path) -> None:
@@ -165,6 +166,16 @@ def test_status_json_has_the_documented_fields(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.anyio
+async def test_a_command_run_from_inside_an_event_loop_still_reads_the_store(tmp_path: Path) -> None:
+    # A program (or a test) may call the CLI from async code; the CLI's own loop must not clash with it.
+    config = demo_config(tmp_path, TICKETS)
+    seeded_store(config)
+    result = runner.invoke(app, ["inbox", "--json", "-c", str(config)])
+    assert result.exit_code == 0, result.output
+    assert [row["event_id"] for row in json.loads(result.output)] == ["T-000001"]
+
+
 def test_inbox_json_has_the_documented_fields(tmp_path: Path) -> None:
     config = demo_config(tmp_path, TICKETS)
     seeded_store(config)
@@ -180,10 +191,10 @@ def status_rows_with_a_webhook(tmp_path: Path) -> list[dict[str, object]]:
     """`status --json` rows for a store holding a subscribed webhook with a failing delivery."""
     config = demo_config(tmp_path, TICKETS)
     seeded_store(config)
-    store = Store.open_sync(config.parent / "aw.db")
+    store = SqliteCore.open(config.parent / "aw.db")
     key = SubscriptionKey("tickets", "demo", "ticket.created", {"queue": "support"})
-    record = store.prepare_webhook_sync(key, "https://hooks.example.com/tickets", signing.generate_secret())
-    store.webhook_subscribed_sync(
+    record = store.prepare_webhook(key, "https://hooks.example.com/tickets", signing.generate_secret())
+    store.webhook_subscribed(
         "tickets",
         webhook_id="sub_a3f1c8e2b0d49f7e",
         sent_secret=record.secret,
@@ -191,8 +202,8 @@ def status_rows_with_a_webhook(tmp_path: Path) -> list[dict[str, object]]:
         delivery_status={"active": False, "lastError": "http_4xx"},
         previous_until="2026-12-02T12:10:00.000Z",
     )
-    store.set_state_sync("tickets", status="failed", mode="webhook", error="[red]server said no[/red]")
-    store.close_sync()
+    store.set_state("tickets", status="failed", mode="webhook", error="[red]server said no[/red]")
+    store.close()
     result = runner.invoke(app, ["status", "--json", "-c", str(config)])
     assert result.exit_code == 0, result.output
     rows: list[dict[str, object]] = json.loads(result.output)

@@ -13,8 +13,8 @@ import pytest
 from conftest import QUIET_DEMO, REPO
 
 from agentwake.config import load_config
-from agentwake.delivery.poll import subscription_key
-from agentwake.store import Store
+from agentwake.delivery.common import subscription_key
+from agentwake.store.sqlite import SqliteCore
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 BACKLOG = 30_000
@@ -39,6 +39,7 @@ path = "aw.db"
 [servers.demo]
 command = "{sys.executable}"
 args = ["-m", "examples.demo_server"]
+cwd = "{REPO}"
 env = {{ {env} }}
 
 [[subscriptions]]
@@ -99,23 +100,23 @@ async def test_sigkill_mid_drain_then_restart_stores_every_event_exactly_once(
     midway, done = MARKERS[delivery]
     config_path = write_config(tmp_path, delivery)
     config = load_config(config_path)
-    seeded = Store.open_sync(config.store.path)
+    seeded = SqliteCore.open(config.store.path)
     key = subscription_key(config.subscriptions[0])
-    seeded.register_sync(key)
-    seeded.ingest_sync(key, [], "0")  # start from the beginning of the backlog
-    seeded.close_sync()
+    seeded.register(key)
+    seeded.ingest(key, [], "0")  # start from the beginning of the backlog
+    seeded.close()
 
     await run_until(config_path, midway, kill=True)
-    after_kill = Store.open_sync(config.store.path)
-    partial = len(after_kill.event_ids_sync())
-    after_kill.close_sync()
+    after_kill = SqliteCore.open(config.store.path)
+    partial = len(after_kill.event_ids())
+    after_kill.close()
     assert 0 < partial < BACKLOG, "the kill should land mid-drain"
 
     await run_until(config_path, done, kill=False)
-    final = Store.open_sync(config.store.path)
-    ids = final.event_ids_sync()
-    [status] = final.subscriptions_sync()
-    final.close_sync()
+    final = SqliteCore.open(config.store.path)
+    ids = final.event_ids()
+    [status] = final.subscriptions()
+    final.close()
     assert ids == [f"T-{n:06d}" for n in range(1, BACKLOG + 1)]
     assert status["events_received"] == BACKLOG
     assert status["duplicates"] == 0  # cursor and batch commit together: nothing is fetched twice

@@ -1,14 +1,14 @@
 """Policy flow control with a clock the test moves: rate limits, dedup, debounce, max_concurrent, hooks, approval.
 
-Each test drives events through ``Supervisor._agent_one`` as the service's claim loop does: events are
-ingested into a real SQLite store, claimed with ``claim_sync(now=iso_at(clock()))`` and handed over one
-at a time. The agent is a real ``AgentRunner`` calling litellm over loopback HTTP to the FakeLLM, so
-"reached the LLM" means a chat request arrived there. Windows are measured by the fake clock only: the
-test advances it by hand and never sleeps.
+Events are ingested into a real SQLite store, claimed with ``claim(now=clock())`` and handed one at a
+time to the service's real ``Worker``, which decides each (``agentwake.decide``) and carries the outcome
+out. No LLM is involved: the worker's agent is a ``RecordingAgent`` that renders the run's plan with the
+real ``AgentRunner.prepare`` (prompts, allowed tools) and completes the run in the store, as a run would;
+"reached the agent" means it was asked to run. Windows are measured by the fake clock only: the test
+advances it by hand and never sleeps.
 
-Most tests give the Supervisor no connection pool (the wait for a server's tools is not what they are
-about, and no tool is called); the tests that check which tools the LLM is offered attach a real demo
-server over stdio, as test_agent_e2e does.
+Most tests give the worker no connection pool (the wait for a server's tools is not what they are
+about); the test that checks which tools a run is offered attaches a real demo server over stdio.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import textwrap
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,30 +25,28 @@ from typing import Any
 import anyio
 import pytest
 from conftest import REPO, demo_stdio
-from fake_llm import FakeLLM, error, hold
 
-from agentwake.agent.runner import AgentRunner
+from agentwake.agent.runner import AgentRunner, RunPlan
 from agentwake.agent.tools import ConnectionPool
-from agentwake.config import AgentwakeConfig, parse_config
-from agentwake.delivery.poll import subscription_key
+from agentwake.clock import iso
+from agentwake.config import AgentConfig, AgentwakeConfig, parse_config
+from agentwake.decide import Outcome
+from agentwake.delivery.common import subscription_key
 from agentwake.mcp import ServerConnection
 from agentwake.policy import load_policy
-from agentwake.store import InboxEvent, IncomingEvent, Store
-from agentwake.supervisor import Supervisor, iso_at
+from agentwake.store import EventVerdict, InboxEvent, IncomingEvent, RunKind, RunProgress, Store
+from agentwake.store.sqlite import SqliteStore
+from agentwake.worker import Worker
 
-pytestmark = [
-    pytest.mark.anyio,
-    # See test_agent_units.py: pydantic warns once about a litellm model it builds lazily.
-    pytest.mark.filterwarnings("ignore:.*ReadOnly. qualifier:UserWarning"),
-]
+pytestmark = pytest.mark.anyio
 
-KEY_ENV = "AGENTWAKE_TEST_FLOW_LLM_KEY"
 T0 = datetime(2031, 5, 1, 12, 0, 0, tzinfo=UTC)
+NO_PROGRESS = RunProgress([], 0, 0, 0, None)
 
 
 @dataclass
 class FakeClock:
-    """The Supervisor's clock: it moves only when the test says so."""
+    """The worker's clock: it moves only when the test says so."""
 
     now: datetime = T0
 
@@ -64,9 +62,72 @@ class FakeClock:
 
 
 @dataclass
+class Run:
+    event_id: str
+    outcome: Outcome
+    batch: list[str]
+    plan: RunPlan
+
+
+@dataclass
+class RecordingAgent:
+    """The agent stage without an LLM: the real plan (prompts, tools), then the run completed in the store.
+
+    ``fail_next`` makes the next run fail transiently (the event goes back to pending at once);
+    ``gate`` holds runs until it is set (``started`` says one is waiting there).
+    """
+
+    runner: AgentRunner
+    store: Store
+    runs: list[Run] = field(default_factory=list)
+    fail_next: bool = False
+    gate: anyio.Event | None = None
+    started: anyio.Event = field(default_factory=anyio.Event)
+
+    @property
+    def agent(self) -> AgentConfig:
+        return self.runner.agent
+
+    async def warm_up(self) -> None:
+        return None
+
+    async def run(
+        self, outcome: Outcome, *, kind: RunKind = "agent", batch: Sequence[InboxEvent] = ()
+    ) -> object:
+        event = outcome.event
+        plan = self.runner.prepare(outcome, batch=batch)
+        self.runs.append(Run(event.event_id, outcome, [b.event_id for b in batch], plan))
+        run_id = await self.store.start_run(
+            event.id,
+            kind=kind,
+            attempt=event.attempts,
+            model=plan.model,
+            decision=plan.decision,
+            system_prompt=plan.prompt.system if plan.prompt else None,
+            user_prompt=plan.prompt.user if plan.prompt else None,
+            sanitize_report=plan.cleaned.report(),
+        )
+        if self.gate is not None:
+            self.started.set()
+            await self.gate.wait()
+        failing, self.fail_next = self.fail_next, False
+        verdict = (
+            EventVerdict("pending", "down", iso(T0 - timedelta(days=1))) if failing else EventVerdict("done")
+        )
+        await self.store.finish_run(
+            run_id,
+            status="failed" if failing else "completed",
+            reason="down" if failing else None,
+            progress=NO_PROGRESS,
+            duration_ms=0,
+            verdict=verdict,
+        )
+        return verdict
+
+
+@dataclass
 class Rig:
     tmp: Path
-    fake: FakeLLM
     store: Store
     clock: FakeClock
     pool: ConnectionPool | None
@@ -82,10 +143,7 @@ class Rig:
             {
                 "store": {"path": str(self.tmp / "aw.db")},
                 "agent": {
-                    "model": "openai/fake",
-                    "api_base": self.fake.url,
-                    "api_key_env": KEY_ENV,
-                    "llm_retries": 0,
+                    "model": "openai/never-called",
                     "attempt_backoff_s": 0,
                     "max_attempts": 3,
                     "prompts": str(REPO / "prompts"),
@@ -105,7 +163,7 @@ class Rig:
             env={},
         )
 
-    def supervisor(
+    def worker(
         self,
         rules: str,
         *,
@@ -113,8 +171,8 @@ class Rig:
         store: Store | None = None,
         pool: ConnectionPool | None = None,
         **config: Any,
-    ) -> tuple[Supervisor, AgentRunner]:
-        """A Supervisor with these policy rules (and hook module), the fake clock and a real runner."""
+    ) -> tuple[Worker, RecordingAgent]:
+        """The service's Worker with these policy rules (and hook module), the fake clock and a recording agent."""
         folder = self.tmp / "policies"
         folder.mkdir(exist_ok=True)
         (folder / "10-flow.toml").write_text(textwrap.dedent(rules))
@@ -124,9 +182,9 @@ class Rig:
         cfg = self.config(**config)
         store = store or self.store
         pool = pool or self.pool
-        runner = AgentRunner.build(cfg, store, pool or ConnectionPool())
-        supervisor = Supervisor(cfg, store, agent=runner, pool=pool, policy=policy, clock=self.clock)
-        return supervisor, runner
+        agent = RecordingAgent(AgentRunner.build(cfg, store, pool or ConnectionPool()), store)
+        worker = Worker(cfg, store, policy=policy, agent=agent, pool=pool, clock=self.clock)
+        return worker, agent
 
     async def add(self, event_id: str, data: dict[str, Any], *, subscription: str = "alerts") -> int:
         """Ingest one event as a poll would; returns its row id."""
@@ -137,28 +195,26 @@ class Rig:
             self.registered.add(subscription)
         self.cursor += 1
         await self.store.ingest(
-            key, [IncomingEvent(event_id, event, iso_at(self.clock()), data)], str(self.cursor)
+            key, [IncomingEvent(event_id, event, iso(self.clock()), data)], str(self.cursor)
         )
         return int(self.row(event_id)["id"])
 
-    def claim(self, limit: int = 100) -> list[InboxEvent]:
-        return self.store.claim_sync(limit, now=iso_at(self.clock()))
+    async def claim(self, limit: int = 100) -> list[InboxEvent]:
+        return await self.store.claim(limit, now=iso(self.clock()))
 
-    async def one(self, supervisor: Supervisor, runner: AgentRunner, event_id: str) -> None:
-        """Claim everything due now; exactly this event must be among it; hand it to the Supervisor."""
-        claimed = self.claim()
+    async def one(self, worker: Worker, event_id: str) -> None:
+        """Claim everything due now; exactly this event must be among it; hand it to the worker."""
+        claimed = await self.claim()
         assert [e.event_id for e in claimed] == [event_id]
         with anyio.fail_after(30):
-            await supervisor._agent_one(runner, claimed[0])
+            await worker.handle(claimed[0])
 
-    async def arrive(
-        self, supervisor: Supervisor, runner: AgentRunner, event_id: str, data: dict[str, Any]
-    ) -> None:
+    async def arrive(self, worker: Worker, event_id: str, data: dict[str, Any]) -> None:
         await self.add(event_id, data)
-        await self.one(supervisor, runner, event_id)
+        await self.one(worker, event_id)
 
     def row(self, event_id: str) -> dict[str, Any]:
-        [event] = self.store.find_events_sync(event_id)
+        [event] = self.store.core.find_events(event_id)  # type: ignore[attr-defined]
         if isinstance(event["decision"], str):
             event["decision"] = json.loads(event["decision"])
         return event
@@ -168,43 +224,44 @@ class Rig:
         with sqlite3.connect(self.tmp / "aw.db") as db:
             return db.execute(f"SELECT {name} FROM events WHERE event_id = ?", [event_id]).fetchone()[0]
 
-    def reached_llm(self) -> list[str]:
-        """The event ids whose prompt reached the LLM, in order (the first request of each run)."""
-        ids = []
-        for request in self.fake.requests:
-            user = request["messages"][1]["content"]
-            ids.append(user.split("(event ")[1].split(" ")[0])
-        return ids
+
+def reached_agent(agent: RecordingAgent) -> list[str]:
+    """The event ids the agent was asked to run, in order."""
+    return [run.event_id for run in agent.runs]
+
+
+@pytest.fixture(autouse=True)
+def no_litellm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flow control is decided and carried out without the LLM stage: reaching litellm fails the test."""
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a flow-control test reached litellm")
+
+    monkeypatch.setattr("agentwake.agent.llm.load_litellm", refuse)
+    monkeypatch.setattr("agentwake.agent.runner.complete", refuse)
 
 
 @pytest.fixture
-async def rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Rig]:
-    monkeypatch.setenv(KEY_ENV, "sk-test")
-    async with FakeLLM() as fake:
-        store = await Store.open(tmp_path / "aw.db")
-        try:
-            yield Rig(tmp_path, fake, store, FakeClock(), None, tmp_path / "demo.db")
-        finally:
-            await store.close()
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    store = await SqliteStore.open(tmp_path / "aw.db")
+    try:
+        yield Rig(tmp_path, store, FakeClock(), None, tmp_path / "demo.db")
+    finally:
+        await store.close()
 
 
 @pytest.fixture
-async def live_rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Rig]:
-    """With a real demo server connected, so the LLM is offered the allowed tools of its catalog."""
-    monkeypatch.setenv(KEY_ENV, "sk-test")
+async def live_rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    """With a real demo server connected, so a run's plan offers the allowed tools of its catalog."""
     demo_db = tmp_path / "demo.db"
-    async with FakeLLM() as fake, ServerConnection("demo", demo_stdio(demo_db)) as conn:
+    async with ServerConnection("demo", demo_stdio(demo_db)) as conn:
         pool = ConnectionPool()
         await pool.attach(conn)
-        store = await Store.open(tmp_path / "aw.db")
+        store = await SqliteStore.open(tmp_path / "aw.db")
         try:
-            yield Rig(tmp_path, fake, store, FakeClock(), pool, demo_db)
+            yield Rig(tmp_path, store, FakeClock(), pool, demo_db)
         finally:
             await store.close()
-
-
-def tool_names(request: dict[str, Any]) -> list[str]:
-    return sorted(t["function"]["name"] for t in request.get("tools") or [])
 
 
 def fenced_blocks(text: str) -> list[Any]:
@@ -214,6 +271,11 @@ def fenced_blocks(text: str) -> list[Any]:
         boundary, rest = part.split('">\n', 1)
         blocks.append(json.loads(rest.split(f'\n</event-data boundary="{boundary}">')[0]))
     return blocks
+
+
+def user_prompt(run: Run) -> str:
+    assert run.plan.prompt is not None
+    return run.plan.prompt.user
 
 
 # ---- rate limit ------------------------------------------------------------------------------
@@ -228,15 +290,15 @@ rate_limit = {{ max = 2, window_s = 60, key = "data.service"{extra} }}
 
 
 async def test_over_the_rate_limit_an_event_is_logged_and_another_key_still_runs(rig: Rig) -> None:
-    supervisor, runner = rig.supervisor(RATE.format(extra=""))
-    await rig.arrive(supervisor, runner, "A-1", {"service": "api"})
+    worker, agent = rig.worker(RATE.format(extra=""))
+    await rig.arrive(worker, "A-1", {"service": "api"})
     rig.clock.advance(10)
-    await rig.arrive(supervisor, runner, "A-2", {"service": "api"})
+    await rig.arrive(worker, "A-2", {"service": "api"})
     rig.clock.advance(10)
-    await rig.arrive(supervisor, runner, "A-3", {"service": "api"})
-    await rig.arrive(supervisor, runner, "B-1", {"service": "db"})
+    await rig.arrive(worker, "A-3", {"service": "api"})
+    await rig.arrive(worker, "B-1", {"service": "db"})
 
-    assert rig.reached_llm() == ["A-1", "A-2", "B-1"]
+    assert reached_agent(agent) == ["A-1", "A-2", "B-1"]
     third = rig.row("A-3")
     assert (third["state"], third["runs"]) == ("done", [])
     assert third["decision"]["rule"] == "limited"
@@ -248,55 +310,56 @@ async def test_over_the_rate_limit_an_event_is_logged_and_another_key_still_runs
 
     # 61 s after the first run, only A-2 is left in the window: one more fits.
     rig.clock.at(61)
-    await rig.arrive(supervisor, runner, "A-4", {"service": "api"})
+    await rig.arrive(worker, "A-4", {"service": "api"})
     rig.clock.at(62)
-    await rig.arrive(supervisor, runner, "A-5", {"service": "api"})
-    assert rig.reached_llm() == ["A-1", "A-2", "B-1", "A-4"]
+    await rig.arrive(worker, "A-5", {"service": "api"})
+    assert reached_agent(agent) == ["A-1", "A-2", "B-1", "A-4"]
     assert rig.row("A-5")["decision"]["why"].startswith("over the rate limit")
 
 
 async def test_over_the_rate_limit_with_ignore_the_event_is_ignored(rig: Rig) -> None:
-    supervisor, runner = rig.supervisor(RATE.format(extra=', over_limit = "ignore"'))
+    worker, agent = rig.worker(RATE.format(extra=', over_limit = "ignore"'))
     for n in (1, 2, 3):
-        await rig.arrive(supervisor, runner, f"A-{n}", {"service": "api"})
-    assert rig.reached_llm() == ["A-1", "A-2"]
+        await rig.arrive(worker, f"A-{n}", {"service": "api"})
+    assert reached_agent(agent) == ["A-1", "A-2"]
     third = rig.row("A-3")
     assert (third["state"], third["runs"]) == ("ignored", [])
     assert third["decision"]["why"] == "over the rate limit of 2 per 60s for data.service"
 
 
 async def test_over_the_rate_limit_with_delay_the_event_waits_for_the_window_to_end(rig: Rig) -> None:
-    supervisor, runner = rig.supervisor(RATE.format(extra=', over_limit = "delay"'))
-    await rig.arrive(supervisor, runner, "A-1", {"service": "api"})
+    worker, agent = rig.worker(RATE.format(extra=', over_limit = "delay"'))
+    await rig.arrive(worker, "A-1", {"service": "api"})
     rig.clock.at(10)
-    await rig.arrive(supervisor, runner, "A-2", {"service": "api"})
+    await rig.arrive(worker, "A-2", {"service": "api"})
     rig.clock.at(20)
-    await rig.arrive(supervisor, runner, "A-3", {"service": "api"})
+    await rig.arrive(worker, "A-3", {"service": "api"})
 
     third = rig.row("A-3")
     assert (third["state"], third["attempts"], third["runs"], third["decision"]) == ("pending", 0, [], None)
     # The oldest run in the window (A-1, at T0) leaves it 60 s later.
-    assert rig.column("A-3", "available_at") == iso_at(T0 + timedelta(seconds=60))
+    assert rig.column("A-3", "available_at") == iso(T0 + timedelta(seconds=60))
     rig.clock.at(59.999)
-    assert rig.claim() == []
+    assert await rig.claim() == []
 
     rig.clock.at(60.001)
-    await rig.one(supervisor, runner, "A-3")
-    assert rig.reached_llm() == ["A-1", "A-2", "A-3"]
+    await rig.one(worker, "A-3")
+    assert reached_agent(agent) == ["A-1", "A-2", "A-3"]
     assert rig.row("A-3")["state"] == "done"
     assert rig.row("A-3")["attempts"] == 1
 
 
 async def test_a_delayed_event_runs_when_claimed_at_the_time_it_was_given(rig: Rig) -> None:
-    supervisor, runner = rig.supervisor(RATE.format(extra=', over_limit = "delay"'))
+    worker, agent = rig.worker(RATE.format(extra=', over_limit = "delay"'))
     for n, at in ((1, 0), (2, 10), (3, 20)):
         rig.clock.at(at)
-        await rig.arrive(supervisor, runner, f"A-{n}", {"service": "api"})
+        await rig.arrive(worker, f"A-{n}", {"service": "api"})
     available = rig.column("A-3", "available_at")
     rig.clock.at(60)
-    assert iso_at(rig.clock()) == available
-    await rig.one(supervisor, runner, "A-3")
+    assert iso(rig.clock()) == available
+    await rig.one(worker, "A-3")
     assert rig.row("A-3")["state"] == "done"
+    assert reached_agent(agent) == ["A-1", "A-2", "A-3"]
 
 
 # ---- dedup ---------------------------------------------------------------------------------------
@@ -311,16 +374,16 @@ dedup = { key = "data.incidentId", window_s = 600 }
 
 
 async def test_the_same_key_within_the_window_is_a_duplicate_of_the_earlier_event(rig: Rig) -> None:
-    supervisor, runner = rig.supervisor(DEDUP)
+    worker, agent = rig.worker(DEDUP)
     first = await rig.add("A-1", {"incidentId": "I-1", "n": 1})
-    await rig.one(supervisor, runner, "A-1")
+    await rig.one(worker, "A-1")
     rig.clock.at(300)
-    await rig.arrive(supervisor, runner, "A-2", {"incidentId": "I-1", "n": 2})
-    await rig.arrive(supervisor, runner, "B-1", {"incidentId": "I-2"})
+    await rig.arrive(worker, "A-2", {"incidentId": "I-1", "n": 2})
+    await rig.arrive(worker, "B-1", {"incidentId": "I-2"})
     rig.clock.at(600)  # the window's last instant still counts
-    await rig.arrive(supervisor, runner, "A-3", {"incidentId": "I-1", "n": 3})
+    await rig.arrive(worker, "A-3", {"incidentId": "I-1", "n": 3})
 
-    assert rig.reached_llm() == ["A-1", "B-1"]
+    assert reached_agent(agent) == ["A-1", "B-1"]
     for duplicate in ("A-2", "A-3"):
         row = rig.row(duplicate)
         assert (row["state"], row["runs"]) == ("ignored", [])
@@ -331,32 +394,32 @@ async def test_the_same_key_within_the_window_is_a_duplicate_of_the_earlier_even
         )
 
     rig.clock.at(601)
-    await rig.arrive(supervisor, runner, "A-4", {"incidentId": "I-1", "n": 4})
-    assert rig.reached_llm() == ["A-1", "B-1", "A-4"]
+    await rig.arrive(worker, "A-4", {"incidentId": "I-1", "n": 4})
+    assert reached_agent(agent) == ["A-1", "B-1", "A-4"]
     assert rig.row("A-4")["state"] == "done"
     # The new run starts a new window: a fifth one right after is its duplicate.
     rig.clock.at(602)
-    await rig.arrive(supervisor, runner, "A-5", {"incidentId": "I-1"})
+    await rig.arrive(worker, "A-5", {"incidentId": "I-1"})
     assert rig.row("A-5")["decision"]["why"].endswith(f"event A-4 (row {rig.row('A-4')['id']}) within 600s")
 
 
 async def test_the_dedup_window_survives_a_restart(rig: Rig) -> None:
-    supervisor, runner = rig.supervisor(DEDUP)
+    worker, agent = rig.worker(DEDUP)
     first = await rig.add("A-1", {"incidentId": "I-1"})
-    await rig.one(supervisor, runner, "A-1")
+    await rig.one(worker, "A-1")
     # A new store connection and a new Supervisor, as after a restart: the window is rows, not memory.
-    reopened = await Store.open(rig.tmp / "aw.db")
+    reopened = await SqliteStore.open(rig.tmp / "aw.db")
     try:
-        again, again_runner = rig.supervisor(DEDUP, store=reopened)
+        again, _ = rig.worker(DEDUP, store=reopened)
         rig.clock.at(120)
         await rig.add("A-2", {"incidentId": "I-1"})
-        [claimed] = reopened.claim_sync(10, now=iso_at(rig.clock()))
-        await again._agent_one(again_runner, claimed)
+        [claimed] = await reopened.claim(10, now=iso(rig.clock()))
+        await again.handle(claimed)
     finally:
         await reopened.close()
     assert rig.row("A-2")["state"] == "ignored"
     assert rig.row("A-2")["decision"]["why"].endswith(f"event A-1 (row {first}) within 600s")
-    assert rig.reached_llm() == ["A-1"]
+    assert reached_agent(agent) == ["A-1"]
 
 
 # ---- debounce ------------------------------------------------------------------------------------
@@ -371,106 +434,107 @@ debounce = {{ window_s = 30, key = "data.service"{extra} }}
 
 
 async def test_events_within_the_window_become_one_run_that_sees_them_all(rig: Rig) -> None:
-    supervisor, runner = rig.supervisor(DEBOUNCE.format(extra=""))
+    worker, agent = rig.worker(DEBOUNCE.format(extra=""))
     data = {
         "A-1": {"service": "api", "n": 1, "summary": "first"},
         "A-2": {"service": "api", "n": 2, "summary": "second"},
         "A-3": {"service": "api", "n": 3, "summary": "third"},
     }
     leader = await rig.add("A-1", data["A-1"])
-    await rig.one(supervisor, runner, "A-1")
+    await rig.one(worker, "A-1")
     first = rig.row("A-1")
     assert (first["state"], first["attempts"], first["runs"]) == ("pending", 0, [])
     assert first["decision"]["batch_leader"] is True
-    assert rig.column("A-1", "available_at") == iso_at(T0 + timedelta(seconds=30))
-    assert rig.claim() == []  # not before it is due
+    assert rig.column("A-1", "available_at") == iso(T0 + timedelta(seconds=30))
+    assert await rig.claim() == []  # not before it is due
 
     for event_id, at in (("A-2", 5), ("A-3", 29)):
         rig.clock.at(at)
-        await rig.arrive(supervisor, runner, event_id, data[event_id])
+        await rig.arrive(worker, event_id, data[event_id])
         row = rig.row(event_id)
         assert (row["state"], row["runs"]) == ("batched", [])
         assert rig.column(event_id, "batch_leader") == leader
-    assert rig.fake.requests == []
+    assert agent.runs == []
     rig.clock.at(29.999)
-    assert rig.claim() == []
+    assert await rig.claim() == []
 
     rig.clock.at(30)
-    await rig.one(supervisor, runner, "A-1")
-    assert len(rig.fake.requests) == 1
-    user = rig.fake.requests[0]["messages"][1]["content"]
+    await rig.one(worker, "A-1")
+    [run] = agent.runs
+    user = user_prompt(run)
     assert fenced_blocks(user) == [data["A-1"], data["A-2"], data["A-3"]]
     assert "2 more event(s) arrived within the debounce window" in user
     for event_id in data:
         assert rig.row(event_id)["state"] == "done"
     [run] = rig.row("A-1")["runs"]
     assert run["status"] == "completed" and run["decision"]["batch"] == ["A-2", "A-3"]
-    assert rig.claim() == []
+    assert await rig.claim() == []
 
 
 async def test_the_claim_loop_runs_a_batch_when_the_clock_reaches_its_due_time(rig: Rig) -> None:
-    """The service's own loop (_agent_forever) claims with the Supervisor's clock, not the wall clock."""
-    supervisor, runner = rig.supervisor(DEBOUNCE.format(extra=""))
+    """The worker's own loop claims with its clock, not the wall clock."""
     handled: list[str] = []
     changed = anyio.Event()
-    original = supervisor._agent_one
 
-    async def counted(agent: AgentRunner, event: InboxEvent) -> None:
-        nonlocal changed
-        await original(agent, event)
-        handled.append(event.event_id)
-        changed.set()
-        changed = anyio.Event()
+    class CountingWorker(Worker):
+        async def handle(self, event: InboxEvent) -> None:
+            nonlocal changed
+            await super().handle(event)
+            handled.append(event.event_id)
+            changed.set()
+            changed = anyio.Event()
+
+    plain, agent = rig.worker(DEBOUNCE.format(extra=""))
+    worker = CountingWorker(plain.config, plain.store, policy=plain.policy, agent=agent, clock=rig.clock)
 
     async def handled_count(n: int) -> None:
         with anyio.fail_after(30):
             while len(handled) < n:
                 await changed.wait()
 
-    supervisor._agent_one = counted  # type: ignore[method-assign]
     async with anyio.create_task_group() as tg:
-        tg.start_soon(supervisor._agent_forever, runner)
+        await tg.start(worker.run)
         await rig.add("A-1", {"service": "api", "n": 1})
-        supervisor._notify_new(1)
+        worker.wake(1)
         await handled_count(1)
         rig.clock.at(5)
         await rig.add("A-2", {"service": "api", "n": 2})
-        supervisor._notify_new(1)
+        worker.wake(1)
         await handled_count(2)
         assert [rig.row(e)["state"] for e in ("A-1", "A-2")] == ["pending", "batched"]
-        assert rig.fake.requests == []
+        assert agent.runs == []
         # The wall clock is years before T0 + 30 s: only the fake clock can make the batch due.
         rig.clock.at(30)
-        supervisor._notify_new(0)
+        worker.wake(0)
         await handled_count(3)
         tg.cancel_scope.cancel()
     assert handled == ["A-1", "A-2", "A-1"]
-    assert [b["n"] for b in fenced_blocks(rig.fake.requests[0]["messages"][1]["content"])] == [1, 2]
+    assert [b["n"] for b in fenced_blocks(user_prompt(agent.runs[0]))] == [1, 2]
     assert [rig.row(e)["state"] for e in ("A-1", "A-2")] == ["done", "done"]
 
 
 async def test_another_key_opens_its_own_batch(rig: Rig) -> None:
-    supervisor, runner = rig.supervisor(DEBOUNCE.format(extra=""))
-    await rig.arrive(supervisor, runner, "A-1", {"service": "api"})
+    worker, agent = rig.worker(DEBOUNCE.format(extra=""))
+    await rig.arrive(worker, "A-1", {"service": "api"})
     rig.clock.at(1)
-    await rig.arrive(supervisor, runner, "B-1", {"service": "db"})
+    await rig.arrive(worker, "B-1", {"service": "db"})
     rig.clock.at(2)
-    await rig.arrive(supervisor, runner, "B-2", {"service": "db"})
+    await rig.arrive(worker, "B-2", {"service": "db"})
     assert [rig.row(e)["state"] for e in ("A-1", "B-1", "B-2")] == ["pending", "pending", "batched"]
     rig.clock.at(31)
-    claimed = rig.claim()
+    claimed = await rig.claim()
     assert [e.event_id for e in claimed] == ["A-1", "B-1"]
     for event in claimed:
-        await supervisor._agent_one(runner, event)
-    assert sorted(len(fenced_blocks(r["messages"][1]["content"])) for r in rig.fake.requests) == [1, 2]
+        await worker.handle(event)
+    assert sorted(len(fenced_blocks(user_prompt(r))) for r in agent.runs) == [1, 2]
     assert {rig.row(e)["state"] for e in ("A-1", "B-1", "B-2")} == {"done"}
 
 
 async def test_a_full_batch_makes_the_next_event_open_a_new_one(rig: Rig) -> None:
-    supervisor, runner = rig.supervisor(DEBOUNCE.format(extra=", max_events = 2"))
+    worker, agent = rig.worker(DEBOUNCE.format(extra=", max_events = 2"))
     for n in (1, 2, 3, 4, 5):
         rig.clock.at(n)
-        await rig.arrive(supervisor, runner, f"A-{n}", {"service": "api", "n": n})
+        await rig.arrive(worker, f"A-{n}", {"service": "api", "n": n})
     states = {f"A-{n}": rig.row(f"A-{n}")["state"] for n in (1, 2, 3, 4, 5)}
     assert states == {
         "A-1": "pending",
@@ -483,34 +547,34 @@ async def test_a_full_batch_makes_the_next_event_open_a_new_one(rig: Rig) -> Non
     assert leaders == {"A-2": rig.row("A-1")["id"], "A-4": rig.row("A-3")["id"]}
 
     rig.clock.at(40)
-    claimed = rig.claim()
+    claimed = await rig.claim()
     assert [e.event_id for e in claimed] == ["A-1", "A-3", "A-5"]
     for event in claimed:
-        await supervisor._agent_one(runner, event)
-    seen = [[b["n"] for b in fenced_blocks(r["messages"][1]["content"])] for r in rig.fake.requests]
+        await worker.handle(event)
+    seen = [[b["n"] for b in fenced_blocks(user_prompt(r))] for r in agent.runs]
     assert sorted(seen) == [[1, 2], [3, 4], [5]]
     assert {rig.row(f"A-{n}")["state"] for n in (1, 2, 3, 4, 5)} == {"done"}
 
 
 async def test_a_batch_leader_retried_after_a_transient_failure_keeps_its_batch(rig: Rig) -> None:
-    supervisor, runner = rig.supervisor(DEBOUNCE.format(extra=""))
-    await rig.arrive(supervisor, runner, "A-1", {"service": "api", "n": 1})
+    worker, agent = rig.worker(DEBOUNCE.format(extra=""))
+    await rig.arrive(worker, "A-1", {"service": "api", "n": 1})
     rig.clock.at(5)
-    await rig.arrive(supervisor, runner, "A-2", {"service": "api", "n": 2})
+    await rig.arrive(worker, "A-2", {"service": "api", "n": 2})
     rig.clock.at(30)
-    [leader] = rig.claim()
-    rig.fake.script(error(500, "down"))  # transient: the leader goes back to pending for another attempt
+    [leader] = await rig.claim()
+    agent.fail_next = True  # transient: the leader goes back to pending for another attempt
     rig.clock.at(31)
-    await rig.arrive(supervisor, runner, "A-3", {"service": "api", "n": 3})  # opens a new batch
-    await supervisor._agent_one(runner, leader)
+    await rig.arrive(worker, "A-3", {"service": "api", "n": 3})  # opens a new batch
+    await worker.handle(leader)
     assert rig.row("A-1")["state"] == "pending"
 
     # Its next attempt (the backoff is 0 s): it should run with its batch.
     rig.clock.at(32)
-    await rig.one(supervisor, runner, "A-1")
+    await rig.one(worker, "A-1")
     rig.clock.at(70)
-    for event in rig.claim():
-        await supervisor._agent_one(runner, event)
+    for event in await rig.claim():
+        await worker.handle(event)
     assert {rig.row(f"A-{n}")["state"] for n in (1, 2, 3)} == {"done"}
 
 
@@ -531,66 +595,70 @@ match.event = "ticket.created"
 
 
 async def test_at_the_rules_limit_an_event_goes_back_while_another_rules_event_runs(rig: Rig) -> None:
-    supervisor, runner = rig.supervisor(CONCURRENT)
+    worker, agent = rig.worker(CONCURRENT)
     await rig.add("A-1", {"n": 1})
-    [first] = rig.claim()
-    rig.fake.script(hold())
+    [first] = await rig.claim()
+    gate = agent.gate = anyio.Event()
     async with anyio.create_task_group() as tg:
-        tg.start_soon(supervisor._agent_one, runner, first)
-        await rig.fake.wait_for_requests(1)
+        tg.start_soon(worker.handle, first)
+        with anyio.fail_after(10):
+            await agent.started.wait()
+        agent.gate = None  # later runs go straight through; the first still waits on its gate
 
         await rig.add("A-2", {"n": 2})
-        [second] = rig.claim()
+        [second] = await rig.claim()
         assert second.attempts == 1
         with anyio.fail_after(10):
-            await supervisor._agent_one(runner, second)
+            await worker.handle(second)
         row = rig.row("A-2")
         assert (row["state"], row["attempts"], row["runs"]) == ("pending", 0, [])  # not an attempt
-        assert rig.column("A-2", "available_at") == iso_at(T0 + timedelta(seconds=1))
+        assert rig.column("A-2", "available_at") == iso(T0 + timedelta(seconds=1))
 
         await rig.add("T-1", {"title": "printer"}, subscription="tickets")
         with anyio.fail_after(30):
-            await rig.one(supervisor, runner, "T-1")  # A-2 is not due yet: only T-1 is claimed
+            await rig.one(worker, "T-1")  # A-2 is not due yet: only T-1 is claimed
         assert rig.row("T-1")["state"] == "done"
         assert rig.row("A-1")["state"] == "processing"
-        rig.fake.release()
+        gate.set()
     assert rig.row("A-1")["state"] == "done"
 
     rig.clock.at(1)
-    await rig.one(supervisor, runner, "A-2")
+    await rig.one(worker, "A-2")
     assert rig.row("A-2")["state"] == "done"
     assert rig.row("A-2")["attempts"] == 1
-    assert rig.reached_llm() == ["A-1", "T-1", "A-2"]
+    assert reached_agent(agent) == ["A-1", "T-1", "A-2"]
 
 
 async def test_an_event_released_by_max_concurrent_does_not_use_up_the_rate_limit(rig: Rig) -> None:
     rules = CONCURRENT.replace(
         "max_concurrent = 1", "max_concurrent = 1\nrate_limit = { max = 2, window_s = 60 }"
     )
-    supervisor, runner = rig.supervisor(rules)
+    worker, agent = rig.worker(rules)
     await rig.add("A-1", {"n": 1})
-    [first] = rig.claim()
-    rig.fake.script(hold())
+    [first] = await rig.claim()
+    gate = agent.gate = anyio.Event()
     async with anyio.create_task_group() as tg:
-        tg.start_soon(supervisor._agent_one, runner, first)
-        await rig.fake.wait_for_requests(1)
-        await rig.arrive(supervisor, runner, "A-2", {"n": 2})
+        tg.start_soon(worker.handle, first)
+        with anyio.fail_after(10):
+            await agent.started.wait()
+        agent.gate = None
+        await rig.arrive(worker, "A-2", {"n": 2})
         assert rig.row("A-2")["state"] == "pending"  # released: the rule is busy
-        rig.fake.release()
+        gate.set()
     rig.clock.at(2)
-    await rig.one(supervisor, runner, "A-2")
+    await rig.one(worker, "A-2")
     # Two runs in the window: A-1 and A-2. A-2 must not be refused as the third.
-    assert rig.reached_llm() == ["A-1", "A-2"]
+    assert reached_agent(agent) == ["A-1", "A-2"]
 
 
 async def test_without_its_server_connected_an_event_goes_back_untouched(rig: Rig) -> None:
     """The other path of the server wait: the pool never gets the server within connect_timeout_s."""
-    supervisor, runner = rig.supervisor(CONCURRENT, pool=ConnectionPool(), connect_timeout_s=0.05)
+    worker, agent = rig.worker(CONCURRENT, pool=ConnectionPool(), connect_timeout_s=0.05)
     await rig.add("A-1", {"n": 1})
-    await rig.one(supervisor, runner, "A-1")
+    await rig.one(worker, "A-1")
     row = rig.row("A-1")
     assert (row["state"], row["attempts"], row["runs"]) == ("pending", 0, [])
-    assert rig.fake.requests == []
+    assert agent.runs == []
     assert rig.column("A-1", "available_at") is not None
 
 
@@ -681,22 +749,22 @@ EVERY = "the rule matches every event"
 async def test_a_hook_changes_the_decision_or_fails_to_the_fallback(
     rig: Rig, function: str, action: str, fallback: str, decided: str, why: str
 ) -> None:
-    supervisor, runner = rig.supervisor(
+    worker, agent = rig.worker(
         HOOK_RULES.format(action=action, function=function, fallback=fallback), hooks=HOOKS
     )
-    module: dict[str, Any] = supervisor.policy.hooks["hooked"].__globals__
+    module: dict[str, Any] = worker.policy.hooks["hooked"].__globals__
     try:
-        await rig.arrive(supervisor, runner, "A-1", {"service": "api"})
+        await rig.arrive(worker, "A-1", {"service": "api"})
     finally:
         module["RELEASE"].set()  # the abandoned slow hook's thread ends now
     row = rig.row("A-1")
     assert row["state"] == {"ignore": "ignored", "log": "done", "agent": "done"}[decided]
     if decided == "agent":
-        assert rig.reached_llm() == ["A-1"]
+        assert reached_agent(agent) == ["A-1"]
         [run] = row["runs"]
         assert run["decision"]["why"] == f"rule 'hooked' (10-flow.toml:2): {why}"
     else:
-        assert (rig.fake.requests, row["runs"]) == ([], [])
+        assert (agent.runs, row["runs"]) == ([], [])
         assert (row["decision"]["action"], row["decision"]["why"]) == (decided, why)
     if function == "grant":
         assert row["runs"][0]["decision"]["allowlist"] == ["demo__get_ticket"]
@@ -719,34 +787,35 @@ match.event = "ticket.created"
 
 async def test_an_approved_event_runs_with_the_rules_tools_and_a_denied_one_never(live_rig: Rig) -> None:
     rig = live_rig
-    supervisor, runner = rig.supervisor(APPROVE, ticket_tools=["demo__add_comment", "demo__close_ticket"])
+    worker, agent = rig.worker(APPROVE, ticket_tools=["demo__add_comment", "demo__close_ticket"])
     ok = await rig.add("T-1", {"title": "printer"}, subscription="tickets")
     no = await rig.add("T-2", {"title": "scanner"}, subscription="tickets")
-    for event in rig.claim():
-        await supervisor._agent_one(runner, event)
+    for event in await rig.claim():
+        await worker.handle(event)
     for event_id in ("T-1", "T-2"):
         row = rig.row(event_id)
         assert (row["state"], row["runs"]) == ("held", [])
         assert row["decision"]["rule"] == "needs-ok" and row["decision"]["action"] == "approve"
         assert row["decision"]["rule_tools"] == ["demo__get_ticket"]
-    assert [h["event_id"] for h in rig.store.approvals_sync()] == ["T-1", "T-2"]
-    assert rig.claim() == []  # held is not pending
-    assert rig.fake.requests == []
+    assert [h["event_id"] for h in rig.store.core.approvals()] == ["T-1", "T-2"]
+    assert await rig.claim() == []  # held is not pending
+    assert agent.runs == []
 
-    rig.store.answer_sync(ok, approve=True, note="looked at it")
-    rig.store.answer_sync(no, approve=False, note="spam")
+    rig.store.core.answer(ok, approve=True, note="looked at it")
+    rig.store.core.answer(no, approve=False, note="spam")
     row = rig.row("T-1")
     assert (row["state"], row["approval_note"]) == ("pending", "looked at it")
     assert row["approved_at"] is not None
     denied = rig.row("T-2")
     assert (denied["state"], denied["approval_note"], denied["approved_at"]) == ("denied", "spam", None)
 
-    [claimed] = rig.claim()
+    [claimed] = await rig.claim()
     assert (claimed.event_id, claimed.approved) == ("T-1", True)
     with anyio.fail_after(30):
-        await supervisor._agent_one(runner, claimed)
-    assert rig.reached_llm() == ["T-1"]
-    assert tool_names(rig.fake.requests[0]) == ["demo__get_ticket"]  # the rule's, not the subscription's
+        await worker.handle(claimed)
+    assert reached_agent(agent) == ["T-1"]
+    # The rule's tools, not the subscription's, are the ones the run offers.
+    assert [spec.exposed for spec in agent.runs[0].plan.allowed] == ["demo__get_ticket"]
     row = rig.row("T-1")
     assert row["state"] == "done"
     [run] = row["runs"]
@@ -756,20 +825,20 @@ async def test_an_approved_event_runs_with_the_rules_tools_and_a_denied_one_neve
     )
     assert run["decision"]["tools"] == ["demo__get_ticket"]
 
-    assert rig.claim() == []
+    assert await rig.claim() == []
     assert rig.row("T-2")["runs"] == [] and rig.row("T-2")["state"] == "denied"
 
 
 async def test_an_approved_event_retried_after_a_transient_failure_keeps_the_rules_tools(rig: Rig) -> None:
     rules = APPROVE + 'prompt = "event.md.j2"\n'
-    supervisor, runner = rig.supervisor(rules, ticket_tools=["demo__close_ticket"])
+    worker, agent = rig.worker(rules, ticket_tools=["demo__close_ticket"])
     row_id = await rig.add("T-1", {"title": "printer"}, subscription="tickets")
-    await rig.one(supervisor, runner, "T-1")
-    rig.store.answer_sync(row_id, approve=True, note=None)
-    rig.fake.script(error(500, "down"))
-    await rig.one(supervisor, runner, "T-1")
+    await rig.one(worker, "T-1")
+    rig.store.core.answer(row_id, approve=True, note=None)
+    agent.fail_next = True
+    await rig.one(worker, "T-1")
     assert rig.row("T-1")["state"] == "pending"  # transient: another attempt (backoff 0 s)
-    await rig.one(supervisor, runner, "T-1")
+    await rig.one(worker, "T-1")
     first, second = rig.row("T-1")["runs"]
     assert first["decision"]["allowlist"] == ["demo__get_ticket"]
     assert second["decision"]["allowlist"] == ["demo__get_ticket"]
@@ -778,9 +847,9 @@ async def test_an_approved_event_retried_after_a_transient_failure_keeps_the_rul
 
 
 def test_the_fake_clock_is_what_claims_use(tmp_path: Path) -> None:
-    """A guard for the rig itself: claim_sync compares available_at with the clock it is given."""
+    """A guard for the rig itself: claim compares available_at with the clock it is given."""
     clock = FakeClock()
     clock.advance(1.5)
-    assert iso_at(clock()) == "2031-05-01T12:00:01.500Z"
+    assert iso(clock()) == "2031-05-01T12:00:01.500Z"
     clock.at(-1)
     assert clock() == T0 - timedelta(seconds=1)

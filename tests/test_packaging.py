@@ -74,3 +74,23 @@ def test_importing_agentwake_changes_nothing_in_the_environment() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=REPO, check=True
     )
     assert json.loads(result.stdout) == {}
+
+
+def test_the_public_names_load_on_first_use_and_import_agentwake_stays_light() -> None:
+    script = (
+        "import json, sys, agentwake;"
+        "light = sorted(m for m in ('mcp', 'aiohttp', 'litellm', 'pydantic', 'sqlite_utils') if m in sys.modules);"
+        "names = {n: type(getattr(agentwake, n)).__name__ for n in agentwake.__all__};"
+        "print(json.dumps({'light': light, 'names': names, 'dir': sorted(set(agentwake.__all__) - set(dir(agentwake)))}))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, check=True
+    )
+    report = json.loads(result.stdout)
+    assert report["light"] == []
+    assert report["dir"] == []
+    import agentwake
+
+    assert agentwake.__all__ == sorted(agentwake.__all__)
+    assert agentwake.Outcome.__module__ == "agentwake.decide"
+    assert report["names"]["StoreError"] == "type" and report["names"]["run_service"] == "function"

@@ -22,6 +22,7 @@ from agentwake import cli
 from agentwake.agent.fence import Fence
 from agentwake.agent.prompts import PromptRenderer
 from agentwake.config import load_config
+from agentwake.decide import policy_view
 from agentwake.policy import (
     MISSING,
     Action,
@@ -36,7 +37,6 @@ from agentwake.policy import (
 )
 from agentwake.sanitize import sanitize
 from agentwake.store import InboxEvent
-from agentwake.supervisor import policy_view
 
 cli_runner = CliRunner()
 

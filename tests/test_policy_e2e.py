@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from agentwake.agent.runner import AgentRunner
 from agentwake.cli import app
 from agentwake.policy import load_policy
-from agentwake.supervisor import Supervisor
+from agentwake.worker import Worker
 
 pytestmark = pytest.mark.anyio
 
@@ -36,16 +36,14 @@ match.event = "ticket.created"
 """
 
 
-def supervisor_with(
-    rig: Rig, policy_text: str, *, subscription_tools: list[str]
-) -> tuple[Supervisor, AgentRunner]:
+def worker_with(rig: Rig, policy_text: str, *, subscription_tools: list[str]) -> Worker:
+    """The service's worker, with this policy file and the rig's agent."""
     folder = rig.tmp / "policies"
     folder.mkdir(exist_ok=True)
     (folder / "10-test.toml").write_text(policy_text)
     cfg = rig.config(tools=subscription_tools)
     runner = AgentRunner.build(cfg, rig.store, rig.pool)
-    supervisor = Supervisor(cfg, rig.store, agent=runner, pool=rig.pool, policy=load_policy(folder))
-    return supervisor, runner
+    return Worker(cfg, rig.store, policy=load_policy(folder), agent=runner, pool=rig.pool)
 
 
 def cli(rig: Rig, *args: str) -> str:
@@ -58,13 +56,12 @@ def cli(rig: Rig, *args: str) -> str:
 
 async def test_a_read_only_rule_keeps_the_server_unchanged_whatever_the_model_asks(rig: Rig) -> None:
     # The subscription would allow add_comment; the matching rule allows only reads, and wins.
-    supervisor, runner = supervisor_with(rig, READ_ONLY, subscription_tools=["demo__add_comment"])
+    worker = worker_with(rig, READ_ONLY, subscription_tools=["demo__add_comment"])
     rig.fake.script(
         tool_calls(("demo__add_comment", {"ticket_id": rig.ticket["id"], "body": "I was told to"})),
         text("could not comment"),
     )
-    supervisor._active = 1
-    await supervisor._agent_one(runner, await rig.event())
+    await worker.handle(await rig.event())
 
     offered = [t["function"]["name"] for t in rig.fake.requests[0]["tools"]]
     assert offered == ["demo__get_ticket", "demo__get_alert"]
@@ -78,9 +75,8 @@ async def test_a_read_only_rule_keeps_the_server_unchanged_whatever_the_model_as
 
 
 async def test_an_approve_rule_holds_the_event_until_a_person_approves_it(rig: Rig) -> None:
-    supervisor, runner = supervisor_with(rig, HOLD, subscription_tools=[])
-    supervisor._active = 1
-    await supervisor._agent_one(runner, await rig.event())
+    worker = worker_with(rig, HOLD, subscription_tools=[])
+    await worker.handle(await rig.event())
     assert rig.stored()["state"] == "held"
     assert rig.stored()["injection_score"] == 0.0  # recorded with the event, though no run happened
     assert rig.fake.requests == []  # nothing reached the LLM
@@ -95,8 +91,7 @@ async def test_an_approve_rule_holds_the_event_until_a_person_approves_it(rig: R
     )
     [again] = await rig.store.claim(1)
     assert again.approved
-    supervisor._active = 1
-    await supervisor._agent_one(runner, again)
+    await worker.handle(again)
 
     assert rig.comments() == ["approved triage"]  # with the rule's tools, though the subscription has none
     stored = rig.stored()
@@ -107,9 +102,8 @@ async def test_an_approve_rule_holds_the_event_until_a_person_approves_it(rig: R
 
 
 async def test_a_denied_event_never_runs_and_keeps_the_reason(rig: Rig) -> None:
-    supervisor, runner = supervisor_with(rig, HOLD, subscription_tools=["demo__add_comment"])
-    supervisor._active = 1
-    await supervisor._agent_one(runner, await rig.event())
+    worker = worker_with(rig, HOLD, subscription_tools=["demo__add_comment"])
+    await worker.handle(await rig.event())
     assert "denied" in cli(rig, "deny", rig.ticket["id"], "--reason", "spam")
     stored = rig.stored()
     assert (stored["state"], stored["approval_note"], stored["runs"]) == ("denied", "spam", [])

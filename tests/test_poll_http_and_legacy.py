@@ -34,7 +34,7 @@ async def test_backlog_drains_over_streamable_http(demo_http_factory: Any, store
     await set_cursor(store, subscription_key(sub), "0")
     async with demo_http_factory(DEMO_BACKLOG="100") as demo, ServerConnection("demo", demo.config()) as conn:
         await run_until_first_wait(sub, conn, store)
-    assert store.event_ids_sync() == [f"T-{n:06d}" for n in range(1, 101)]
+    assert store.core.event_ids() == [f"T-{n:06d}" for n in range(1, 101)]
 
 
 async def test_headers_reach_the_server(demo_http_factory: Any, store: Store) -> None:
@@ -54,14 +54,14 @@ async def test_emit_only_server_restart_gives_truncated_and_a_fresh_cursor(
     async with demo_http_factory() as demo:
         async with ServerConnection("demo", demo.config()) as conn:
             await run_until_first_wait(sub, conn, store)
-        before = store.cursor_sync("alerts")
+        before = store.core.cursor("alerts")
         await demo.stop()
         await demo.start()  # same port, new process: its ring buffer and cursors are new
         async with ServerConnection("demo", demo.config()) as conn:
             await run_until_first_wait(sub, conn, store)
-    after = store.cursor_sync("alerts")
+    after = store.core.cursor("alerts")
     assert before is not None and after is not None and before != after
-    [gap] = store.gaps_sync("alerts")
+    [gap] = store.core.gaps("alerts")
     assert gap["cursor_before"] == before and gap["cursor_after"] == after
 
 
@@ -90,7 +90,7 @@ async def test_a_server_that_only_speaks_initialize_is_polled(tmp_path: Path, st
         assert conn.advertises_events
         assert [d.name for d in await conn.list_events()] == ["counter.tick"]
         await run_until_first_wait(sub, conn, store)
-    assert store.event_ids_sync() == ["tick-3", "tick-4", "tick-5", "tick-6"]
+    assert store.core.event_ids() == ["tick-3", "tick-4", "tick-5", "tick-6"]
 
 
 async def test_internal_errors_are_retried_with_growing_backoff(store: Store) -> None:
@@ -104,10 +104,10 @@ async def test_internal_errors_are_retried_with_growing_backoff(store: Store) ->
             retries = []
             for _ in range(3):
                 retries.append(await sleep.next())
-                assert "upstream hiccup" in (store.subscriptions_sync()[0]["last_error"] or "")
+                assert "upstream hiccup" in (store.core.subscriptions()[0]["last_error"] or "")
                 sleep.release()
             assert await sleep.next() == 1.0  # the ordinary wait after a good poll
             tg.cancel_scope.cancel()
     assert retries[0] < retries[2]
-    assert store.event_ids_sync() == ["tick-1", "tick-2"]
-    assert store.subscriptions_sync()[0]["last_error"] is None
+    assert store.core.event_ids() == ["tick-1", "tick-2"]
+    assert store.core.subscriptions()[0]["last_error"] is None

@@ -15,6 +15,7 @@ from agentwake.delivery.poll import PollLoop, subscription_key
 from agentwake.errors import SubscriptionEnded
 from agentwake.mcp import ServerConnection
 from agentwake.store import Store
+from agentwake.store.sqlite import SqliteStore
 
 pytestmark = pytest.mark.anyio
 
@@ -37,8 +38,8 @@ async def test_backlog_is_drained_through_has_more_without_waiting(tmp_path: Pat
             tg.cancel_scope.cancel()
     assert loop.polls == 3  # 100 + 100 + 50, back to back
     assert first_wait == 1.0
-    assert store.event_ids_sync() == [f"T-{n:06d}" for n in range(1, 251)]
-    assert store.cursor_sync("tickets") == "250"
+    assert store.core.event_ids() == [f"T-{n:06d}" for n in range(1, 251)]
+    assert store.core.cursor("tickets") == "250"
 
 
 @pytest.mark.parametrize(
@@ -69,8 +70,8 @@ async def test_first_poll_bootstraps_with_a_null_cursor_and_replays_nothing(
         tg.start_soon(PollLoop(tickets(), conn, store, sleep=sleep).run)
         await sleep.next()
         tg.cancel_scope.cancel()
-    assert store.event_ids_sync() == []
-    assert store.cursor_sync("tickets") == "40"
+    assert store.core.event_ids() == []
+    assert store.core.cursor("tickets") == "40"
 
 
 async def test_restart_resumes_from_the_persisted_cursor_losing_and_repeating_nothing(tmp_path: Path) -> None:
@@ -78,7 +79,7 @@ async def test_restart_resumes_from_the_persisted_cursor_losing_and_repeating_no
     demo = demo_stdio(tmp_path / "demo.db", DEMO_BACKLOG="120")
     db_path = tmp_path / "agentwake.db"
 
-    first = await Store.open(db_path)
+    first = await SqliteStore.open(db_path)
     await set_cursor(first, subscription_key(sub), "0")
     sleep = SteppedSleep()
     async with ServerConnection("demo", demo) as conn:
@@ -92,13 +93,13 @@ async def test_restart_resumes_from_the_persisted_cursor_losing_and_repeating_no
             )
     await first.close()
 
-    second = await Store.open(db_path)
+    second = await SqliteStore.open(db_path)
     sleep = SteppedSleep()
     async with ServerConnection("demo", demo) as conn, anyio.create_task_group() as tg:
         tg.start_soon(PollLoop(sub, conn, second, sleep=sleep).run)
         await sleep.next()
         tg.cancel_scope.cancel()
-    ids = second.event_ids_sync()
+    ids = second.core.event_ids()
     await second.close()
     assert ids == [f"T-{n:06d}" for n in range(1, 151)]
 
@@ -114,10 +115,10 @@ async def test_a_stale_cursor_is_recorded_as_a_gap(tmp_path: Path, store: Store)
         tg.start_soon(PollLoop(sub, conn, store, sleep=sleep).run)
         await sleep.next()
         tg.cancel_scope.cancel()
-    [status] = store.subscriptions_sync()
+    [status] = store.core.subscriptions()
     assert status["gaps"] == 1
     assert status["cursor"] == "5"
-    [gap] = store.gaps_sync("tickets")
+    [gap] = store.core.gaps("tickets")
     assert (gap["cursor_before"], gap["cursor_after"]) == ("999999", "5")
 
 
@@ -134,8 +135,8 @@ async def test_max_age_floor_on_resume_skips_old_events_and_records_the_gap(
         tg.start_soon(PollLoop(sub, conn, store, sleep=sleep).run)
         await sleep.next()
         tg.cancel_scope.cancel()
-    assert store.event_ids_sync() == []
-    assert store.subscriptions_sync()[0]["gaps"] == 1
+    assert store.core.event_ids() == []
+    assert store.core.subscriptions()[0]["gaps"] == 1
 
 
 async def test_a_type_without_replay_never_persists_a_cursor(tmp_path: Path, store: Store) -> None:
@@ -145,11 +146,11 @@ async def test_a_type_without_replay_never_persists_a_cursor(tmp_path: Path, sto
     async with ServerConnection("demo", demo) as conn, anyio.create_task_group() as tg:
         tg.start_soon(PollLoop(sub, conn, store, sleep=sleep).run)
         with anyio.fail_after(20):
-            while not store.event_ids_sync():
+            while not store.core.event_ids():
                 await sleep.next()
                 sleep.release()
         tg.cancel_scope.cancel()
-    [status] = store.subscriptions_sync()
+    [status] = store.core.subscriptions()
     assert status["cursor"] is None
     assert status["events_received"] >= 1
 
@@ -167,8 +168,8 @@ async def test_the_same_event_id_seen_by_two_subscriptions_is_stored_once(
                 tg.start_soon(PollLoop(sub, conn, store, sleep=sleep).run)
                 await sleep.next()
                 tg.cancel_scope.cancel()
-    assert len(store.event_ids_sync()) == 7
-    by_name = {row["subscription"]: row for row in store.subscriptions_sync()}
+    assert len(store.core.event_ids()) == 7
+    by_name = {row["subscription"]: row for row in store.core.subscriptions()}
     assert (by_name["a"]["events_received"], by_name["a"]["duplicates"]) == (7, 0)
     assert (by_name["b"]["events_received"], by_name["b"]["duplicates"]) == (0, 7)
 
@@ -199,8 +200,8 @@ async def test_an_error_on_the_poll_sent_ahead_comes_after_the_batch_before_it_i
         with pytest.raises(SubscriptionEnded) as caught:
             await PollLoop(sub, conn, store, sleep=SteppedSleep()).run()
     assert caught.value.code == -32012
-    assert store.event_ids_sync("feed") == [f"item-{n}" for n in range(1, 7)]
-    assert store.subscriptions_sync()[0]["cursor"] == "6"
+    assert store.core.event_ids("feed") == [f"item-{n}" for n in range(1, 7)]
+    assert store.core.subscriptions()[0]["cursor"] == "6"
 
 
 async def test_a_pipelined_drain_stores_every_batch_in_order_with_its_cursor(
@@ -219,6 +220,6 @@ async def test_a_pipelined_drain_stores_every_batch_in_order_with_its_cursor(
         tg.start_soon(loop.run)
         await sleep.next()
         tg.cancel_scope.cancel()
-    assert store.event_ids_sync("feed") == [f"item-{n}" for n in range(1, 51)]
-    assert store.subscriptions_sync()[0]["cursor"] == "50"
+    assert store.core.event_ids("feed") == [f"item-{n}" for n in range(1, 51)]
+    assert store.core.subscriptions()[0]["cursor"] == "50"
     assert loop.polls == 13

@@ -14,12 +14,13 @@ from conftest import REPO
 
 from agentwake import mcp as mcp_module
 from agentwake.config import ServerConfig, SubscriptionConfig, parse_config
-from agentwake.delivery.poll import subscription_key
+from agentwake.delivery.common import subscription_key
 from agentwake.delivery.push import PushLoop
 from agentwake.delivery.select import choose_mode
 from agentwake.errors import ConfigError, SubscriptionEnded
 from agentwake.mcp import ServerConnection
 from agentwake.store import Store
+from agentwake.store.sqlite import SqliteStore
 from agentwake.supervisor import Supervisor
 
 pytestmark = pytest.mark.anyio
@@ -86,10 +87,10 @@ async def test_events_arrive_in_order_and_heartbeats_advance_the_cursor(tmp_path
         loop = PushLoop(sub, conn, store, on_stored=progress, sleep=SteppedSleep())
         # Item 5 is the last event; the heartbeat then says 15 were checked.
         await run_loop(loop, progress, lambda: "15" in progress.cursors)
-    assert store.event_ids_sync("feed") == [f"item-{n}" for n in range(1, 6)]
-    assert store.cursor_sync("feed") == "15"
+    assert store.core.event_ids("feed") == [f"item-{n}" for n in range(1, 6)]
+    assert store.core.cursor("feed") == "15"
     assert progress.cursors.index("5") < progress.cursors.index("15")  # never backwards
-    [row] = store.subscriptions_sync()
+    [row] = store.core.subscriptions()
     assert (row["mode"], row["events_received"], row["gaps"]) == ("push", 5, 0)
 
 
@@ -106,9 +107,9 @@ async def test_a_silent_stream_is_declared_dead_and_reopened_from_the_stored_cur
             tg.start_soon(loop.run)
             await sleep.next()  # the reconnect wait after the dead stream
             sleep.release()
-            await progress.until(lambda: len(store.event_ids_sync("feed")) == 5)
+            await progress.until(lambda: len(store.core.event_ids("feed")) == 5)
             tg.cancel_scope.cancel()
-    assert store.event_ids_sync("feed") == [f"item-{n}" for n in range(1, 6)]
+    assert store.core.event_ids("feed") == [f"item-{n}" for n in range(1, 6)]
     opens = [line for line in log_lines(tmp_path) if line.startswith("open")]
     assert opens == ["open 0", "open 3"]
     assert any(line.startswith("cancel") for line in log_lines(tmp_path))  # the dead stream was cancelled
@@ -122,10 +123,10 @@ async def test_a_mid_stream_gap_is_recorded(tmp_path: Path, store: Store) -> Non
     async with ServerConnection("push", push_server(tmp_path, PUSH_GAP_AT="2")) as conn:
         loop = PushLoop(sub, conn, store, on_stored=progress, sleep=SteppedSleep())
         await run_loop(loop, progress, lambda: "102" in progress.cursors)
-    assert store.event_ids_sync("feed") == ["item-1", "item-2"]
-    [gap] = store.gaps_sync("feed")
+    assert store.core.event_ids("feed") == ["item-1", "item-2"]
+    [gap] = store.core.gaps("feed")
     assert (gap["cursor_before"], gap["cursor_after"]) == ("2", "102")
-    assert store.subscriptions_sync()[0]["gaps"] == 1
+    assert store.core.subscriptions()[0]["gaps"] == 1
 
 
 async def test_an_error_notification_is_counted_and_the_stream_goes_on(
@@ -136,7 +137,7 @@ async def test_an_error_notification_is_counted_and_the_stream_goes_on(
     progress = Progress()
     async with ServerConnection("push", push_server(tmp_path, PUSH_ERROR_AT="2")) as conn:
         loop = PushLoop(sub, conn, store, on_stored=progress, sleep=SteppedSleep())
-        await run_loop(loop, progress, lambda: len(store.event_ids_sync("feed")) == 5)
+        await run_loop(loop, progress, lambda: len(store.core.event_ids("feed")) == 5)
     assert loop.errors == 1 and loop.streams == 1
     assert "server reported an error on the stream: UpstreamError (-32603)" in caplog.text
 
@@ -148,8 +149,8 @@ async def test_terminated_ends_the_subscription_with_the_reason(tmp_path: Path, 
         with pytest.raises(SubscriptionEnded) as ended, anyio.fail_after(20):
             await PushLoop(sub, conn, store, sleep=SteppedSleep()).run()
     assert ended.value.code == -32012 and "revoked" in str(ended.value)
-    assert store.event_ids_sync("feed") == ["item-1", "item-2", "item-3"]  # what came before it is kept
-    assert store.cursor_sync("feed") == "3"
+    assert store.core.event_ids("feed") == ["item-1", "item-2", "item-3"]  # what came before it is kept
+    assert store.core.cursor("feed") == "3"
 
 
 async def test_a_burst_of_10000_events_arrives_complete_and_in_order(tmp_path: Path, store: Store) -> None:
@@ -159,7 +160,7 @@ async def test_a_burst_of_10000_events_arrives_complete_and_in_order(tmp_path: P
     async with ServerConnection("push", push_server(tmp_path, PUSH_ITEMS="10000")) as conn:
         loop = PushLoop(sub, conn, store, on_stored=progress, sleep=SteppedSleep())
         await run_loop(loop, progress, lambda: "10000" in progress.cursors)
-    ids = store.event_ids_sync("feed")
+    ids = store.core.event_ids("feed")
     assert ids == [f"item-{n}" for n in range(1, 10001)]
     assert loop.streams == 1  # nothing was lost, so no reconnect was needed
 
@@ -174,11 +175,11 @@ async def test_several_streams_on_one_connection_are_routed_to_their_subscriptio
     async with ServerConnection("push", push_server(tmp_path)) as conn, anyio.create_task_group() as tg:
         for sub in subs:
             tg.start_soon(PushLoop(sub, conn, store, on_stored=progress, sleep=SteppedSleep()).run)
-        await progress.until(lambda: all(len(store.event_ids_sync(s.name)) == 5 for s in subs))
+        await progress.until(lambda: all(len(store.core.event_ids(s.name)) == 5 for s in subs))
         tg.cancel_scope.cancel()
     for sub, prefix in zip(subs, "abc", strict=True):
-        assert store.event_ids_sync(sub.name) == [f"{prefix}-{n}" for n in range(1, 6)]
-        assert store.cursor_sync(sub.name) == "5"
+        assert store.core.event_ids(sub.name) == [f"{prefix}-{n}" for n in range(1, 6)]
+        assert store.core.cursor(sub.name) == "5"
 
 
 async def test_cancelling_the_loop_cancels_the_stream_on_the_server(tmp_path: Path, store: Store) -> None:
@@ -214,12 +215,12 @@ async def test_the_supervisor_reconnects_a_crashed_server_and_one_terminated_sub
         },
         env={},
     )
-    store = await Store.open(tmp_path / "aw.db")
+    store = await SqliteStore.open(tmp_path / "aw.db")
     try:
         for sub in cfg.subscriptions:
             await set_cursor(store, subscription_key(sub), "0")
         sleep = SteppedSleep()
-        supervisor = Supervisor(cfg, store, sleep=sleep, processing=False, reconnect_initial_s=0.01)
+        supervisor = Supervisor(cfg, store, sleep=sleep, reconnect_initial_s=0.01)
 
         async def release_every_wait() -> None:
             while True:
@@ -230,17 +231,15 @@ async def test_the_supervisor_reconnects_a_crashed_server_and_one_terminated_sub
             tg.start_soon(supervisor.run)
             tg.start_soon(release_every_wait)
             with anyio.fail_after(30):
-                # The supervisor's processing wake-up fires after each commit of new events.
-                while len(store.event_ids_sync("crashy")) < 20:
-                    wake = supervisor._wake
-                    await wake.wait()
-                    supervisor._wake = anyio.Event()
+                # The supervisor says when a commit stored new events.
+                while len(store.core.event_ids("crashy")) < 20:
+                    await supervisor.next_stored()
             tg.cancel_scope.cancel()
-        assert store.event_ids_sync("crashy") == [f"item-{n}" for n in range(1, 21)]
-        rows = {r["subscription"]: r for r in store.subscriptions_sync()}
+        assert store.core.event_ids("crashy") == [f"item-{n}" for n in range(1, 21)]
+        rows = {r["subscription"]: r for r in store.core.subscriptions()}
         assert rows["crashy"]["duplicates"] == 0
         assert rows["revoked"]["status"] == "ended" and "revoked" in rows["revoked"]["last_error"]
-        assert store.event_ids_sync("revoked") == ["item-1", "item-2"]
+        assert store.core.event_ids("revoked") == ["item-1", "item-2"]
     finally:
         await store.close()
 
@@ -268,7 +267,7 @@ async def test_lost_notifications_are_detected_and_recovered_from_the_stored_cur
             await progress.until(lambda: "3000" in progress.cursors, limit_s=60)
             tg.cancel_scope.cancel()
     assert loop.streams > 1  # it noticed the loss and reopened the stream
-    assert store.event_ids_sync("feed") == [f"item-{n}" for n in range(1, 3001)]  # every one, once
+    assert store.core.event_ids("feed") == [f"item-{n}" for n in range(1, 3001)]  # every one, once
 
 
 async def test_error_notifications_are_counted_in_the_store(tmp_path: Path, store: Store) -> None:
@@ -277,8 +276,8 @@ async def test_error_notifications_are_counted_in_the_store(tmp_path: Path, stor
     progress = Progress()
     async with ServerConnection("push", push_server(tmp_path, PUSH_ERROR_AT="2")) as conn:
         loop = PushLoop(sub, conn, store, on_stored=progress, sleep=SteppedSleep())
-        await run_loop(loop, progress, lambda: len(store.event_ids_sync("feed")) == 5)
-    assert store.subscriptions_sync()[0]["stream_errors"] == 1
+        await run_loop(loop, progress, lambda: len(store.core.event_ids("feed")) == 5)
+    assert store.core.subscriptions()[0]["stream_errors"] == 1
 
 
 def test_forcing_push_on_a_type_that_does_not_offer_it_is_a_clear_error() -> None:

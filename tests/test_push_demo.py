@@ -13,10 +13,11 @@ from conftest import demo_stdio
 from test_push_client import Progress
 
 from agentwake.config import SubscriptionConfig, parse_config
-from agentwake.delivery.poll import subscription_key
+from agentwake.delivery.common import subscription_key
 from agentwake.delivery.push import PushLoop
 from agentwake.mcp import ServerConnection
 from agentwake.store import Store
+from agentwake.store.sqlite import SqliteStore
 from agentwake.supervisor import Supervisor
 from examples.demo_server import TicketStore
 
@@ -47,13 +48,13 @@ async def test_a_burst_of_10000_tickets_streams_complete_in_order_over_stdio(
     async with ServerConnection("demo", server) as conn, anyio.create_task_group() as tg:
         loop = PushLoop(sub, conn, store, on_stored=progress, sleep=SteppedSleep())
         tg.start_soon(loop.run)
-        await progress.until(lambda: len(store.event_ids_sync("tickets")) >= 10_000, limit_s=60)
+        await progress.until(lambda: len(store.core.event_ids("tickets")) >= 10_000, limit_s=60)
         # Then quiet: the heartbeat keeps the stored cursor at the head.
         seen = len(progress.cursors)
         await progress.until(lambda: len(progress.cursors) > seen)
         tg.cancel_scope.cancel()
-    assert store.event_ids_sync("tickets") == [f"T-{n:06d}" for n in range(1, 10_001)]
-    assert store.cursor_sync("tickets") == "10000"
+    assert store.core.event_ids("tickets") == [f"T-{n:06d}" for n in range(1, 10_001)]
+    assert store.core.cursor("tickets") == "10000"
     assert loop.streams == 1
 
 
@@ -77,11 +78,11 @@ async def test_streams_over_http_survive_a_server_restart_and_lose_nothing(
             },
             env={},
         )
-        store = await Store.open(tmp_path / "aw.db")
+        store = await SqliteStore.open(tmp_path / "aw.db")
         try:
             await set_cursor(store, subscription_key(cfg.subscriptions[0]), "0")
             sleep = SteppedSleep()
-            supervisor = Supervisor(cfg, store, sleep=sleep, processing=False, reconnect_initial_s=0.05)
+            supervisor = Supervisor(cfg, store, sleep=sleep, reconnect_initial_s=0.05)
 
             async def release_every_wait() -> None:
                 while True:
@@ -90,10 +91,8 @@ async def test_streams_over_http_survive_a_server_restart_and_lose_nothing(
 
             async def until(count: int) -> None:
                 with anyio.fail_after(60):
-                    while len(store.event_ids_sync("tickets")) < count:
-                        wake = supervisor._wake
-                        await wake.wait()
-                        supervisor._wake = anyio.Event()
+                    while len(store.core.event_ids("tickets")) < count:
+                        await supervisor.next_stored()
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(supervisor.run)
@@ -104,8 +103,8 @@ async def test_streams_over_http_survive_a_server_restart_and_lose_nothing(
                 await demo.start()  # same port, same durable upstream
                 await until(35)
                 tg.cancel_scope.cancel()
-            assert store.event_ids_sync("tickets") == [f"T-{n:06d}" for n in range(1, 36)]
-            [row] = store.subscriptions_sync()
+            assert store.core.event_ids("tickets") == [f"T-{n:06d}" for n in range(1, 36)]
+            [row] = store.core.subscriptions()
             assert (row["mode"], row["duplicates"]) == ("push", 0)
         finally:
             await store.close()

@@ -11,9 +11,11 @@ from _support import SteppedSleep, set_cursor
 from conftest import REPO, demo_stdio
 
 from agentwake.config import AgentwakeConfig, ServerConfig, parse_config
-from agentwake.delivery.poll import subscription_key
+from agentwake.delivery.common import subscription_key
 from agentwake.store import InboxEvent, Store
+from agentwake.store.sqlite import SqliteStore
 from agentwake.supervisor import Supervisor
+from agentwake.worker import Worker
 
 pytestmark = pytest.mark.anyio
 
@@ -42,7 +44,13 @@ async def test_a_bad_subscription_and_a_dead_server_do_not_stop_the_good_one(
         if len(seen) >= 3:
             enough.set()
 
-    supervisor = Supervisor(config, store, process=process, reconnect_initial_s=0.05, reconnect_max_s=0.2)
+    supervisor = Supervisor(
+        config,
+        store,
+        worker=Worker(config, store, on_log=process),
+        reconnect_initial_s=0.05,
+        reconnect_max_s=0.2,
+    )
     async with anyio.create_task_group() as tg:
         await tg.start(supervisor.run)
         with anyio.fail_after(30):
@@ -50,12 +58,12 @@ async def test_a_bad_subscription_and_a_dead_server_do_not_stop_the_good_one(
         tg.cancel_scope.cancel()
 
     assert {e.subscription for e in seen} == {"good"}
-    status = {row["subscription"]: row for row in store.subscriptions_sync()}
+    status = {row["subscription"]: row for row in store.core.subscriptions()}
     assert status["typo"]["status"] == "ended"
     assert "no event 'ticket.craeted'" in status["typo"]["last_error"]
     assert "command not found" in (status["orphan"]["last_error"] or "")
     assert status["good"]["status"] == "active" and status["good"]["events_received"] >= 3
-    counts = store.state_counts_sync()
+    counts = store.core.state_counts()
     assert counts["pending"] + counts["processing"] + counts["done"] == status["good"]["events_received"]
 
 
@@ -81,25 +89,23 @@ async def test_a_server_that_dies_mid_drain_is_reconnected_and_nothing_is_lost_o
         },
         env={},
     )
-    store = await Store.open(tmp_path / "aw.db")
+    store = await SqliteStore.open(tmp_path / "aw.db")
     try:
         key = subscription_key(cfg.subscriptions[0])
         await set_cursor(store, key, "0")
         sleep = SteppedSleep()
-        supervisor = Supervisor(
-            cfg, store, sleep=sleep, processing=False, reconnect_initial_s=0.01, reconnect_max_s=0.02
-        )
+        supervisor = Supervisor(cfg, store, sleep=sleep, reconnect_initial_s=0.01, reconnect_max_s=0.02)
         async with anyio.create_task_group() as tg:
             tg.start_soon(supervisor.run)
             # The first sleep is the reconnect after the crash; the next is the quiet poll after the drain.
             with anyio.fail_after(30):
-                while len(store.event_ids_sync("feed")) < 30:
+                while len(store.core.event_ids("feed")) < 30:
                     await sleep.next()
                     sleep.release()
             tg.cancel_scope.cancel()
         assert (tmp_path / "crashed").exists()
-        assert store.event_ids_sync("feed") == [f"item-{n}" for n in range(1, 31)]
-        [row] = store.subscriptions_sync()
+        assert store.core.event_ids("feed") == [f"item-{n}" for n in range(1, 31)]
+        [row] = store.core.subscriptions()
         assert row["duplicates"] == 0
         assert "server 'feed': connection closed; reconnecting" in caplog.text
     finally:

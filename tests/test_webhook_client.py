@@ -29,6 +29,7 @@ from agentwake.delivery.webhook import (
 from agentwake.errors import ConfigError, events_call_error
 from agentwake.logs import install_redaction
 from agentwake.store import IncomingEvent, Store, SubscriptionKey, WebhookDelivery
+from agentwake.store.sqlite import SqliteCore, SqliteStore
 
 runner = CliRunner()
 pytestmark = pytest.mark.anyio
@@ -249,7 +250,7 @@ async def test_a_webhook_keeps_its_secret_until_its_key_changes_then_the_old_one
     assert fresh.secret != first.secret and fresh.webhook_id is None
     [retired] = await store.to_unsubscribe("demo")
     assert (retired.arguments, retired.url, retired.webhook_id) == ({"queue": "support"}, URL, "sub_1")
-    assert store.retired_webhook_ids_sync() == {"sub_1"}
+    assert store.core.retired_webhook_ids() == {"sub_1"}
     await store.mark_unsubscribed(retired.id)
     assert await store.to_unsubscribe() == []
 
@@ -257,7 +258,7 @@ async def test_a_webhook_keeps_its_secret_until_its_key_changes_then_the_old_one
 async def test_a_refresh_with_a_new_secret_keeps_the_old_one_as_previous(store: Store) -> None:
     await store.register(KEY)
     record = await store.prepare_webhook(KEY, URL, signing.generate_secret())
-    [name] = store.request_rotation_sync(None, signing.generate_secret)
+    [name] = store.core.request_rotation(None, signing.generate_secret)
     assert name == "tickets"
     pending = await store.webhook("tickets")
     assert pending is not None and pending.pending_secret
@@ -280,8 +281,8 @@ async def test_secrets_stay_out_of_reprs_and_status_and_the_file_is_private(stor
     await store.register(KEY)
     record = await store.prepare_webhook(KEY, URL, signing.generate_secret())
     assert record.secret not in repr(record)
-    assert "whsec_" not in json.dumps(store.subscriptions_sync())
-    assert store.subscriptions_sync()[0]["webhook"]["url"] == URL
+    assert "whsec_" not in json.dumps(store.core.subscriptions())
+    assert store.core.subscriptions()[0]["webhook"]["url"] == URL
     assert stat.S_IMODE(os.stat(store.path).st_mode) == 0o600
 
 
@@ -290,9 +291,9 @@ async def test_a_servers_error_that_quotes_a_secret_is_stored_and_shown_without_
     await store.register(KEY)
     secret = signing.generate_secret()
     await store.record_error(KEY.name, f"events/subscribe: InvalidParams: bad secret {secret}")
-    assert secret not in json.dumps(store.subscriptions_sync())
+    assert secret not in json.dumps(store.core.subscriptions())
     await store.set_state(KEY.name, status="ended", error=f"refused: {secret}")
-    [row] = store.subscriptions_sync()
+    [row] = store.core.subscriptions()
     assert row["last_error"] == "refused: [REDACTED]"
 
 
@@ -309,7 +310,7 @@ def write_config(tmp_path: Path) -> Path:
 
 async def test_rotate_secret_stores_a_pending_secret_and_never_prints_it(tmp_path: Path) -> None:
     config = write_config(tmp_path)
-    opened = await Store.open(tmp_path / "aw.db")
+    opened = await SqliteStore.open(tmp_path / "aw.db")
     await opened.register(KEY)
     await opened.prepare_webhook(KEY, URL, signing.generate_secret())
     await opened.close()
@@ -317,14 +318,14 @@ async def test_rotate_secret_stores_a_pending_secret_and_never_prints_it(tmp_pat
     assert result.exit_code == 0, result.output
     assert "tickets: new secret stored" in result.output and "60s" in result.output
     assert "whsec_" not in result.output
-    reopened = Store.open_existing(tmp_path / "aw.db")
+    reopened = SqliteCore.open(tmp_path / "aw.db", create=False)
     try:
-        record = reopened.webhook_sync("tickets")
+        record = reopened.webhook("tickets")
         assert record is not None and record.pending_secret is not None
         status = runner.invoke(app, ["status", "--json", "-c", str(config)])
         assert json.loads(status.output)[0]["webhook"]["rotation_pending"] is True
     finally:
-        reopened.close_sync()
+        reopened.close()
     unknown = runner.invoke(app, ["rotate-secret", "nope", "-c", str(config)])
     assert unknown.exit_code == 2
     assert "no webhook subscription named 'nope'" in unknown.output
@@ -395,13 +396,13 @@ async def test_a_group_commit_counts_each_delivery_and_keeps_arrival_order_for_c
         ]
     )
     assert [(r.inserted, r.duplicates) for r in results] == [(0, 1), (1, 0), (1, 0), (0, 1), (0, 0), (1, 0)]
-    rows = {row["subscription"]: row for row in store.subscriptions_sync()}
+    rows = {row["subscription"]: row for row in store.core.subscriptions()}
     assert (rows["tickets"]["cursor"], rows["tickets"]["events_received"], rows["tickets"]["duplicates"]) == (
         "c10",
         3,
         2,
     )
     assert (rows["alerts"]["cursor"], rows["alerts"]["events_received"]) == (None, 1)
-    [gap] = store.gaps_sync("tickets")
+    [gap] = store.core.gaps("tickets")
     assert (gap["cursor_before"], gap["cursor_after"]) == ("c4", "c9")
-    assert store.event_ids_sync() == ["T-1", "T-2", "A-1", "T-3"]
+    assert store.core.event_ids() == ["T-1", "T-2", "A-1", "T-3"]

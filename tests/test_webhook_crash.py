@@ -26,7 +26,7 @@ import trustme
 from conftest import REPO, free_port
 
 from agentwake import signing
-from agentwake.store import Store
+from agentwake.store.sqlite import SqliteCore
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 HOOK_ID = "sub_0123456789abcdef"
@@ -96,12 +96,12 @@ async def deliver(port: int, secret: str, context: ssl.SSLContext) -> int | None
 
 
 def stored(tmp_path: Path) -> tuple[list[str], int, str | None]:
-    store = Store.open_sync(tmp_path / "aw.db")
+    store = SqliteCore.open(tmp_path / "aw.db")
     try:
-        [row] = store.subscriptions_sync()
-        return store.event_ids_sync("tickets"), row["duplicates"], row["cursor"]
+        [row] = store.subscriptions()
+        return store.event_ids("tickets"), row["duplicates"], row["cursor"]
     finally:
-        store.close_sync()
+        store.close()
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from conftest import REPO, free_port
 
-from agentwake.store import Store
+from agentwake.store.sqlite import SqliteCore
 
 # Generous: the demo creates a ticket a second and the script stops after the agent's second run.
 RUN_TIMEOUT_S = 120
@@ -51,14 +51,14 @@ def test_the_webhook_demo_delivers_tickets_to_the_agent_and_runs_again_on_the_sa
     for output in (first.stderr, second.stderr):
         assert "whsec_" not in output and "Bearer" not in output
     assert "Bearer" not in (folder / "agentwake.toml").read_text().replace("Bearer ${", "")
-    store = Store.open_sync(folder / "agentwake.db")
+    store = SqliteCore.open(folder / "agentwake.db")
     try:
-        [row] = store.subscriptions_sync()
+        [row] = store.subscriptions()
         assert row["mode"] == "webhook"
         assert row["webhook"]["id"].startswith("sub_")
-        assert store.state_counts_sync()["done"] >= 4
+        assert store.state_counts()["done"] >= 4
     finally:
-        store.close_sync()
+        store.close()
 
 
 def test_a_receiver_port_in_use_stops_the_demo_with_a_clear_message(tmp_path: Path) -> None:

@@ -31,7 +31,9 @@ from agentwake.errors import EventsCallError
 from agentwake.logs import install_redaction
 from agentwake.mcp import ServerConnection
 from agentwake.store import Store, WebhookRecord
+from agentwake.store.sqlite import SqliteCore, SqliteStore
 from agentwake.supervisor import Supervisor
+from agentwake.worker import Worker
 from examples.demo_server import TicketStore
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -110,10 +112,10 @@ TICKETS = {"name": "tickets", "server": "demo", "event": "ticket.created", "deli
 
 @asynccontextmanager
 async def delivering(cfg: AgentwakeConfig) -> AsyncIterator[tuple[Store, Supervisor]]:
-    """The service's delivery side (no processing stage) running on ``cfg``, with its store open."""
-    store = await Store.open(cfg.store.path)
+    """The service's delivery side (no worker) running on ``cfg``, with its store open."""
+    store = await SqliteStore.open(cfg.store.path)
     try:
-        supervisor = Supervisor(cfg, store, processing=False)
+        supervisor = Supervisor(cfg, store)
         async with anyio.create_task_group() as tg:
             tg.start_soon(supervisor.run)
             yield store, supervisor
@@ -130,15 +132,14 @@ async def ticket_arrives(demo: DemoHTTP, store: Store, supervisor: Supervisor, t
     finally:
         upstream.close()
     with anyio.fail_after(30):
-        while not store.event_ids_sync("tickets"):
-            await supervisor._wake.wait()
-            supervisor._wake = anyio.Event()
+        while not store.core.event_ids("tickets"):
+            await supervisor.next_stored()
 
 
 async def wait_refreshes(supervisor: Supervisor, store: Store, name: str, count: int) -> None:
     """Every subscribe and refresh binds the receiver's route; wait for ``count`` stored refreshes."""
     while True:
-        record = store.webhook_sync(name)
+        record = store.core.webhook(name)
         if record is not None and record.refreshes >= count:
             return
         await supervisor.routes.wait_binds(supervisor.routes.binds + 1)
@@ -165,11 +166,11 @@ async def test_tickets_arrive_by_webhook_wake_the_agent_and_refreshes_keep_the_s
                 "attempt_backoff_s": 0,
             },
         )
-        store = await Store.open(cfg.store.path)
+        store = await SqliteStore.open(cfg.store.path)
         pool = ConnectionPool()
         try:
             runner = AgentRunner.build(cfg, store, pool)
-            supervisor = Supervisor(cfg, store, agent=runner, pool=pool)
+            supervisor = Supervisor(cfg, store, worker=Worker(cfg, store, agent=runner, pool=pool), pool=pool)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(supervisor.run)
                 with anyio.fail_after(30):
@@ -184,24 +185,24 @@ async def test_tickets_arrive_by_webhook_wake_the_agent_and_refreshes_keep_the_s
                     upstream.close()
                 with anyio.fail_after(30):
                     await fake.wait_for_requests(3, timeout=30)
-                    while store.state_counts_sync()["done"] < 3:
+                    while store.core.state_counts()["done"] < 3:
                         await supervisor.routes.wait_binds(supervisor.routes.binds + 1)
                     # One more refresh: its cursor is the watermark after every delivery was acknowledged.
-                    record = store.webhook_sync("tickets")
+                    record = store.core.webhook("tickets")
                     assert record is not None
                     await wait_refreshes(supervisor, store, "tickets", record.refreshes + 1)
                 tg.cancel_scope.cancel()
-            [row] = store.subscriptions_sync()
+            [row] = store.core.subscriptions()
             assert row["mode"] == "webhook"  # auto picked it: [webhook] is configured and the type offers it
             # Several deliveries are in flight at once: arrival order is best effort (the spec says so).
-            assert sorted(store.event_ids_sync("tickets")) == ["T-000001", "T-000002", "T-000003"]
+            assert sorted(store.core.event_ids("tickets")) == ["T-000001", "T-000002", "T-000003"]
             assert (row["events_received"], row["duplicates"]) == (3, 0)
             assert row["cursor"] == "3"
             webhook = row["webhook"]
             assert webhook["id"].startswith("sub_") and webhook["refreshes"] >= 5
             assert webhook["url"] == f"https://127.0.0.1:{port}/hooks/tickets"
             assert webhook["delivery_status"]["active"] is True
-            runs = [r for e in store.find_events_sync("T-000002") for r in e["runs"]]
+            runs = [r for e in store.core.find_events("T-000002") for r in e["runs"]]
             assert [r["status"] for r in runs] == ["completed"]
             assert supervisor.receiver is not None and supervisor.receiver.counts["verifications"] == 1
         finally:
@@ -219,21 +220,21 @@ async def test_a_restart_keeps_the_subscription_and_removing_it_from_the_config_
             async with delivering(with_tickets) as (store, supervisor):
                 with anyio.fail_after(30):
                     await wait_refreshes(supervisor, store, "tickets", len(ids) + 1)
-                record = store.webhook_sync("tickets")
+                record = store.core.webhook("tickets")
                 assert record is not None
                 ids.append(record.webhook_id)
-                assert store.to_unsubscribe_sync() == []
+                assert store.core.to_unsubscribe() == []
         assert ids[0] == ids[1]  # the same server-side subscription, refreshed
 
         without = config(tmp_path, demo, tls, port, subscriptions=[], webhook=False)
-        store = await Store.open(without.store.path)
+        store = await SqliteStore.open(without.store.path)
         try:
             with anyio.fail_after(30):
                 # Only the clean-up has to happen: the run ends once the server is told.
-                await Supervisor(without, store, processing=False).run()
-            assert store.to_unsubscribe_sync() == []
-            assert store.retired_webhook_ids_sync() == {ids[0]}
-            assert store.webhook_sync("tickets") is None
+                await Supervisor(without, store).run()
+            assert store.core.to_unsubscribe() == []
+            assert store.core.retired_webhook_ids() == {ids[0]}
+            assert store.core.webhook("tickets") is None
         finally:
             await store.close()
 
@@ -251,10 +252,10 @@ async def test_a_restart_keeps_the_subscription_and_removing_it_from_the_config_
         async with delivering(with_tickets) as (store, supervisor):
             with anyio.fail_after(30):
                 await wait_refreshes(supervisor, store, "tickets", 1)
-            record = store.webhook_sync("tickets")
+            record = store.core.webhook("tickets")
             assert record is not None and record.webhook_id == ids[0]
-            assert store.retired_webhook_ids_sync() == set()
-            assert store.to_unsubscribe_sync() == []  # nothing would unsubscribe the live one
+            assert store.core.retired_webhook_ids() == set()
+            assert store.core.to_unsubscribe() == []  # nothing would unsubscribe the live one
             await ticket_arrives(demo, store, supervisor, "after coming back")
             assert supervisor.receiver is not None
             assert supervisor.receiver.counts["rejected_410"] == 0
@@ -271,22 +272,20 @@ async def test_a_rotated_secret_goes_out_on_the_next_refresh_and_deliveries_keep
         async with delivering(cfg) as (store, supervisor):
             with anyio.fail_after(30):
                 await wait_refreshes(supervisor, store, "tickets", 1)
-                before = store.webhook_sync("tickets")
+                before = store.core.webhook("tickets")
                 assert before is not None
                 # What `agentwake rotate-secret tickets` does, from another connection to the file.
-                cli_store = Store.open_existing(cfg.store.path)
+                cli_store = SqliteCore.open(cfg.store.path, create=False)
                 try:
-                    assert cli_store.request_rotation_sync(["tickets"], signing.generate_secret) == [
-                        "tickets"
-                    ]
+                    assert cli_store.request_rotation(["tickets"], signing.generate_secret) == ["tickets"]
                 finally:
-                    cli_store.close_sync()
-                while (after := store.webhook_sync("tickets")) is None or after.secret == before.secret:
+                    cli_store.close()
+                while (after := store.core.webhook("tickets")) is None or after.secret == before.secret:
                     await supervisor.routes.wait_binds(supervisor.routes.binds + 1)
             assert after.previous_secret == before.secret and after.pending_secret is None
             assert after.webhook_id == before.webhook_id
             await ticket_arrives(demo, store, supervisor, "after the rotation")
-            assert store.event_ids_sync("tickets") == ["T-000001"]
+            assert store.core.event_ids("tickets") == ["T-000001"]
             # No secret, old or new, in any log line (DEBUG included, where the SDK logs each request).
             for secret in (before.secret, after.secret):
                 assert secret.removeprefix("whsec_") not in caplog.text
@@ -303,7 +302,7 @@ async def test_a_terminated_envelope_ends_the_subscription_and_its_id_is_refused
         async with delivering(cfg) as (store, supervisor):
             with anyio.fail_after(30):
                 await wait_refreshes(supervisor, store, "tickets", 1)
-            record = store.webhook_sync("tickets")
+            record = store.core.webhook("tickets")
             assert record is not None and record.webhook_id is not None
             # Signed as the server signs it: the subscription's own secret.
             envelope = {
@@ -311,10 +310,10 @@ async def test_a_terminated_envelope_ends_the_subscription_and_its_id_is_refused
                 "error": {"code": -32012, "message": "Forbidden", "data": {"reason": "access revoked"}},
             }
             assert await post_signed(port, context, record, "msg_terminated_1", envelope) == 204
-            [row] = store.subscriptions_sync()
+            [row] = store.core.subscriptions()
             assert row["status"] == "ended"
             assert "access revoked" in row["last_error"]
-            assert store.webhook_sync("tickets") is None
+            assert store.core.webhook("tickets") is None
             late = {
                 "eventId": "T-9",
                 "name": "ticket.created",
@@ -322,11 +321,11 @@ async def test_a_terminated_envelope_ends_the_subscription_and_its_id_is_refused
                 "data": {},
             }
             assert await post_signed(port, context, record, "T-9", late) == 410
-            assert store.event_ids_sync("tickets") == []
-            assert store.to_unsubscribe_sync() == []  # the server already dropped it
+            assert store.core.event_ids("tickets") == []
+            assert store.core.to_unsubscribe() == []  # the server already dropped it
 
 
-class TerminatedDuringRefresh(Store):
+class TerminatedDuringRefresh(SqliteStore):
     """A store that lets a terminated envelope reach the receiver while a refresh stores its cursor.
 
     ``written`` is set as that write returns; the refresh goes on without yielding to bind its
@@ -356,12 +355,12 @@ async def test_a_terminated_envelope_during_a_refresh_leaves_the_id_refused_not_
         store = await TerminatedDuringRefresh.open(cfg.store.path)
         assert isinstance(store, TerminatedDuringRefresh)
         try:
-            supervisor = Supervisor(cfg, store, processing=False)
+            supervisor = Supervisor(cfg, store)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(supervisor.run)
                 with anyio.fail_after(30):
                     await wait_refreshes(supervisor, store, "tickets", 1)
-                record = store.webhook_sync("tickets")
+                record = store.core.webhook("tickets")
                 assert record is not None and record.webhook_id is not None
                 envelope = {"type": "terminated", "error": {"code": -32012, "message": "Forbidden"}}
 
@@ -428,7 +427,7 @@ async def test_webhook_over_an_unauthenticated_connection_ends_with_a_clear_forb
         with anyio.fail_after(30):
             # stdio carries no principal, and webhook delivery needs one.
             await supervisor.wait_ended("tickets")
-        [row] = store.subscriptions_sync()
+        [row] = store.core.subscriptions()
     assert row["status"] == "ended"
     assert "subscription 'tickets'" in row["last_error"]
     assert "refused the webhook subscription (Forbidden" in row["last_error"]

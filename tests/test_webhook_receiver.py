@@ -40,6 +40,7 @@ from agentwake.delivery import receiver as receiver_module
 from agentwake.delivery.receiver import Receiver, WebhookRoutes
 from agentwake.errors import ConfigError, StoreError
 from agentwake.store import Store, SubscriptionKey
+from agentwake.store.sqlite import SqliteStore
 
 pytestmark = pytest.mark.anyio
 
@@ -59,11 +60,11 @@ async def hook(tls: TLS, store: Store) -> AsyncIterator[Hook]:
 
 
 def stored(hook: Hook) -> list[str]:
-    return hook.store.event_ids_sync(KEY.name)
+    return hook.store.core.event_ids(KEY.name)
 
 
 def subscription_row(hook: Hook) -> dict[str, Any]:
-    [row] = [r for r in hook.store.subscriptions_sync() if r["subscription"] == KEY.name]
+    [row] = [r for r in hook.store.core.subscriptions() if r["subscription"] == KEY.name]
     return row
 
 
@@ -113,7 +114,7 @@ async def test_a_delivery_signed_by_the_standardwebhooks_library_is_stored_with_
     reply = await hook.deliver(event("evt_1", cursor="c1"))
     assert reply.status == 204
     assert stored(hook) == ["evt_1"]
-    assert hook.store.cursor_sync("tickets") == "c1"
+    assert hook.store.core.cursor("tickets") == "c1"
     row = subscription_row(hook)
     assert (row["events_received"], row["duplicates"], row["gaps"]) == (1, 0, 0)
     assert hook.receiver.counts["accepted"] == 1
@@ -121,7 +122,7 @@ async def test_a_delivery_signed_by_the_standardwebhooks_library_is_stored_with_
 
 async def test_the_event_body_is_stored_as_delivered(hook: Hook) -> None:
     await hook.deliver(event("evt_9", cursor="c9", _meta={"trace": "t-1"}))
-    [row] = hook.store.inbox_sync(10)
+    [row] = hook.store.core.inbox(10)
     assert (row["subscription"], row["server"], row["event"], row["event_id"]) == (
         "tickets",
         "demo",
@@ -135,7 +136,7 @@ async def test_a_delivery_signed_with_another_secret_is_refused_401_and_not_stor
     reply = await hook.deliver(event(), secret=signing.generate_secret())
     assert reply.status == 401
     assert stored(hook) == []
-    assert hook.store.cursor_sync("tickets") is None
+    assert hook.store.core.cursor("tickets") is None
 
 
 async def test_a_body_altered_after_signing_is_refused_401(hook: Hook) -> None:
@@ -306,7 +307,7 @@ async def test_an_unknown_subscription_id_is_404_and_503_while_a_subscribe_is_in
     assert (await hook.deliver(event(), secret=secret2, sub_id="sub_new")).status == 503
     hook.routes.end_subscribe(KEY2.name)
     assert (await hook.deliver(event(), secret=secret2, sub_id="sub_new")).status == 404
-    assert store.event_ids_sync() == []
+    assert store.core.event_ids() == []
 
 
 async def test_a_delivery_for_the_new_id_is_stored_once_the_subscribe_response_binds_it(
@@ -320,7 +321,7 @@ async def test_a_delivery_for_the_new_id_is_stored_once_the_subscribe_response_b
     hook.routes.end_subscribe(KEY2.name)
     retried = await hook.deliver(event("evt_a"), secret=secret2, sub_id="sub_new")
     assert (early.status, retried.status) == (503, 204)
-    assert store.event_ids_sync("alerts") == ["evt_a"]
+    assert store.core.event_ids("alerts") == ["evt_a"]
 
 
 async def test_a_retired_subscription_id_is_answered_410(hook: Hook) -> None:
@@ -451,7 +452,7 @@ async def test_invalid_json_with_a_valid_signature_is_refused_400_and_not_stored
     reply = await hook.post(body, signed_raw(hook, body))
     assert reply.status == 400
     assert stored(hook) == []
-    assert hook.store.cursor_sync("tickets") is None
+    assert hook.store.core.cursor("tickets") is None
 
 
 @pytest.mark.parametrize(
@@ -481,7 +482,7 @@ async def test_a_json_body_that_is_not_an_event_occurrence_is_refused_400(hook: 
     reply = await hook.deliver(document, msg_id="evt_1")
     assert reply.status == 400
     assert stored(hook) == []
-    assert hook.store.cursor_sync("tickets") is None
+    assert hook.store.core.cursor("tickets") is None
 
 
 async def test_a_body_that_is_not_utf8_with_a_valid_signature_is_refused_400_not_500(hook: Hook) -> None:
@@ -671,7 +672,7 @@ async def test_an_event_with_a_lone_surrogate_escape_is_refused_and_the_receiver
             after = await hook.deliver(event("evt_2"))
         assert poisoned.status in (400, 503)  # 400 (never retried) is the better answer
         assert after.status == 204
-        assert store.event_ids_sync() == ["evt_2"]
+        assert store.core.event_ids() == ["evt_2"]
 
 
 async def test_error_responses_carry_only_a_status_and_its_reason(hook: Hook) -> None:
@@ -743,11 +744,11 @@ async def test_many_concurrent_deliveries_are_all_stored_and_share_commits(tls: 
                     await receiver.all_arrived.wait()
                 gated.gate.set()  # the first commit was held until every request had arrived
             assert results == [204] * count
-            assert sorted(gated.event_ids_sync("tickets")) == [f"evt_{n:03}" for n in range(count)]
+            assert sorted(gated.core.event_ids("tickets")) == [f"evt_{n:03}" for n in range(count)]
             assert sum(gated.batches) == count
             assert len(gated.batches) < count  # deliveries that arrived together shared a transaction
             assert sum(new_events) == count
-            assert gated.cursor_sync("tickets") in {f"c{n}" for n in range(count)}
+            assert gated.core.cursor("tickets") in {f"c{n}" for n in range(count)}
     finally:
         await gated.close()
 
@@ -759,14 +760,14 @@ async def test_a_delivery_the_store_cannot_write_is_answered_503_never_2xx(tls: 
             event_reply = await hook.deliver(event("evt_1"))
             gap_reply = await hook.deliver({"type": "gap", "cursor": "c9"})
             assert (event_reply.status, gap_reply.status) == (503, 503)
-            assert failing.event_ids_sync() == []
-            assert failing.cursor_sync("tickets") is None
+            assert failing.core.event_ids() == []
+            assert failing.core.cursor("tickets") is None
     finally:
         await failing.close()
 
 
 async def test_a_delivery_after_the_store_closed_is_answered_503(tls: TLS, tmp_path: Path) -> None:
-    closing = await Store.open(tmp_path / "closing.db")
+    closing = await SqliteStore.open(tmp_path / "closing.db")
     async with running_hook(tls, closing) as hook:
         await closing.close()
         reply = await hook.deliver(event("evt_1"))
@@ -823,8 +824,8 @@ async def test_a_gap_envelope_persists_its_cursor_and_records_a_gap(hook: Hook) 
     await hook.deliver(event("evt_1", cursor="c1"))
     reply = await hook.deliver({"type": "gap", "cursor": "c9"})
     assert reply.status == 204
-    assert hook.store.cursor_sync("tickets") == "c9"
-    [gap] = hook.store.gaps_sync("tickets")
+    assert hook.store.core.cursor("tickets") == "c9"
+    [gap] = hook.store.core.gaps("tickets")
     assert (gap["cursor_before"], gap["cursor_after"]) == ("c1", "c9")
     assert subscription_row(hook)["gaps"] == 1
     assert stored(hook) == ["evt_1"]
@@ -836,9 +837,9 @@ async def test_a_retried_gap_is_recorded_once_and_does_not_move_the_cursor_back(
     assert (await hook.deliver(gap, msg_id="msg_gap_1")).status == 204
     await hook.deliver(event("evt_2", cursor="c10"))
     assert (await hook.deliver(gap, msg_id="msg_gap_1")).status == 204
-    assert len(hook.store.gaps_sync("tickets")) == 1
+    assert len(hook.store.core.gaps("tickets")) == 1
     assert subscription_row(hook)["gaps"] == 1
-    assert hook.store.cursor_sync("tickets") == "c10"
+    assert hook.store.core.cursor("tickets") == "c10"
     assert (hook.receiver.counts["gaps"], hook.receiver.counts["duplicates"]) == (1, 1)
 
 
@@ -846,21 +847,21 @@ async def test_two_concurrent_identical_gaps_are_recorded_once(hook: Hook) -> No
     gap = {"type": "gap", "cursor": "c9"}
     replies = await gather(hook.deliver(gap, msg_id="msg_gap_1"), hook.deliver(gap, msg_id="msg_gap_1"))
     assert [reply.status for reply in replies] == [204, 204]
-    assert len(hook.store.gaps_sync("tickets")) == 1
+    assert len(hook.store.core.gaps("tickets")) == 1
 
 
 async def test_a_gap_retried_after_a_restart_is_recorded_once(tls: TLS, tmp_path: Path) -> None:
     gap = {"type": "gap", "cursor": "c9"}
     for _ in range(2):  # each a fresh store connection and receiver: nothing carried over in memory
-        store = await Store.open(tmp_path / "restarted.db")
+        store = await SqliteStore.open(tmp_path / "restarted.db")
         try:
             async with running_hook(tls, store, max_body_bytes=LIMIT) as running:
                 assert (await running.deliver(gap, msg_id="msg_gap_1")).status == 204
         finally:
             await store.close()
-    store = await Store.open(tmp_path / "restarted.db")
+    store = await SqliteStore.open(tmp_path / "restarted.db")
     try:
-        assert len(store.gaps_sync("tickets")) == 1
+        assert len(store.core.gaps("tickets")) == 1
     finally:
         await store.close()
 
@@ -868,14 +869,14 @@ async def test_a_gap_retried_after_a_restart_is_recorded_once(tls: TLS, tmp_path
 async def test_two_gaps_with_different_ids_are_two_gaps(hook: Hook) -> None:
     await hook.deliver({"type": "gap", "cursor": "c9"}, msg_id="msg_gap_1")
     await hook.deliver({"type": "gap", "cursor": "c12"}, msg_id="msg_gap_2")
-    assert [g["cursor_after"] for g in hook.store.gaps_sync("tickets")] == ["c9", "c12"]
-    assert hook.store.cursor_sync("tickets") == "c12"
+    assert [g["cursor_after"] for g in hook.store.core.gaps("tickets")] == ["c9", "c12"]
+    assert hook.store.core.cursor("tickets") == "c12"
 
 
 async def test_a_gap_envelope_with_a_non_string_cursor_is_refused_400(hook: Hook) -> None:
     reply = await hook.deliver({"type": "gap", "cursor": 9})
     assert reply.status == 400
-    assert hook.store.gaps_sync("tickets") == []
+    assert hook.store.core.gaps("tickets") == []
 
 
 async def test_a_terminated_envelope_is_acknowledged_and_reported_with_its_error(hook: Hook) -> None:

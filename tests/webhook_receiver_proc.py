@@ -20,17 +20,18 @@ import anyio
 
 from agentwake.config import WebhookConfig
 from agentwake.delivery.receiver import Receiver, WebhookRoutes
-from agentwake.store import IngestResult, Store, SubscriptionKey, WebhookDelivery
+from agentwake.store import IngestResult, SubscriptionKey, WebhookDelivery
+from agentwake.store.sqlite import SqliteCore, SqliteStore
 
 KEY = SubscriptionKey("tickets", "demo", "ticket.created", {})
 KILL = sys.argv[4] if len(sys.argv) > 4 else "none"
 
 
-class KillingStore(Store):
-    def ingest_deliveries_sync(self, deliveries: Sequence[WebhookDelivery]) -> list[IngestResult]:
+class KillingCore(SqliteCore):
+    def ingest_deliveries(self, deliveries: Sequence[WebhookDelivery]) -> list[IngestResult]:
         if KILL == "before_commit":
             os.kill(os.getpid(), signal.SIGKILL)
-        results = super().ingest_deliveries_sync(deliveries)
+        results = super().ingest_deliveries(deliveries)
         if KILL == "after_commit":
             os.kill(os.getpid(), signal.SIGKILL)
         return results
@@ -38,7 +39,7 @@ class KillingStore(Store):
 
 async def main() -> None:
     db, port, cert = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
-    store = await KillingStore.open(db)
+    store = SqliteStore(await anyio.to_thread.run_sync(KillingCore.open, db))
     await store.register(KEY)
     routes = WebhookRoutes()
     routes.bind(os.environ["HOOK_ID"], KEY, [(os.environ["HOOK_SECRET"], None)])

@@ -21,9 +21,9 @@ from tenacity import (
     RetryCallState,
     retry_if_exception,
     stop_after_attempt,
-    wait_exponential_jitter,
 )
 
+from agentwake.backoff import tenacity_wait
 from agentwake.config import OFFLINE_MODEL
 
 logger = logging.getLogger(__name__)
@@ -179,9 +179,7 @@ async def complete(
 
     retrying = AsyncRetrying(
         retry=retry_if_exception(is_transient),
-        wait=wait_exponential_jitter(
-            multiplier=settings.retry_initial_s, max=settings.retry_max_s, jitter=settings.retry_initial_s
-        ),
+        wait=tenacity_wait(initial_s=settings.retry_initial_s, max_s=settings.retry_max_s),
         stop=stop_after_attempt(settings.retries + 1),
         before_sleep=note,
         reraise=True,

@@ -18,7 +18,7 @@ from jinja2.sandbox import SandboxedEnvironment
 from agentwake.agent.fence import Fence
 from agentwake.config import AgentConfig, SanitizeConfig, SubscriptionConfig
 from agentwake.errors import ConfigError
-from agentwake.sanitize import Limits, Sanitized, clean_text, sanitize
+from agentwake.sanitize import Sanitized, clean_text, sanitize_with
 
 DEFAULT_EVENT_TEMPLATE: Final = "event.md.j2"
 
@@ -65,12 +65,7 @@ class PromptRenderer:
 
     def clean(self, value: Any, *, pii: bool = False) -> Sanitized:
         """Sanitize with the configured limits; ``pii`` (a rule's redact_pii) adds to the global setting."""
-        options = self.sanitize
-        return sanitize(
-            value,
-            limits=Limits(options.max_depth, options.max_string, options.max_list, options.max_bytes),
-            pii=options.redact_pii or pii,
-        )
+        return sanitize_with(self.sanitize, value, pii=pii)
 
     def template_for(self, subscription: SubscriptionConfig | None, event_name: str) -> str:
         if subscription is not None and subscription.prompt:

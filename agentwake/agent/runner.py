@@ -11,11 +11,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any, Final
 
 import anyio
@@ -24,8 +23,10 @@ from agentwake.agent.fence import Fence, as_text, cap
 from agentwake.agent.llm import LLMError, LLMSettings, complete
 from agentwake.agent.prompts import PromptError, PromptRenderer, RenderedPrompt
 from agentwake.agent.tools import Allowlist, ToolHost, ToolSpec, elapsed_ms
+from agentwake.backoff import backoff_s
+from agentwake.clock import iso, utc_now
 from agentwake.config import AgentConfig, AgentwakeConfig, SubscriptionConfig
-from agentwake.policy import Decision
+from agentwake.decide import Outcome
 from agentwake.sanitize import Sanitized
 from agentwake.store import (
     EventVerdict,
@@ -35,7 +36,6 @@ from agentwake.store import (
     RunStatus,
     Store,
     ToolCallRecord,
-    now_iso,
 )
 
 logger = logging.getLogger(__name__)
@@ -91,13 +91,8 @@ class _RunFailed(Exception):
 
 
 def retry_at(attempt: int, base_s: float) -> str:
-    """When a transiently failed event may be claimed again: exponential with jitter."""
-    delay = min(RETRY_CAP_S, base_s * 2 ** max(0, attempt - 1)) * random.uniform(0.8, 1.2)
-    return (
-        (datetime.now(UTC) + timedelta(seconds=delay))
-        .isoformat(timespec="milliseconds")
-        .replace("+00:00", "Z")
-    )
+    """When a transiently failed event may be claimed again: the shared backoff, capped at RETRY_CAP_S."""
+    return iso(utc_now() + timedelta(seconds=backoff_s(attempt, initial_s=base_s, max_s=RETRY_CAP_S)))
 
 
 @dataclass
@@ -113,6 +108,12 @@ class AgentRunner:
         if config.agent is None:
             raise ValueError("no [agent] section")
         return cls(config, config.agent, store, tools, PromptRenderer(config.agent, config.sanitize))
+
+    async def warm_up(self) -> None:
+        """litellm takes seconds to import: import it in a worker thread now, not on the first event."""
+        from agentwake.agent.llm import load_litellm_async
+
+        await load_litellm_async()
 
     def _subscription(self, name: str) -> SubscriptionConfig | None:
         return next((s for s in self.config.subscriptions if s.name == name), None)
@@ -131,46 +132,38 @@ class AgentRunner:
             retry_max_s=agent.retry_max_s,
         )
 
-    def prepare(
-        self,
-        event: InboxEvent,
-        *,
-        rule: Decision | None = None,
-        cleaned: Sanitized | None = None,
-        batch: Sequence[InboxEvent] = (),
-    ) -> RunPlan:
+    def prepare(self, outcome: Outcome, *, batch: Sequence[InboxEvent] = ()) -> RunPlan:
         """Everything a run starts from: model, allowed tools, fence, decision record and prompts.
 
-        ``agentwake policy test`` shows exactly this, so what it prints is what a run would send.
+        ``agentwake policy test`` and ``replay --dry-run`` show exactly this, so what they
+        print is what a run would send.
         """
+        event, decision, spec, cleaned = outcome.event, outcome.decision, outcome.run, outcome.cleaned
         sub = self._subscription(event.subscription)
-        model = (rule.model if rule else None) or (sub.model if sub else None) or self.agent.model
-        if rule is not None and rule.tools is not None:
-            allowlist = Allowlist(tuple(rule.tools))
-        else:
-            allowlist = Allowlist(tuple(sub.tools) if sub else ())
+        model = spec.model or self.agent.model
+        allowlist = Allowlist(spec.tools)
         catalog = list(self.tools.catalog())
         allowed = allowlist.select(catalog)
         fence = Fence(datamark=self.config.sanitize.datamark)
-        cleaned = cleaned or self.renderer.clean(event.data)
-        if rule is not None:
-            why = f"rule {rule.rule!r}" + (f" ({rule.where})" if rule.where else "") + f": {rule.why}"
-        elif sub is not None:
-            why = f"subscription {event.subscription!r} wakes the agent"
+        if sub is None:
+            why = f"subscription {event.subscription!r} is no longer configured; rule {decision.rule!r}: {decision.why}"
         else:
-            why = f"subscription {event.subscription!r} is no longer configured; no tools"
-        decision: dict[str, Any] = {
+            where = f" ({decision.where})" if decision.where else ""
+            why = f"rule {decision.rule!r}{where}: {decision.why}"
+        record: dict[str, Any] = {
             "action": "agent",
-            "rule": rule.rule if rule else None,
+            "rule": decision.rule,
             "why": why,
             "model": model,
             "allowlist": list(allowlist.globs),
-            "tools": [spec.exposed for spec in allowed],
+            "tools": [spec_.exposed for spec_ in allowed],
             "injection_score": cleaned.injection_score,
             "injection_signals": cleaned.injection_signals,
         }
+        if outcome.hook:
+            record["hook"] = outcome.hook
         if batch:
-            decision["batch"] = [other.event_id for other in batch]
+            record["batch"] = [other.event_id for other in batch]
         prompt: RenderedPrompt | None = None
         prompt_error: str | None = None
         try:
@@ -185,39 +178,32 @@ class AgentRunner:
                 },
                 subscription=sub,
                 server=event.server,
-                tools=[spec.exposed for spec in allowed],
-                rule=rule.to_record() if rule else None,
-                template=rule.prompt if rule else None,
+                tools=[spec_.exposed for spec_ in allowed],
+                rule=decision.to_record(),
+                template=spec.prompt,
                 batch=[
                     {
                         "event_id": other.event_id,
                         "name": other.name,
                         "timestamp": other.timestamp,
-                        "data": self.renderer.clean(other.data).value,
+                        "data": self.renderer.clean(other.data, pii=spec.redact_pii).value,
                     }
                     for other in batch
                 ],
             )
         except PromptError as exc:
             prompt_error = str(exc)
-        return RunPlan(model, allowlist, allowed, catalog, fence, cleaned, decision, prompt, prompt_error)
+        return RunPlan(model, allowlist, allowed, catalog, fence, cleaned, record, prompt, prompt_error)
 
     async def run(
-        self,
-        event: InboxEvent,
-        *,
-        kind: RunKind = "agent",
-        rule: Decision | None = None,
-        cleaned: Sanitized | None = None,
-        batch: Sequence[InboxEvent] = (),
+        self, outcome: Outcome, *, kind: RunKind = "agent", batch: Sequence[InboxEvent] = ()
     ) -> RunResult:
-        """Run the agent on one event. ``kind`` agent moves the event's state; replay and dry_run do not.
-
-        ``rule`` is the policy decision that sent the event here: its tools, prompt and
-        model win over the subscription's.
+        """Run the agent on the outcome's event. ``kind`` agent moves the event's state; replay and
+        dry_run do not. The outcome's run spec (the rule's tools, prompt and model) is what the run uses.
         """
+        event = outcome.event
         start = time.perf_counter()
-        plan = self.prepare(event, rule=rule, cleaned=cleaned, batch=batch)
+        plan = self.prepare(outcome, batch=batch)
         model, allowed, fence, cleaned, decision, prompt = (
             plan.model,
             plan.allowed,
@@ -467,4 +453,4 @@ class AgentRunner:
         )
 
 
-__all__ = ["AgentRunner", "RunResult", "now_iso"]
+__all__ = ["AgentRunner", "RunPlan", "RunResult", "retry_at"]

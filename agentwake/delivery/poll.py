@@ -10,21 +10,17 @@ poll (after ``hasMore``) is already on its way.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
 import anyio
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception_type,
-    stop_never,
-    wait_exponential_jitter,
-)
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_never
 
 from agentwake import protocol
+from agentwake.backoff import tenacity_wait
 from agentwake.config import SubscriptionConfig
+from agentwake.delivery.common import PROGRESS_EVERY, RETRY_INITIAL_S, RETRY_MAX_S, Sleep, subscription_key
 from agentwake.errors import TransientEventsError
 from agentwake.mcp import ServerConnection
 from agentwake.store import IncomingEvent, Store, SubscriptionKey
@@ -32,15 +28,6 @@ from agentwake.store import IncomingEvent, Store, SubscriptionKey
 logger = logging.getLogger(__name__)
 
 DEFAULT_NEXT_POLL_MS: Final = 5_000
-RETRY_INITIAL_S: Final = 0.5
-RETRY_MAX_S: Final = 30.0
-PROGRESS_EVERY: Final = 10_000
-
-Sleep = Callable[[float], Awaitable[None]]
-
-
-def subscription_key(sub: SubscriptionConfig) -> SubscriptionKey:
-    return SubscriptionKey(sub.name, sub.server, sub.event, dict(sub.arguments))
 
 
 def next_delay_ms(result: protocol.PollPage, floor_ms: int) -> int:
@@ -183,9 +170,7 @@ class PollLoop:
 
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(TransientEventsError),
-            wait=wait_exponential_jitter(
-                multiplier=self.retry_initial_s, max=self.retry_max_s, jitter=self.retry_initial_s
-            ),
+            wait=tenacity_wait(initial_s=self.retry_initial_s, max_s=self.retry_max_s),
             stop=stop_never,
             sleep=self.sleep,
             before_sleep=note_retry,

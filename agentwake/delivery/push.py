@@ -11,7 +11,6 @@ counted and the stream goes on; a ``truncated`` active is a gap.
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -20,8 +19,9 @@ import anyio
 from pydantic import ValidationError
 
 from agentwake import protocol
+from agentwake.backoff import backoff_s
 from agentwake.config import SubscriptionConfig
-from agentwake.delivery.poll import PROGRESS_EVERY, RETRY_INITIAL_S, RETRY_MAX_S, Sleep, subscription_key
+from agentwake.delivery.common import PROGRESS_EVERY, RETRY_INITIAL_S, RETRY_MAX_S, Sleep, subscription_key
 from agentwake.errors import DeliveryError, SubscriptionEnded, TransientEventsError
 from agentwake.mcp import ServerConnection, StreamRoute
 from agentwake.store import IncomingEvent, Store, SubscriptionKey
@@ -101,10 +101,7 @@ class PushLoop:
             await self.sleep(self._backoff(failures))
 
     def _backoff(self, failures: int) -> float:
-        if failures == 0:
-            return self.retry_initial_s * random.uniform(0.0, 1.0)
-        base = min(self.retry_max_s, self.retry_initial_s * float(2 ** (failures - 1)))
-        return base + random.uniform(0.0, self.retry_initial_s)
+        return backoff_s(failures, initial_s=self.retry_initial_s, max_s=self.retry_max_s)
 
     async def _one_stream(self, key: SubscriptionKey, cursor: str | None, *, resuming: bool) -> None:
         sub = self.subscription

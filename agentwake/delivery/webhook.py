@@ -28,8 +28,10 @@ import anyio
 from pydantic import TypeAdapter, ValidationError
 
 from agentwake import protocol, signing
+from agentwake.backoff import backoff_s
+from agentwake.clock import iso
 from agentwake.config import SubscriptionConfig, WebhookConfig
-from agentwake.delivery.poll import RETRY_INITIAL_S, RETRY_MAX_S, subscription_key
+from agentwake.delivery.common import RETRY_INITIAL_S, RETRY_MAX_S, subscription_key
 from agentwake.delivery.receiver import WebhookRoutes
 from agentwake.errors import EventsCallError, SubscriptionEnded, TransientEventsError
 from agentwake.mcp import ServerConnection
@@ -256,8 +258,7 @@ class WebhookLoop:
         return sub.ttl_ms if sub.ttl_ms is not None else self.config.ttl_ms
 
     def _backoff(self, failures: int) -> float:
-        base = min(self.retry_max_s, self.retry_initial_s * float(2 ** (failures - 1)))
-        return base + self.rng.uniform(0.0, self.retry_initial_s)
+        return backoff_s(failures, initial_s=self.retry_initial_s, max_s=self.retry_max_s, rng=self.rng)
 
     def _terminated(self) -> SubscriptionEnded:
         sub = self.subscription
@@ -314,9 +315,7 @@ class WebhookLoop:
             sent_secret=secret,
             refresh_before=result.refresh_before,
             delivery_status=status.model_dump(by_alias=True, exclude_none=True) if status else None,
-            previous_until=(self.clock() + timedelta(seconds=self.config.rotation_grace_s))
-            .isoformat(timespec="milliseconds")
-            .replace("+00:00", "Z"),
+            previous_until=iso(self.clock() + timedelta(seconds=self.config.rotation_grace_s)),
         )
         if updated is None:  # a terminated envelope retired it while this refresh was in flight
             raise self._terminated()

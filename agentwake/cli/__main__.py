@@ -1,0 +1,5 @@
+"""``python -m agentwake.cli``: the same as the ``agentwake`` command."""
+
+from agentwake.cli import main
+
+main()

@@ -1,0 +1,142 @@
+"""The commands a person answers the service with: approvals, approve, deny, and rotate-secret."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from agentwake.cli.common import (
+    DEFAULT_CONFIG_PATH,
+    ConfigOption,
+    JsonOption,
+    ServerOption,
+    app,
+    clip,
+    fail,
+    find_event,
+    load,
+    read_store,
+    stdout,
+    with_store,
+)
+from agentwake.errors import AgentwakeError
+
+if TYPE_CHECKING:
+    from agentwake.store import Store
+
+APPROVALS_COLUMNS = ("event id", "server", "subscription", "event", "received", "rule", "why", "data")
+HeldEventId = Annotated[str, typer.Argument(help="The eventId of a held event (see 'agentwake approvals').")]
+
+
+@app.command()
+def approvals(
+    config: ConfigOption = DEFAULT_CONFIG_PATH,
+    as_json: JsonOption = False,
+) -> None:
+    """List the events held for approval by an 'approve' rule, oldest first."""
+    held = read_store(config, lambda location, store: store.approvals())
+    if as_json:
+        sys.stdout.write(json.dumps(held, indent=2, ensure_ascii=False) + "\n")
+        return
+    out = stdout()
+    if not held:
+        out.print("no event is waiting for approval")
+        return
+    from agentwake.cli.tables import print_table, table_of
+
+    table = table_of("Held for approval", APPROVALS_COLUMNS)
+    for h in held:
+        decision = h["decision"] or {}
+        table.add_row(
+            h["event_id"],
+            h["server"],
+            h["subscription"],
+            h["event"],
+            h["received_at"],
+            str(decision.get("rule")),
+            str(decision.get("why")),
+            clip(json.dumps(h["data"], ensure_ascii=False)),
+        )
+    print_table(table, out)
+
+
+def _answer(config: Path, event_id: str, server: str | None, *, approve: bool, note: str | None) -> None:
+    cfg = load(config)
+
+    async def answer(store: Store) -> None:
+        row = await find_event(store, event_id, server)
+        try:
+            await store.answer(row["id"], approve=approve, note=note)
+        except AgentwakeError as exc:
+            raise fail(AgentwakeError(f"event {event_id!r}: {exc}")) from None
+
+    with_store(cfg, answer)
+    if approve:
+        stdout().print(f"approved {event_id}: the running service will run the agent on it")
+    else:
+        stdout().print(f"denied {event_id}" + (f": {note}" if note else ""))
+
+
+@app.command()
+def approve(
+    event_id: HeldEventId,
+    config: ConfigOption = DEFAULT_CONFIG_PATH,
+    server: ServerOption = None,
+    note: Annotated[str | None, typer.Option("--note", help="Recorded with the approval.")] = None,
+) -> None:
+    """Approve a held event: it goes back to the inbox and the agent runs on it, with the rule's tools."""
+    _answer(config, event_id, server, approve=True, note=note)
+
+
+@app.command()
+def deny(
+    event_id: HeldEventId,
+    config: ConfigOption = DEFAULT_CONFIG_PATH,
+    server: ServerOption = None,
+    reason: Annotated[str | None, typer.Option("--reason", help="Why; recorded with the event.")] = None,
+) -> None:
+    """Deny a held event: the agent never runs on it, and the reason is recorded."""
+    _answer(config, event_id, server, approve=False, note=reason)
+
+
+@app.command("rotate-secret")
+def rotate_secret(
+    subscription: Annotated[
+        str | None,
+        typer.Argument(help="The webhook subscription to rotate; every webhook subscription when omitted."),
+    ] = None,
+    config: ConfigOption = DEFAULT_CONFIG_PATH,
+) -> None:
+    """Give webhook subscriptions a new signing secret.
+
+    The new secret is stored now and sent on the next refresh (the running service
+    looks every few seconds); deliveries signed with the old secret are still
+    accepted for [webhook] rotation_grace_s after that. Secrets are never printed.
+    """
+    from agentwake.signing import generate_secret
+
+    cfg = load(config)
+    names = None if subscription is None else [subscription]
+
+    async def rotate(store: Store) -> list[str]:
+        return await store.request_rotation(names, generate_secret)
+
+    rotated = with_store(cfg, rotate)
+    if not rotated:
+        what = (
+            f"no webhook subscription named {subscription!r}" if subscription else "no webhook subscription"
+        )
+        raise fail(AgentwakeError(f"{what} in {cfg.store.path} (see 'agentwake status')"), 2)
+    grace = cfg.webhook.rotation_grace_s if cfg.webhook else 0
+    for name in rotated:
+        stdout().print(
+            f"{name}: new secret stored; sent on the next refresh, the old one accepted {grace:g}s after that",
+            highlight=False,
+        )
+
+
+__all__ = ["approvals", "approve", "deny", "rotate_secret"]

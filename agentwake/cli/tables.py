@@ -1,0 +1,180 @@
+"""Printing for a person: the consoles, tables that fall back to labelled lines on a narrow
+terminal, and the status view.
+
+The only module of the CLI that imports rich at its top; commands import it when they print.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
+from rich.text import Text
+
+# No markup anywhere: events, tool results and error messages are untrusted text, and "[agent]" or
+# "[/INST]" in them must print as written. Styles are applied with Text, not with tags.
+out = Console(markup=False)
+err = Console(stderr=True, markup=False)
+
+UNBOUNDED_WIDTH: Final = 100_000
+
+
+class PlainTable(Table):
+    """A table whose cells and title are plain text, never rich markup (they hold upstream text)."""
+
+    def __init__(self, *args: Any, title: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, title=Text(title) if title is not None else None, **kwargs)
+        self.records: list[tuple[Any, ...]] = []
+
+    def add_row(self, *cells: Any, **kwargs: Any) -> None:
+        texts = tuple(Text(c) if isinstance(c, str) else c for c in cells)
+        self.records.append(texts)
+        super().add_row(*texts, **kwargs)
+
+
+def table_of(title: str, columns: tuple[str, ...]) -> PlainTable:
+    """A PlainTable with these columns, each folding its text rather than cutting it."""
+    table = PlainTable(title=title)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    return table
+
+
+def fits(console: Console, table: Table) -> bool:
+    """Whether the table prints at its natural width, with no cell folded."""
+    unbounded = console.options.update(max_width=UNBOUNDED_WIDTH)  # measured as wide as it would like
+    return Measurement.get(console, unbounded, table).maximum <= console.width
+
+
+def print_table(table: PlainTable, console: Console) -> None:
+    """The table, if the terminal is wide enough for it; else each row as a block of labelled lines
+    (a table squeezed into 80 columns folds every word)."""
+    if fits(console, table):
+        console.print(table)
+        return
+    if table.title is not None:
+        console.print(Text(str(table.title), style="bold"))
+    first_column, *columns = table.columns
+    for first, *rest in table.records:
+        block = PlainTable.grid(padding=(0, 2))
+        block.add_column(no_wrap=True)
+        block.add_column(overflow="fold")
+        for column, cell in zip(columns, rest, strict=False):
+            if isinstance(cell, Text) and not cell.plain:
+                continue
+            block.add_row(f"  {column.header}", _with_style(cell, column.style))
+        console.print()
+        console.print(Text.assemble(f"{first_column.header} ", _with_style(first, "bold")))
+        console.print(block)
+
+
+def _with_style(cell: Any, style: Any) -> Any:
+    if not isinstance(cell, Text) or not style:
+        return cell
+    styled = cell.copy()
+    styled.stylize(style)
+    return styled
+
+
+# ---- status ------------------------------------------------------------------------------------
+
+STATUS_COLUMNS: Final = (
+    "subscription",
+    "server",
+    "event",
+    "mode",
+    "status",
+    "cursor",
+    "last poll",
+    "received",
+    "dups",
+    "gaps",
+    "done",
+    "failed",
+    "webhook",
+)
+
+
+def print_status(rows: list[dict[str, Any]], console: Console) -> None:
+    """`status` for a person: a table on a wide terminal, else a few labelled lines per subscription
+    (fewer than print_table's one line per column)."""
+    table = _status_table(rows)
+    if fits(console, table):
+        console.print(table)
+        return
+    console.print(Text("Subscriptions", style="bold"))
+    for r in rows:
+        console.print()
+        console.print(_status_block(r))
+
+
+def _status_table(rows: list[dict[str, Any]]) -> Table:
+    table = table_of("Subscriptions", STATUS_COLUMNS)
+    table.add_column("last error", overflow="fold", style="red")
+    for r in rows:
+        table.add_row(
+            _subscription_label(r),
+            r["server"],
+            r["event"],
+            r["mode"] or "-",
+            r["status"],
+            r["cursor"] or "-",
+            r["last_poll_at"] or "never",
+            str(r["events_received"]),
+            str(r["duplicates"]),
+            str(r["gaps"]),
+            str(r["events_done"]),
+            str(r["events_failed"]),
+            _describe_webhook(r["webhook"]),
+            r["last_error"] or r["last_failure"] or "",
+        )
+    return table
+
+
+def _status_block(r: dict[str, Any]) -> Table:
+    block = PlainTable.grid(padding=(0, 2))
+    block.add_column(no_wrap=True)
+    block.add_column(overflow="fold")
+    block.add_row(
+        Text(_subscription_label(r), style="bold"),
+        " · ".join((r["server"], r["event"], r["mode"] or "-", r["status"])),
+    )
+    block.add_row("  cursor", f"{r['cursor'] or '-'} (last poll {r['last_poll_at'] or 'never'})")
+    block.add_row(
+        "  events",
+        f"{r['events_received']} received, {r['duplicates']} duplicates, {r['gaps']} gaps;"
+        f" {r['events_done']} done, {r['events_failed']} failed",
+    )
+    if r["webhook"] is not None:
+        block.add_row("  webhook", _describe_webhook(r["webhook"]).replace("\n", " · "))
+    last_error = r["last_error"] or r["last_failure"]
+    if last_error:
+        block.add_row("  last error", Text(last_error, style="red"))
+    return block
+
+
+def _subscription_label(r: dict[str, Any]) -> str:
+    return str(r["subscription"]) + ("" if r["configured"] else " (not in config)")
+
+
+def _describe_webhook(webhook: dict[str, Any] | None) -> str:
+    if webhook is None:
+        return "-"
+    lines = [webhook["id"] or "not subscribed yet"]
+    lines.append("no expiry" if webhook["no_expiry"] else f"refresh by {webhook['refresh_before'] or '-'}")
+    status = webhook["delivery_status"]
+    if status:
+        state = "active" if status.get("active", True) else "suspended"
+        if status.get("lastError"):
+            state += f", {status['lastError']}"
+        if status.get("throttled"):
+            state += ", throttled"
+        lines.append(state)
+    if webhook["rotation_pending"]:
+        lines.append("rotation pending")
+    return "\n".join(lines)
+
+
+__all__ = ["PlainTable", "err", "fits", "out", "print_status", "print_table", "table_of"]

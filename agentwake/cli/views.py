@@ -1,0 +1,232 @@
+"""The read-only commands: status, inbox, actions and show. They read the store and print."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from agentwake.cli.common import (
+    DEFAULT_CONFIG_PATH,
+    ConfigOption,
+    JsonOption,
+    ServerOption,
+    app,
+    clip,
+    one_event,
+    read_store,
+    stdout,
+    styled,
+)
+
+if TYPE_CHECKING:
+    from agentwake.configfile import StoreLocation
+    from agentwake.store import StoreReader
+
+EVENT_STATES_SHOWN = ("pending", "processing", "done", "failed", "ignored")
+RUN_STATUSES_SHOWN = ("completed", "failed", "interrupted", "running")
+RESULT_CHARS = 200
+
+
+def print_json(value: object) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+
+
+@app.command()
+def status(config: ConfigOption = DEFAULT_CONFIG_PATH, as_json: JsonOption = False) -> None:
+    """Show each subscription: server, event, mode, cursor, last poll, counts, gaps, failed events, last error
+    and, for webhook delivery, the subscription id, when it is refreshed next and the delivery status.
+    """
+
+    def read(
+        location: StoreLocation, store: StoreReader
+    ) -> tuple[list[dict[str, Any]], dict[str, Any], set[str]]:
+        return store.subscriptions(), store.run_counts(), set(location.subscriptions)
+
+    rows, counts, configured = read_store(config, read)
+    for row in rows:
+        row["configured"] = row["subscription"] in configured
+        mine = counts.get(row["subscription"], {})
+        for state in EVENT_STATES_SHOWN:
+            row[f"events_{state}"] = mine.get(f"events_{state}", 0)
+        for run_status in RUN_STATUSES_SHOWN:
+            row[f"runs_{run_status}"] = mine.get(f"runs_{run_status}", 0)
+        row["last_failure"] = mine.get("last_failure")
+    if as_json:
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return
+    from agentwake.cli.tables import print_status
+
+    print_status(rows, stdout())
+
+
+@app.command()
+def inbox(
+    config: ConfigOption = DEFAULT_CONFIG_PATH,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many events, newest first.")] = 20,
+    state: Annotated[
+        str | None, typer.Option(help="Only events in this state (pending, done, failed, ...).")
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Show the most recent events in the inbox, newest first."""
+    rows = read_store(config, lambda location, store: store.inbox(limit, state=state))
+    if as_json:
+        print_json(rows)
+        return
+    from agentwake.cli.tables import print_table, table_of
+
+    table = table_of(
+        f"Inbox (newest {limit})", ("received", "subscription", "event", "event id", "state", "data")
+    )
+    for r in rows:
+        table.add_row(
+            r["received_at"],
+            r["subscription"],
+            r["event"],
+            r["event_id"],
+            r["state"],
+            clip(json.dumps(r["data"], ensure_ascii=False)),
+        )
+    print_table(table, stdout())
+
+
+ACTIONS_COLUMNS = (
+    "run",
+    "started",
+    "subscription",
+    "event id",
+    "kind",
+    "try",
+    "status",
+    "tools",
+    "tokens",
+    "ms",
+)
+
+
+@app.command()
+def actions(
+    config: ConfigOption = DEFAULT_CONFIG_PATH,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many runs, newest first.")] = 20,
+    as_json: JsonOption = False,
+) -> None:
+    """Show the action log: the most recent agent runs, with their tool calls and outcome."""
+    rows = read_store(config, lambda location, store: store.actions(limit))
+    if as_json:
+        print_json(rows)
+        return
+    from agentwake.cli.tables import print_table, table_of
+
+    table = table_of(f"Agent runs (newest {limit})", ACTIONS_COLUMNS)
+    table.add_column("reason", overflow="fold", style="red")
+    for r in rows:
+        tools = ", ".join(r["tools"]) or "-"
+        if r["refused"]:
+            tools += f" ({r['refused']} refused)"
+        table.add_row(
+            str(r["run_id"]),
+            r["started_at"],
+            r["subscription"],
+            r["event_id"],
+            r["kind"],
+            str(r["attempt"]),
+            r["status"],
+            tools,
+            str(r["prompt_tokens"] + r["completion_tokens"]),
+            str(r["duration_ms"] if r["duration_ms"] is not None else "-"),
+            r["reason"] or "",
+        )
+    print_table(table, stdout())
+
+
+@app.command()
+def show(
+    event_id: Annotated[
+        str, typer.Argument(help="The eventId, as in 'agentwake inbox' or 'agentwake actions'.")
+    ],
+    config: ConfigOption = DEFAULT_CONFIG_PATH,
+    server: ServerOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Show one event: its data, the decision taken, and the full transcript of every agent run."""
+    event = read_store(
+        config, lambda location, store: one_event(store.find_events(event_id, server), event_id, server)
+    )
+    if as_json:
+        print_json(event)
+        return
+    out = stdout()
+    out.rule(f"event {event['event_id']}")
+    out.print(
+        f"{event['event']} from {event['server']} (subscription {event['subscription']}), "
+        f"at {event['timestamp']}, received {event['received_at']}",
+        highlight=False,
+    )
+    out.print(
+        f"state: {event['state']}, attempts: {event['attempts']}"
+        + (f", error: {event['last_error']}" if event["last_error"] else ""),
+        highlight=False,
+    )
+    out.print_json(json.dumps(event["data"], ensure_ascii=False))
+    if not event["runs"]:
+        out.print("no agent run yet")
+    for run in event["runs"]:
+        print_run(run)
+
+
+def print_run(run: dict[str, Any]) -> None:
+    """One run of the action log: its decision, counters, transcript and tool calls."""
+    from rich.text import Text
+
+    from agentwake.cli.tables import print_table, table_of
+
+    out = stdout()
+    out.rule(f"run {run['run_id']} ({run['kind']}, attempt {run['attempt']}): {run['status']}")
+    decision = run["decision"]
+    out.print(f"decision: {decision.get('action')}: {decision.get('why')}", highlight=False)
+    out.print(
+        f"model: {run['model']}; allowed tools: {', '.join(decision.get('tools') or []) or 'none'}",
+        highlight=False,
+    )
+    cost = f", cost ${run['cost_usd']:.6f}" if run.get("cost_usd") is not None else ""
+    out.print(
+        f"steps: {run['steps']}, tokens: {run['prompt_tokens']} in / {run['completion_tokens']} out{cost}, "
+        f"duration: {run['duration_ms'] if run['duration_ms'] is not None else '-'} ms",
+        highlight=False,
+    )
+    if run["reason"]:
+        out.print(styled("reason:", "red", run["reason"]), highlight=False)
+    for message in run["messages"]:
+        role = message.get("role", "?")
+        out.print(
+            Text.assemble(
+                (str(role), "bold"), f" ({message['tool_call_id']})" if message.get("tool_call_id") else ""
+            )
+        )
+        if message.get("content"):
+            out.print(message["content"], markup=False, highlight=False)
+        for call in message.get("tool_calls") or []:
+            function = call.get("function", {})
+            out.print(
+                f"  -> {function.get('name')}({function.get('arguments')})  [{call.get('id')}]",
+                markup=False,
+                highlight=False,
+            )
+    if run["tool_calls"]:
+        table = table_of("tool calls", ("step", "tool", "status", "arguments", "result", "ms"))
+        for call in run["tool_calls"]:
+            table.add_row(
+                str(call["step"]),
+                call["tool"],
+                call["status"],
+                json.dumps(call["arguments"], ensure_ascii=False),
+                clip(call["result"] or "", RESULT_CHARS),
+                str(call["duration_ms"] if call["duration_ms"] is not None else "-"),
+            )
+        print_table(table, out)
+
+
+__all__ = ["actions", "inbox", "print_run", "show", "status"]

@@ -1,0 +1,194 @@
+"""agentwake as a service: the store, the worker and the supervisor in one task group, with signals.
+
+``agentwake run`` is ``serve(config)``. A program that embeds agentwake calls
+``run_service(config)`` inside its own anyio event loop instead, and stops it by
+cancelling its scope; ``handle_signals=False`` leaves SIGINT, SIGTERM and SIGHUP to it.
+
+    SIGINT, SIGTERM   stop: in-flight writes finish, cursors stay, runs cut short go again
+    SIGHUP            load the policy files again (also when one changes on disk)
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+import anyio
+import anyio.abc
+
+from agentwake.config import AgentwakeConfig
+from agentwake.errors import AgentwakeError
+from agentwake.policy import Policy, PolicyReloader, load_policy
+from agentwake.store import Store, open_store
+
+if TYPE_CHECKING:
+    from agentwake.agent.prompts import PromptRenderer
+    from agentwake.agent.runner import AgentRunner
+    from agentwake.agent.tools import ConnectionPool
+    from agentwake.supervisor import Supervisor
+    from agentwake.worker import Worker
+
+logger = logging.getLogger("agentwake")
+
+# How often the policy folder is looked at for changed files.
+POLICY_POLL_S: Final = 2.0
+
+
+def config_dir(config: AgentwakeConfig) -> Path:
+    """The folder relative paths in the config (hooks among them) resolve against."""
+    return config.source.parent.resolve() if config.source else Path.cwd()
+
+
+def load_service_policy(config: AgentwakeConfig, renderer: PromptRenderer | None = None) -> Policy:
+    """The policy files, every error at once; with a renderer, the rules' prompt templates are checked too."""
+    policy = load_policy(config.policy.dir, config.policy.default, base=config_dir(config))
+    if renderer is not None:
+        renderer.check([r.rule.prompt for r in policy.rules if r.rule.prompt])
+    return policy
+
+
+def build_agent(config: AgentwakeConfig, store: Store) -> tuple[AgentRunner | None, ConnectionPool | None]:
+    """The agent runner and its connection pool, or Nones without an [agent] section.
+
+    Every prompt template the subscriptions use is checked here, before anything starts.
+    The agent modules are imported here, not at module level: litellm itself is only
+    imported by the agent stage, in a worker thread, when the worker starts.
+    """
+    if config.agent is None:
+        return None, None
+    from agentwake.agent.prompts import PromptRenderer
+    from agentwake.agent.runner import AgentRunner
+    from agentwake.agent.tools import ConnectionPool
+
+    renderer = PromptRenderer(config.agent, config.sanitize)
+    renderer.check([renderer.template_for(s, s.event) for s in config.subscriptions if s.agent])
+    pool = ConnectionPool(call_timeout_s=config.agent.request_timeout_s)
+    return AgentRunner(config, config.agent, store, pool, renderer), pool
+
+
+async def run_service(
+    config: AgentwakeConfig,
+    *,
+    handle_signals: bool = True,
+    task_status: anyio.abc.TaskStatus[Supervisor] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run until cancelled (or, with ``handle_signals``, until SIGINT or SIGTERM). Reports the supervisor."""
+    from agentwake.supervisor import Supervisor
+    from agentwake.worker import Worker
+
+    store = await open_store(config.store)
+    try:
+        runner, pool = build_agent(config, store)
+        policy = load_service_policy(config, runner.renderer if runner else None)
+    except AgentwakeError:
+        await store.close()
+        raise
+    # The SDK's import leaves a large heap of long-lived objects; keep the collector from rescanning it.
+    gc.collect()
+    gc.freeze()
+    _log_start(config, runner)
+    try:
+        async with anyio.create_task_group() as tg:
+            if handle_signals:
+                tg.start_soon(_stop_on_signal, tg.cancel_scope)
+            worker = Worker(config, store, policy=policy, agent=runner, pool=pool)
+            await tg.start(watch_policy, config, worker, runner.renderer if runner else None, handle_signals)
+            # Only now, with SIGHUP handled: a reader of this line may send one.
+            logger.info(
+                "policy: %d rule(s) from %d file(s) in %s; default %s",
+                len(policy.rules),
+                len(policy.files),
+                config.policy.dir,
+                policy.default,
+            )
+            supervisor = Supervisor(config, store, worker=worker, pool=pool)
+            await tg.start(supervisor.run)
+            task_status.started(supervisor)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await store.close()
+        logger.info("agentwake stopped; cursors are saved in %s", config.store.path)
+
+
+def serve(config: AgentwakeConfig) -> None:
+    """``run_service`` in a new event loop, until SIGINT or SIGTERM; an AgentwakeError comes out unwrapped."""
+    try:
+        anyio.run(run_service, config)
+    except BaseExceptionGroup as group:
+        # A start-up failure inside a task group (say the webhook port is taken) comes out wrapped.
+        leaf: BaseException = group
+        while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
+            leaf = leaf.exceptions[0]
+        if isinstance(leaf, AgentwakeError):
+            raise leaf from None
+        raise
+
+
+def _log_start(config: AgentwakeConfig, runner: AgentRunner | None) -> None:
+    logger.info(
+        "agentwake starting: %d server(s), %d subscription(s), store %s",
+        len(config.servers),
+        len(config.subscriptions),
+        config.store.path,
+    )
+    if not config.subscriptions:
+        logger.warning("no [[subscriptions]] configured: nothing to do until you add one")
+    if runner is None:
+        logger.warning("no [agent] section: events are sanitized, decided and logged; no agent runs")
+    else:
+        logger.info(
+            "agent: model %s, up to %d run(s) at a time", runner.agent.model, runner.agent.concurrency
+        )
+
+
+async def _stop_on_signal(scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            logger.info("received %s: stopping", signal.Signals(signum).name)
+            scope.cancel()
+            return
+
+
+async def watch_policy(
+    config: AgentwakeConfig,
+    worker: Worker,
+    renderer: PromptRenderer | None,
+    handle_signals: bool = True,
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Reload the policy on SIGHUP, and when a policy file changes (checked every POLICY_POLL_S)."""
+
+    def apply(policy: Policy) -> None:
+        worker.policy = policy
+
+    reloader = PolicyReloader(
+        config.policy.dir,
+        lambda: load_service_policy(config, renderer),
+        apply,
+        worker.policy,
+        base=config_dir(config),
+    )
+    async with anyio.create_task_group() as tg:
+        if handle_signals:
+            await tg.start(_reload_on_sighup, reloader)
+        task_status.started()
+        while True:
+            await anyio.sleep(POLICY_POLL_S)
+            if reloader.changed():
+                reloader.reload(reason="a policy file changed")
+
+
+async def _reload_on_sighup(
+    reloader: PolicyReloader, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+) -> None:
+    with anyio.open_signal_receiver(signal.SIGHUP) as signals:
+        task_status.started()
+        async for _ in signals:
+            reloader.reload(reason="SIGHUP")
+
+
+__all__ = ["build_agent", "config_dir", "load_service_policy", "run_service", "serve", "watch_policy"]

@@ -1,0 +1,250 @@
+"""The store's interface: what every stage may ask of it, and what a backend must implement.
+
+A ``typing.Protocol``, so a backend is any class with these coroutines (the SQLite
+one, ``agentwake.store.sqlite.SqliteStore``, is checked against it by mypy). Callers
+see records and opaque event handles (``InboxEvent.id``), never SQL, row ids of a
+particular engine, or a connection. Every failure is a ``StoreError``.
+
+Guarantees a backend keeps:
+
+- ``ingest``/``ingest_deliveries`` store a batch and the cursor after it in one
+  transaction; a duplicate (server, event name, eventId) is counted, never stored twice.
+- ``claim`` hands an event to one caller only; ``finish_run`` completes a run and moves
+  its event in one transaction (an event is done iff a run completed).
+- ``flow_gate`` checks and marks flow control atomically, so it holds across workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
+
+from agentwake.store.records import (
+    EventState,
+    EventVerdict,
+    FlowGate,
+    FlowOutcome,
+    InboxEvent,
+    IncomingEvent,
+    IngestResult,
+    RetiredWebhook,
+    RunKind,
+    RunProgress,
+    RunStatus,
+    Settlement,
+    SubscriptionKey,
+    ToolCallRecord,
+    WebhookDelivery,
+    WebhookRecord,
+)
+
+
+class Store(Protocol):
+    """The async store every stage writes through. See the module docstring for its guarantees."""
+
+    async def close(self) -> None: ...
+
+    # ---- subscriptions and their cursors (delivery) ----------------------------------------
+
+    async def register(self, key: SubscriptionKey) -> str | None:
+        """Record a configured subscription; its stored cursor, or None.
+
+        A changed server, event or arguments means the cursor belongs to another
+        subscription: it is dropped.
+        """
+        ...
+
+    async def cursor(self, name: str) -> str | None: ...
+
+    async def set_state(
+        self, name: str, *, status: str, mode: str | None = None, error: str | None = None
+    ) -> None: ...
+
+    async def record_error(self, name: str, error: str) -> None:
+        """The subscription's last error (stored redacted: a server's message may quote a secret)."""
+        ...
+
+    async def count_stream_error(self, name: str, error: str) -> None: ...
+
+    # ---- the inbox (delivery) ------------------------------------------------------------------
+
+    async def ingest(
+        self,
+        key: SubscriptionKey,
+        events: Sequence[IncomingEvent],
+        cursor: str | None,
+        *,
+        truncated: bool = False,
+        cursor_before: str | None = None,
+    ) -> IngestResult:
+        """A batch and the cursor after it, in one transaction. A null cursor is never stored."""
+        ...
+
+    async def ingest_deliveries(self, deliveries: Sequence[WebhookDelivery]) -> list[IngestResult]:
+        """Webhook bodies accepted together (group commit), one result each, in one transaction."""
+        ...
+
+    # ---- webhook subscriptions and their secrets (delivery) ------------------------------------
+
+    async def webhook(self, name: str) -> WebhookRecord | None: ...
+
+    async def webhooks(self) -> list[WebhookRecord]: ...
+
+    async def prepare_webhook(self, key: SubscriptionKey, url: str, new_secret: str) -> WebhookRecord:
+        """The stored webhook of this subscription, or a new one with ``new_secret``; one stored
+        under another key is retired (to be unsubscribed) first."""
+        ...
+
+    async def webhook_subscribed(
+        self,
+        name: str,
+        *,
+        webhook_id: str,
+        sent_secret: str,
+        refresh_before: str | None,
+        delivery_status: dict[str, Any] | None,
+        previous_until: str,
+    ) -> WebhookRecord | None:
+        """Record a successful subscribe or refresh; None if the subscription was retired meanwhile."""
+        ...
+
+    async def request_rotation(
+        self, names: Sequence[str] | None, make_secret: Callable[[], str]
+    ) -> list[str]:
+        """A pending secret for each named webhook subscription (all, with None); their names."""
+        ...
+
+    async def retire_webhook(self, name: str, reason: str, *, unsubscribed: bool) -> WebhookRecord | None: ...
+
+    async def to_unsubscribe(self, server: str | None = None) -> list[RetiredWebhook]: ...
+
+    async def mark_unsubscribed(self, retired_id: int) -> None: ...
+
+    async def retired_webhook_ids(self) -> set[str]: ...
+
+    # ---- the work queue (worker and decision) --------------------------------------------------
+
+    async def requeue_interrupted(self) -> int:
+        """Events a stop left 'processing' go back to 'pending'; their runs are marked interrupted."""
+        ...
+
+    async def claim(self, limit: int, now: str | None = None) -> list[InboxEvent]:
+        """Up to ``limit`` pending events that are due at ``now``, moved to 'processing'."""
+        ...
+
+    async def release(self, event_row: int, retry_at: str) -> None:
+        """A claimed event goes back untouched (not an attempt), not to be claimed before ``retry_at``."""
+        ...
+
+    async def settle(self, settlements: Sequence[Settlement]) -> None:
+        """Store decisions that end their events here (ignored, done, held), in one transaction."""
+        ...
+
+    async def record_decision(self, event_row: int, record: dict[str, Any]) -> None:
+        """Store the decision of an event that goes on (to a run); its state is left alone."""
+        ...
+
+    async def flow_gate(
+        self, event_row: int, rule: str, record: dict[str, Any], gate: FlowGate
+    ) -> FlowOutcome:
+        """Apply a rule's flow control to one event atomically: dedup, then debounce, then rate."""
+        ...
+
+    async def batch_members(self, leader_row: int) -> list[InboxEvent]: ...
+
+    async def finish(self, ids: Iterable[int], state: EventState, error: str | None = None) -> None: ...
+
+    async def event(self, event_row: int) -> InboxEvent:
+        """One stored event, with its stored decision and approval, whatever its state."""
+        ...
+
+    async def answer(self, event_row: int, *, approve: bool, note: str | None) -> None:
+        """A person's answer to a held event: approved goes back to pending, denied ends it."""
+        ...
+
+    # ---- the action log (agent) --------------------------------------------------------------------
+
+    async def start_run(
+        self,
+        event_row: int,
+        *,
+        kind: RunKind,
+        attempt: int,
+        model: str,
+        decision: dict[str, Any],
+        system_prompt: str | None,
+        user_prompt: str | None,
+        sanitize_report: dict[str, Any] | None = None,
+    ) -> int: ...
+
+    async def record_progress(
+        self, run_id: int, progress: RunProgress, calls: Sequence[ToolCallRecord]
+    ) -> None: ...
+
+    async def finish_run(
+        self,
+        run_id: int,
+        *,
+        status: RunStatus,
+        reason: str | None,
+        progress: RunProgress,
+        duration_ms: int,
+        verdict: EventVerdict | None,
+    ) -> None:
+        """Close a run and, in the same transaction, move its event (exactly once: done iff completed)."""
+        ...
+
+    # ---- read-only views (CLI) ------------------------------------------------------------------------
+
+    async def subscriptions(self) -> list[dict[str, Any]]:
+        """Every stored subscription with its counters and webhook state (never a secret)."""
+        ...
+
+    async def run_counts(self) -> dict[str, dict[str, Any]]: ...
+
+    async def inbox(self, limit: int, *, state: str | None = None) -> list[dict[str, Any]]: ...
+
+    async def actions(self, limit: int) -> list[dict[str, Any]]: ...
+
+    async def find_events(self, event_id: str, server: str | None = None) -> list[dict[str, Any]]:
+        """Stored events with this eventId (one per server at most), with their runs and tool calls."""
+        ...
+
+    async def event_detail(self, event_row: int) -> dict[str, Any] | None:
+        """One stored event as ``find_events`` shows it."""
+        ...
+
+    async def approvals(self) -> list[dict[str, Any]]: ...
+
+    async def gaps(self, subscription: str | None = None) -> list[dict[str, Any]]: ...
+
+    async def event_ids(self, subscription: str | None = None) -> list[str]: ...
+
+    async def state_counts(self) -> dict[str, int]: ...
+
+
+class StoreReader(Protocol):
+    """The read-only views, synchronous: for quick readers (the CLI's ``status``, ``inbox``, ...)
+    that should not start an event loop to read a few rows. The same views as ``Store``'s."""
+
+    def close(self) -> None: ...
+
+    def subscriptions(self) -> list[dict[str, Any]]: ...
+
+    def run_counts(self) -> dict[str, dict[str, Any]]: ...
+
+    def inbox(self, limit: int, *, state: str | None = None) -> list[dict[str, Any]]: ...
+
+    def actions(self, limit: int) -> list[dict[str, Any]]: ...
+
+    def find_events(self, event_id: str, server: str | None = None) -> list[dict[str, Any]]: ...
+
+    def event_detail(self, event_row: int) -> dict[str, Any] | None: ...
+
+    def approvals(self) -> list[dict[str, Any]]: ...
+
+    def gaps(self, subscription: str | None = None) -> list[dict[str, Any]]: ...
+
+    def event_ids(self, subscription: str | None = None) -> list[str]: ...
+
+    def state_counts(self) -> dict[str, int]: ...

@@ -1,0 +1,222 @@
+"""The values that cross the store's seam: what delivery brings in, what the worker claims, what a run records.
+
+Plain frozen dataclasses and NamedTuples, with no SQL and no backend in them: every
+store backend takes and returns exactly these.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, NamedTuple
+
+EventState = Literal["pending", "processing", "done", "failed", "ignored", "held", "denied", "batched"]
+EVENT_STATES: Final[tuple[EventState, ...]] = (
+    "pending",
+    "processing",
+    "done",
+    "failed",
+    "ignored",
+    "held",
+    "denied",
+    "batched",
+)
+RunKind = Literal["agent", "replay", "dry_run"]
+RunStatus = Literal["running", "completed", "failed", "interrupted"]
+ToolCallStatus = Literal["ok", "error", "refused", "planned"]
+
+
+def canonical_arguments(arguments: dict[str, Any]) -> str:
+    """Subscription arguments as text that is equal for equal arguments (keys sorted, compact)."""
+    return json.dumps(arguments, sort_keys=True, separators=(",", ":"))
+
+
+# ---- delivery -> inbox ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionKey:
+    """A configured subscription: its name, and the server-side key its cursor belongs to."""
+
+    name: str
+    server: str
+    event: str
+    arguments: dict[str, Any]
+
+    @property
+    def arguments_json(self) -> str:
+        return canonical_arguments(self.arguments)
+
+
+class IncomingEvent(NamedTuple):
+    """An event as a delivery brought it. A NamedTuple: immutable, and one is built per delivery."""
+
+    event_id: str
+    name: str
+    timestamp: str
+    data: dict[str, Any]
+    meta: dict[str, Any] | None = None
+
+
+class WebhookDelivery(NamedTuple):
+    """One accepted webhook body for the inbox: an event with its cursor, or a gap (cursor only).
+
+    A NamedTuple rather than a frozen dataclass: the receiver builds one per request.
+    """
+
+    key: SubscriptionKey
+    event: IncomingEvent | None
+    cursor: str | None
+    truncated: bool = False
+    # A gap envelope's webhook-id: a retry of a recorded gap is a duplicate, and moves no cursor.
+    control_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IngestResult:
+    inserted: int
+    duplicates: int
+
+
+# One delivery's result, shared (frozen) rather than built per delivery.
+INSERTED: Final = IngestResult(1, 0)
+DUPLICATE: Final = IngestResult(0, 1)
+NEITHER: Final = IngestResult(0, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookRecord:
+    """A stored webhook subscription. Secrets stay out of reprs (and so out of logs and tracebacks)."""
+
+    subscription: str
+    server: str
+    event: str
+    arguments: dict[str, Any]
+    url: str
+    secret: str = field(repr=False)
+    pending_secret: str | None = field(default=None, repr=False)
+    previous_secret: str | None = field(default=None, repr=False)
+    previous_until: str | None = None
+    webhook_id: str | None = None
+    refresh_before: str | None = None
+    no_expiry: bool = False
+    delivery_status: dict[str, Any] | None = None
+    refreshes: int = 0
+    last_refresh_at: str | None = None
+
+    def same_key(self, key: SubscriptionKey, url: str) -> bool:
+        """Whether this row was subscribed under the same server-side key."""
+        return (self.server, self.event, canonical_arguments(self.arguments), self.url) == (
+            key.server,
+            key.event,
+            key.arguments_json,
+            url,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RetiredWebhook:
+    """A server-side webhook subscription still to be unsubscribed."""
+
+    id: int
+    subscription: str
+    server: str
+    event: str
+    arguments: dict[str, Any]
+    url: str
+    webhook_id: str | None
+
+
+# ---- inbox -> decision -> agent ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class InboxEvent:
+    """A stored event as the worker claims it. ``id`` is the store's handle for it (not the eventId)."""
+
+    id: int
+    server: str
+    subscription: str
+    name: str
+    event_id: str
+    timestamp: str
+    data: dict[str, Any]
+    attempts: int
+    decision: dict[str, Any] | None = None
+    approved: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FlowGate:
+    """The flow-control checks one event faces, with window starts already computed (ISO times)."""
+
+    now: str
+    dedup_key: str | None = None
+    dedup_since: str | None = None
+    rate_key: str | None = None
+    rate_since: str | None = None
+    rate_max: int = 0
+    batch_key: str | None = None
+    batch_since: str | None = None
+    batch_due: str | None = None
+    batch_max: int = 50
+
+    @property
+    def empty(self) -> bool:
+        return self.dedup_key is None and self.rate_key is None and self.batch_key is None
+
+
+@dataclass(frozen=True, slots=True)
+class FlowOutcome:
+    """What the store found: run now; a duplicate or over the limit (only the check's mark is kept);
+    or the event joined (``batched``) or opened (``leader``) a debounce batch, stored as such."""
+
+    verdict: Literal["run", "duplicate", "over_limit", "batched", "leader"]
+    other: int | None = None  # the earlier event (duplicate) or the batch's leader
+    other_event_id: str | None = None
+    oldest: str | None = None  # over_limit: when the oldest run in the window happened
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """A decision that ends here for one claimed event: the record stored with it and its new state."""
+
+    event_row: int
+    record: dict[str, Any]
+    state: EventState
+
+
+# ---- the action log ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallRecord:
+    step: int
+    call_id: str
+    tool: str
+    server: str | None
+    name: str | None
+    arguments: Any
+    status: ToolCallStatus
+    result: str | None
+    duration_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunProgress:
+    """A run's transcript and counters so far; stored after every step."""
+
+    messages: list[dict[str, Any]]
+    steps: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class EventVerdict:
+    """What a finished run does to its event: done, failed, or pending again after ``retry_at``."""
+
+    state: EventState
+    error: str | None = None
+    retry_at: str | None = None

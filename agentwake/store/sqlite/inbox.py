@@ -1,0 +1,235 @@
+"""The inbox: events and the cursor after them, stored in one transaction; duplicates counted once."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from agentwake.clock import now_iso
+from agentwake.store.records import (
+    DUPLICATE,
+    INSERTED,
+    NEITHER,
+    IncomingEvent,
+    IngestResult,
+    SubscriptionKey,
+    WebhookDelivery,
+)
+from agentwake.store.sqlite.base import SqliteBase, encode_json
+
+INSERT_EVENT_SQL: Final = (
+    "INSERT OR IGNORE INTO events (server, subscription, name, event_id, timestamp, data, meta,"
+    " received_at, state_changed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+# A batch's effect on its subscription: the cursor (a null one keeps the stored one), counters, status.
+ADVANCE_SQL: Final = (
+    "UPDATE subscriptions SET"
+    " cursor = coalesce(?, cursor),"
+    " cursor_updated_at = CASE WHEN ? IS NULL THEN cursor_updated_at ELSE ? END,"
+    " last_poll_at = ?, events_received = events_received + ?, duplicates = duplicates + ?,"
+    " gaps = gaps + ?, status = 'active', last_error = NULL, updated_at = ?"
+    " WHERE name = ?"
+)
+# Ids per SELECT ... IN (...) and rows per INSERT: well under SQLite's limit on bound parameters.
+IN_CHUNK: Final = 500
+ROWS_PER_INSERT: Final = 500
+
+
+@functools.lru_cache(maxsize=64)
+def insert_events_sql(rows: int) -> str:
+    head, _, values = INSERT_EVENT_SQL.partition(" VALUES ")
+    return f"{head} VALUES " + ", ".join([values] * rows)
+
+
+@dataclass(slots=True)
+class _Tally:
+    """One subscription's share of a group commit."""
+
+    key: SubscriptionKey
+    inserted: int = 0
+    duplicates: int = 0
+    cursor: str | None = None
+    cursor_known: bool = False
+    last_cursor: str | None = None
+    gaps: list[tuple[str | None, str | None, str | None]] = field(default_factory=list)
+
+
+def _event_row(key: SubscriptionKey, event: IncomingEvent, now: str) -> tuple[Any, ...]:
+    """One event's values for INSERT_EVENT_SQL."""
+    return (
+        key.server,
+        key.name,
+        event.name,
+        event.event_id,
+        event.timestamp,
+        encode_json(event.data),
+        encode_json(event.meta) if event.meta else None,
+        now,
+        now,
+    )
+
+
+class Inbox(SqliteBase):
+    def ingest(
+        self,
+        key: SubscriptionKey,
+        events: Sequence[IncomingEvent],
+        cursor: str | None,
+        *,
+        truncated: bool = False,
+        cursor_before: str | None = None,
+    ) -> IngestResult:
+        """Insert a batch and advance the cursor in one transaction.
+
+        A null cursor is never persisted (the stored one stays). A duplicate
+        (server, event name, eventId) is counted, not stored again.
+        """
+        now = now_iso()
+        with self.transaction():
+            return self._ingest(key, events, cursor, truncated, cursor_before, now)
+
+    def _ingest(
+        self,
+        key: SubscriptionKey,
+        events: Sequence[IncomingEvent],
+        cursor: str | None,
+        truncated: bool,
+        cursor_before: str | None,
+        now: str,
+    ) -> IngestResult:
+        rows = [_event_row(key, event, now) for event in events]
+        conn = self.conn
+        before = conn.total_changes
+        if rows:
+            conn.executemany(INSERT_EVENT_SQL, rows)
+        inserted = conn.total_changes - before
+        duplicates = len(rows) - inserted
+        conn.execute(
+            ADVANCE_SQL, [cursor, cursor, now, now, inserted, duplicates, int(truncated), now, key.name]
+        )
+        if truncated:
+            conn.execute(
+                "INSERT INTO gaps (subscription, server, event, detected_at, cursor_before, cursor_after)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                [key.name, key.server, key.event, now, cursor_before, cursor],
+            )
+        return IngestResult(inserted, duplicates)
+
+    def ingest_deliveries(self, deliveries: Sequence[WebhookDelivery]) -> list[IngestResult]:
+        """Webhook bodies accepted together (group commit): every event and its cursor in ONE transaction.
+
+        The receiver answers 2xx to each only after this returns, so an accepted
+        delivery is always on disk; a retry of one is a counted duplicate. A batch
+        costs a few statements, not a few per delivery: one look-up of the ids
+        already stored, one insert of the new rows, one update per subscription.
+        Each subscription's cursor ends as the last one in arrival order.
+        """
+        now = now_iso()
+        conn = self.conn
+        results: list[IngestResult] = []
+        tallies: dict[str, _Tally] = {}
+        rows: list[tuple[Any, ...]] = []
+        with self.transaction():
+            seen = self._stored_ids(deliveries)
+            for delivery in deliveries:
+                key = delivery.key
+                tally = tallies.get(key.name)
+                if tally is None:
+                    tally = tallies[key.name] = _Tally(key)
+                result = NEITHER
+                event = delivery.event
+                if event is not None:
+                    ident = (key.server, event.name, event.event_id)
+                    if ident in seen:
+                        result = DUPLICATE
+                    else:
+                        seen.add(ident)
+                        result = INSERTED
+                        rows.append(_event_row(key, event, now))
+                if (
+                    delivery.truncated
+                    and delivery.control_id is not None
+                    and self._gap_recorded(tally, delivery.control_id)
+                ):
+                    results.append(DUPLICATE)
+                    continue
+                if delivery.truncated:
+                    if not tally.cursor_known:
+                        row = conn.execute(
+                            "SELECT cursor FROM subscriptions WHERE name = ?", [key.name]
+                        ).fetchone()
+                        tally.cursor, tally.cursor_known = (row[0] if row else None), True
+                    tally.gaps.append((tally.cursor, delivery.cursor, delivery.control_id))
+                if delivery.cursor is not None:
+                    tally.cursor, tally.cursor_known, tally.last_cursor = (
+                        delivery.cursor,
+                        True,
+                        delivery.cursor,
+                    )
+                tally.inserted += result.inserted
+                tally.duplicates += result.duplicates
+                results.append(result)
+            for start in range(0, len(rows), ROWS_PER_INSERT):
+                # One statement for many rows: sqlite3 lets go of the GIL once, not once per row,
+                # which keeps the receiver's event loop from waiting on this thread.
+                chunk = rows[start : start + ROWS_PER_INSERT]
+                conn.execute(insert_events_sql(len(chunk)), [value for row in chunk for value in row])
+            for tally in tallies.values():
+                key = tally.key
+                conn.execute(
+                    ADVANCE_SQL,
+                    [
+                        tally.last_cursor,
+                        tally.last_cursor,
+                        now,
+                        now,
+                        tally.inserted,
+                        tally.duplicates,
+                        len(tally.gaps),
+                        now,
+                        key.name,
+                    ],
+                )
+                if tally.gaps:
+                    conn.executemany(
+                        "INSERT INTO gaps"
+                        " (subscription, server, event, detected_at, cursor_before, cursor_after, delivery_id)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        [
+                            (key.name, key.server, key.event, now, before, after, delivery_id)
+                            for before, after, delivery_id in tally.gaps
+                        ],
+                    )
+        return results
+
+    def _gap_recorded(self, tally: _Tally, delivery_id: str) -> bool:
+        """Whether this gap envelope is recorded already, in an earlier commit or earlier in this batch."""
+        if any(gap[2] == delivery_id for gap in tally.gaps):
+            return True
+        row = self.conn.execute(
+            "SELECT 1 FROM gaps WHERE subscription = ? AND delivery_id = ?", [tally.key.name, delivery_id]
+        ).fetchone()
+        return row is not None
+
+    def _stored_ids(self, deliveries: Sequence[WebhookDelivery]) -> set[tuple[str, str, str]]:
+        """Which of the deliveries' (server, event name, eventId) are in the inbox already."""
+        wanted: dict[tuple[str, str], set[str]] = {}
+        for delivery in deliveries:
+            if delivery.event is not None:
+                wanted.setdefault((delivery.key.server, delivery.event.name), set()).add(
+                    delivery.event.event_id
+                )
+        found: set[tuple[str, str, str]] = set()
+        for (server, name), ids in wanted.items():
+            listed = sorted(ids)
+            for start in range(0, len(listed), IN_CHUNK):
+                chunk = listed[start : start + IN_CHUNK]
+                marks = ",".join("?" * len(chunk))
+                for (event_id,) in self.conn.execute(
+                    f"SELECT event_id FROM events WHERE server = ? AND name = ? AND event_id IN ({marks})",
+                    [server, name, *chunk],
+                ):
+                    found.add((server, name, event_id))
+        return found

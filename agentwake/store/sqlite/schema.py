@@ -1,0 +1,218 @@
+"""The SQLite schema, as named sqlite-utils migrations applied in order when a store opens."""
+
+from __future__ import annotations
+
+import sqlite_utils
+from sqlite_utils.migrations import Migrations
+
+from agentwake.store.sqlite.versions import MIGRATION_SET
+
+# Each migration's name is also in versions.MIGRATION_NAMES (tests/test_store.py checks they agree).
+migrations = Migrations(MIGRATION_SET)
+
+
+@migrations(name="0001_initial")
+def _initial(db: sqlite_utils.Database) -> None:
+    db.execute(
+        """
+        CREATE TABLE subscriptions (
+            name TEXT PRIMARY KEY,
+            server TEXT NOT NULL,
+            event TEXT NOT NULL,
+            arguments TEXT NOT NULL,
+            mode TEXT,
+            cursor TEXT,
+            cursor_updated_at TEXT,
+            last_poll_at TEXT,
+            events_received INTEGER NOT NULL DEFAULT 0,
+            duplicates INTEGER NOT NULL DEFAULT 0,
+            gaps INTEGER NOT NULL DEFAULT 0,
+            status TEXT NOT NULL DEFAULT 'new',
+            last_error TEXT,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL
+        )
+        """
+    )
+    db.execute(
+        """
+        CREATE TABLE events (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            server TEXT NOT NULL,
+            subscription TEXT NOT NULL,
+            name TEXT NOT NULL,
+            event_id TEXT NOT NULL,
+            timestamp TEXT NOT NULL,
+            data TEXT NOT NULL,
+            meta TEXT,
+            received_at TEXT NOT NULL,
+            state TEXT NOT NULL DEFAULT 'pending',
+            attempts INTEGER NOT NULL DEFAULT 0,
+            priority INTEGER NOT NULL DEFAULT 0,
+            state_changed_at TEXT NOT NULL,
+            last_error TEXT
+        )
+        """
+    )
+    db.execute("CREATE UNIQUE INDEX events_dedup ON events (server, name, event_id)")
+    db.execute("CREATE INDEX events_pending ON events (state, priority, id)")
+    db.execute(
+        """
+        CREATE TABLE gaps (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            subscription TEXT NOT NULL,
+            server TEXT NOT NULL,
+            event TEXT NOT NULL,
+            detected_at TEXT NOT NULL,
+            cursor_before TEXT,
+            cursor_after TEXT
+        )
+        """
+    )
+
+
+@migrations(name="0002_agent_runs")
+def _agent_runs(db: sqlite_utils.Database) -> None:
+    # A pending event is not claimed again before available_at (backoff between attempts).
+    db.execute("ALTER TABLE events ADD COLUMN available_at TEXT")
+    db.execute(
+        """
+        CREATE TABLE runs (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            event_row INTEGER NOT NULL REFERENCES events(id),
+            kind TEXT NOT NULL,
+            attempt INTEGER NOT NULL,
+            model TEXT NOT NULL,
+            status TEXT NOT NULL,
+            reason TEXT,
+            decision TEXT NOT NULL,
+            system_prompt TEXT,
+            user_prompt TEXT,
+            messages TEXT NOT NULL DEFAULT '[]',
+            steps INTEGER NOT NULL DEFAULT 0,
+            prompt_tokens INTEGER NOT NULL DEFAULT 0,
+            completion_tokens INTEGER NOT NULL DEFAULT 0,
+            cost_usd REAL,
+            started_at TEXT NOT NULL,
+            finished_at TEXT,
+            duration_ms INTEGER
+        )
+        """
+    )
+    db.execute("CREATE INDEX runs_event ON runs (event_row, id)")
+    db.execute("CREATE INDEX runs_status ON runs (status)")
+    db.execute(
+        """
+        CREATE TABLE tool_calls (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            run_id INTEGER NOT NULL REFERENCES runs(id),
+            step INTEGER NOT NULL,
+            call_id TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            server TEXT,
+            name TEXT,
+            arguments TEXT,
+            status TEXT NOT NULL,
+            result TEXT,
+            duration_ms INTEGER,
+            at TEXT NOT NULL
+        )
+        """
+    )
+    db.execute("CREATE INDEX tool_calls_run ON tool_calls (run_id, id)")
+
+
+@migrations(name="0003_sanitize_and_policy")
+def _sanitize_and_policy(db: sqlite_utils.Database) -> None:
+    # What sanitizing the payload found (cuts, redactions, injection signals); the score is a policy input.
+    db.execute("ALTER TABLE events ADD COLUMN injection_score REAL")
+    db.execute("ALTER TABLE events ADD COLUMN sanitize_report TEXT")
+    # The policy decision (rule, why) and, for held events, the person's answer.
+    db.execute("ALTER TABLE events ADD COLUMN decision TEXT")
+    db.execute("ALTER TABLE events ADD COLUMN approved_at TEXT")
+    db.execute("ALTER TABLE events ADD COLUMN approval_note TEXT")
+
+
+@migrations(name="0004_flow_control")
+def _flow_control(db: sqlite_utils.Database) -> None:
+    # Marks of policy flow control (dedup, rate, batch) per rule and key, with the time they were made:
+    # the windows survive restarts because they are rows, not memory.
+    db.execute(
+        """
+        CREATE TABLE flow_marks (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            rule TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            key TEXT NOT NULL,
+            event_row INTEGER NOT NULL REFERENCES events(id),
+            at TEXT NOT NULL
+        )
+        """
+    )
+    db.execute("CREATE INDEX flow_marks_lookup ON flow_marks (rule, kind, key, at)")
+    # A debounced event waits in state 'batched' for its leader's run, which sees them all.
+    db.execute("ALTER TABLE events ADD COLUMN batch_leader INTEGER")
+    db.execute("CREATE INDEX events_batch ON events (batch_leader) WHERE batch_leader IS NOT NULL")
+
+
+@migrations(name="0005_stream_errors")
+def _stream_errors(db: sqlite_utils.Database) -> None:
+    # notifications/events/error on a push stream: counted, the stream goes on.
+    db.execute("ALTER TABLE subscriptions ADD COLUMN stream_errors INTEGER NOT NULL DEFAULT 0")
+
+
+@migrations(name="0006_webhooks")
+def _webhooks(db: sqlite_utils.Database) -> None:
+    # One row per webhook subscription: the key it was subscribed under (server, event, arguments, url),
+    # its secrets (the receiver must hold them in clear to verify HMACs; the file is 0600), the
+    # server-derived id the receiver routes by, and what the last refresh said.
+    db.execute(
+        """
+        CREATE TABLE webhooks (
+            subscription TEXT PRIMARY KEY,
+            server TEXT NOT NULL,
+            event TEXT NOT NULL,
+            arguments TEXT NOT NULL,
+            url TEXT NOT NULL,
+            secret TEXT NOT NULL,
+            pending_secret TEXT,
+            previous_secret TEXT,
+            previous_until TEXT,
+            webhook_id TEXT,
+            refresh_before TEXT,
+            no_expiry INTEGER NOT NULL DEFAULT 0,
+            delivery_status TEXT,
+            refreshes INTEGER NOT NULL DEFAULT 0,
+            last_refresh_at TEXT,
+            created_at TEXT NOT NULL
+        )
+        """
+    )
+    # Server-side subscriptions we gave up (removed from the config, key changed, ended): the receiver
+    # answers 410 to their ids, and those not yet unsubscribed are, at the next connect to their server.
+    db.execute(
+        """
+        CREATE TABLE webhooks_retired (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            subscription TEXT NOT NULL,
+            server TEXT NOT NULL,
+            event TEXT NOT NULL,
+            arguments TEXT NOT NULL,
+            url TEXT NOT NULL,
+            webhook_id TEXT,
+            reason TEXT NOT NULL,
+            retired_at TEXT NOT NULL,
+            unsubscribed_at TEXT
+        )
+        """
+    )
+    db.execute("CREATE INDEX webhooks_retired_id ON webhooks_retired (webhook_id)")
+
+
+@migrations(name="0007_gap_deliveries")
+def _gap_deliveries(db: sqlite_utils.Database) -> None:
+    # A webhook gap envelope's webhook-id: its retry, before or after a restart, is recorded once.
+    db.execute("ALTER TABLE gaps ADD COLUMN delivery_id TEXT")
+    db.execute(
+        "CREATE UNIQUE INDEX gaps_delivery ON gaps (subscription, delivery_id) WHERE delivery_id IS NOT NULL"
+    )

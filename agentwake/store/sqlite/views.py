@@ -1,0 +1,285 @@
+"""Read-only views for the CLI and the tests: status, inbox, action log, one event, approvals."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from agentwake.store.records import EVENT_STATES
+from agentwake.store.sqlite.base import SqliteBase
+
+
+class Views(SqliteBase):
+    def subscriptions(self) -> list[dict[str, Any]]:
+        rows = self.conn.execute(
+            "SELECT s.name, s.server, s.event, s.arguments, s.mode, s.cursor, s.last_poll_at, s.events_received,"
+            " s.duplicates, s.gaps, s.status, s.last_error, s.cursor_updated_at, s.stream_errors,"
+            " w.webhook_id, w.url, w.refresh_before, w.no_expiry, w.delivery_status, w.refreshes,"
+            " w.last_refresh_at, w.pending_secret IS NOT NULL, w.previous_until"
+            " FROM subscriptions s LEFT JOIN webhooks w ON w.subscription = s.name ORDER BY s.name"
+        ).fetchall()
+        return [
+            {
+                "subscription": r[0],
+                "server": r[1],
+                "event": r[2],
+                "arguments": json.loads(r[3]),
+                "mode": r[4],
+                "cursor": r[5],
+                "last_poll_at": r[6],
+                "events_received": r[7],
+                "duplicates": r[8],
+                "gaps": r[9],
+                "status": r[10],
+                "last_error": r[11],
+                "cursor_updated_at": r[12],
+                "stream_errors": r[13],
+                # No secret here: this is what `status --json` prints.
+                "webhook": None
+                if r[15] is None
+                else {
+                    "id": r[14],
+                    "url": r[15],
+                    "refresh_before": r[16],
+                    "no_expiry": bool(r[17]),
+                    "delivery_status": json.loads(r[18]) if r[18] else None,
+                    "refreshes": r[19],
+                    "last_refresh_at": r[20],
+                    "rotation_pending": bool(r[21]),
+                    "previous_secret_until": r[22],
+                },
+            }
+            for r in rows
+        ]
+
+    def run_counts(self) -> dict[str, dict[str, Any]]:
+        """Per subscription: agent runs by status, failed events and the last failure."""
+        counts: dict[str, dict[str, Any]] = {}
+        for sub, status, count in self.conn.execute(
+            "SELECT e.subscription, r.status, count(*) FROM runs r JOIN events e ON e.id = r.event_row"
+            " WHERE r.kind = 'agent' GROUP BY e.subscription, r.status"
+        ).fetchall():
+            counts.setdefault(sub, {})[f"runs_{status}"] = count
+        for sub, state, count in self.conn.execute(
+            "SELECT subscription, state, count(*) FROM events GROUP BY subscription, state"
+        ).fetchall():
+            counts.setdefault(sub, {})[f"events_{state}"] = count
+        for sub, error in self.conn.execute(
+            "SELECT subscription, last_error FROM events WHERE id IN"
+            " (SELECT max(id) FROM events WHERE state = 'failed' GROUP BY subscription)"
+        ).fetchall():
+            counts.setdefault(sub, {})["last_failure"] = error
+        return counts
+
+    def inbox(self, limit: int, *, state: str | None = None) -> list[dict[str, Any]]:
+        where, args = "", []
+        if state is not None:
+            where, args = "WHERE state = ?", [state]
+        rows = self.conn.execute(
+            "SELECT id, server, subscription, name, event_id, timestamp, received_at, state, attempts, data,"
+            f" last_error FROM events {where} ORDER BY id DESC LIMIT ?",
+            [*args, limit],
+        ).fetchall()
+        return [
+            {
+                "id": r[0],
+                "server": r[1],
+                "subscription": r[2],
+                "event": r[3],
+                "event_id": r[4],
+                "timestamp": r[5],
+                "received_at": r[6],
+                "state": r[7],
+                "attempts": r[8],
+                "data": json.loads(r[9]),
+                "last_error": r[10],
+            }
+            for r in rows
+        ]
+
+    def actions(self, limit: int) -> list[dict[str, Any]]:
+        """The most recent runs, newest first, one summary each."""
+        rows = self.conn.execute(
+            "SELECT r.id, e.event_id, e.server, e.subscription, e.name, r.kind, r.attempt, r.model, r.status,"
+            " r.reason, r.steps, r.prompt_tokens, r.completion_tokens, r.cost_usd, r.started_at, r.duration_ms,"
+            " (SELECT count(*) FROM tool_calls t WHERE t.run_id = r.id),"
+            " (SELECT count(*) FROM tool_calls t WHERE t.run_id = r.id AND t.status = 'refused'),"
+            " (SELECT json_group_array(tool) FROM (SELECT t.tool FROM tool_calls t WHERE t.run_id = r.id"
+            " ORDER BY t.id))"
+            " FROM runs r JOIN events e ON e.id = r.event_row ORDER BY r.id DESC LIMIT ?",
+            [limit],
+        ).fetchall()
+        keys = (
+            "run_id",
+            "event_id",
+            "server",
+            "subscription",
+            "event",
+            "kind",
+            "attempt",
+            "model",
+            "status",
+            "reason",
+            "steps",
+            "prompt_tokens",
+            "completion_tokens",
+            "cost_usd",
+            "started_at",
+            "duration_ms",
+            "tool_calls",
+            "refused",
+            "tools",
+        )
+        actions = [dict(zip(keys, r, strict=True)) for r in rows]
+        for action in actions:
+            action["tools"] = json.loads(action["tools"]) if action["tools"] else []
+        return actions
+
+    def find_events(self, event_id: str, server: str | None = None) -> list[dict[str, Any]]:
+        """Stored events with this eventId (one per server at most), with their runs and tool calls."""
+        where, args = "event_id = ?", [event_id]
+        if server is not None:
+            where, args = where + " AND server = ?", [*args, server]
+        return self._find_events(where, args)
+
+    def event_detail(self, event_row: int) -> dict[str, Any] | None:
+        """One stored event as ``find_events`` shows it."""
+        found = self._find_events("id = ?", [event_row])
+        return found[0] if found else None
+
+    def _find_events(self, where: str, args: list[Any]) -> list[dict[str, Any]]:
+        rows = self.conn.execute(
+            "SELECT id, server, subscription, name, event_id, timestamp, received_at, state, attempts, data,"
+            f" meta, last_error, injection_score, sanitize_report, decision, approved_at, approval_note"
+            f" FROM events WHERE {where} ORDER BY id",
+            args,
+        ).fetchall()
+        keys = (
+            "id",
+            "server",
+            "subscription",
+            "event",
+            "event_id",
+            "timestamp",
+            "received_at",
+            "state",
+            "attempts",
+            "data",
+            "meta",
+            "last_error",
+            "injection_score",
+            "sanitize_report",
+            "decision",
+            "approved_at",
+            "approval_note",
+        )
+        events = [dict(zip(keys, r, strict=True)) for r in rows]
+        for event in events:
+            event["data"] = json.loads(event["data"])
+            event["sanitize_report"] = (
+                json.loads(event["sanitize_report"]) if event["sanitize_report"] else None
+            )
+            event["meta"] = json.loads(event["meta"]) if event["meta"] else None
+            event["runs"] = self._runs_of(event["id"])
+        return events
+
+    def _runs_of(self, event_row: int) -> list[dict[str, Any]]:
+        rows = self.conn.execute(
+            "SELECT id, kind, attempt, model, status, reason, decision, system_prompt, user_prompt, messages, steps,"
+            " prompt_tokens, completion_tokens, cost_usd, started_at, finished_at, duration_ms"
+            " FROM runs WHERE event_row = ? ORDER BY id",
+            [event_row],
+        ).fetchall()
+        keys = (
+            "run_id",
+            "kind",
+            "attempt",
+            "model",
+            "status",
+            "reason",
+            "decision",
+            "system_prompt",
+            "user_prompt",
+            "messages",
+            "steps",
+            "prompt_tokens",
+            "completion_tokens",
+            "cost_usd",
+            "started_at",
+            "finished_at",
+            "duration_ms",
+        )
+        runs = [dict(zip(keys, r, strict=True)) for r in rows]
+        call_keys = (
+            "step",
+            "call_id",
+            "tool",
+            "server",
+            "name",
+            "arguments",
+            "status",
+            "result",
+            "duration_ms",
+        )
+        for run in runs:
+            run["decision"] = json.loads(run["decision"])
+            run["messages"] = json.loads(run["messages"])
+            calls = self.conn.execute(
+                "SELECT step, call_id, tool, server, name, arguments, status, result, duration_ms"
+                " FROM tool_calls WHERE run_id = ? ORDER BY id",
+                [run["run_id"]],
+            ).fetchall()
+            run["tool_calls"] = [dict(zip(call_keys, c, strict=True)) for c in calls]
+            for call in run["tool_calls"]:
+                call["arguments"] = json.loads(call["arguments"]) if call["arguments"] else None
+        return runs
+
+    def approvals(self) -> list[dict[str, Any]]:
+        rows = self.conn.execute(
+            "SELECT id, server, subscription, name, event_id, timestamp, received_at, decision, data, injection_score"
+            " FROM events WHERE state = 'held' ORDER BY id"
+        ).fetchall()
+        keys = (
+            "id",
+            "server",
+            "subscription",
+            "event",
+            "event_id",
+            "timestamp",
+            "received_at",
+            "decision",
+            "data",
+            "injection_score",
+        )
+        held = [dict(zip(keys, r, strict=True)) for r in rows]
+        for event in held:
+            event["decision"] = json.loads(event["decision"]) if event["decision"] else None
+            event["data"] = json.loads(event["data"])
+        return held
+
+    def gaps(self, subscription: str | None = None) -> list[dict[str, Any]]:
+        where, args = "", []
+        if subscription is not None:
+            where, args = "WHERE subscription = ?", [subscription]
+        rows = self.conn.execute(
+            f"SELECT subscription, server, event, detected_at, cursor_before, cursor_after FROM gaps {where}"
+            " ORDER BY id",
+            args,
+        ).fetchall()
+        keys = ("subscription", "server", "event", "detected_at", "cursor_before", "cursor_after")
+        return [dict(zip(keys, r, strict=True)) for r in rows]
+
+    def event_ids(self, subscription: str | None = None) -> list[str]:
+        where, args = "", []
+        if subscription is not None:
+            where, args = "WHERE subscription = ?", [subscription]
+        return [
+            r[0]
+            for r in self.conn.execute(f"SELECT event_id FROM events {where} ORDER BY id", args).fetchall()
+        ]
+
+    def state_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = dict.fromkeys(EVENT_STATES, 0)
+        for state, count in self.conn.execute("SELECT state, count(*) FROM events GROUP BY state").fetchall():
+            counts[state] = count
+        return counts

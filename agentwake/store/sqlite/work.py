@@ -1,0 +1,200 @@
+"""The work queue: claiming events, giving them back, settling decisions, flow control, approvals."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
+
+from agentwake.clock import now_iso
+from agentwake.errors import StoreError
+from agentwake.store.records import EventState, FlowGate, FlowOutcome, InboxEvent, Settlement
+from agentwake.store.sqlite.base import SqliteBase, encode_json
+
+_CLAIMED_COLUMNS: Final = (
+    "id, server, subscription, name, event_id, timestamp, data, attempts, decision, approved_at"
+)
+
+
+def _inbox_event(row: Any) -> InboxEvent:
+    return InboxEvent(
+        row[0],
+        row[1],
+        row[2],
+        row[3],
+        row[4],
+        row[5],
+        json.loads(row[6]),
+        row[7],
+        json.loads(row[8]) if row[8] else None,
+        bool(row[9]),
+    )
+
+
+def _score(record: dict[str, Any]) -> float | None:
+    score = record.get("injection_score")
+    return float(score) if isinstance(score, int | float) and not isinstance(score, bool) else None
+
+
+class WorkQueue(SqliteBase):
+    def requeue_interrupted(self) -> int:
+        """Events left 'processing' by a crash go back to 'pending'; their unfinished runs are marked.
+
+        A run only completes in the same transaction that marks its event done, so
+        an event found here never had a completed run, and running it again is the
+        one retry the crash costs.
+        """
+        now = now_iso()
+        with self.transaction():
+            self.conn.execute(
+                "UPDATE runs SET status = 'interrupted', reason = 'the service stopped during the run',"
+                " finished_at = ? WHERE status = 'running'",
+                [now],
+            )
+            cur = self.conn.execute(
+                "UPDATE events SET state = 'pending', state_changed_at = ? WHERE state = 'processing'",
+                [now],
+            )
+            return cur.rowcount
+
+    def claim(self, limit: int, now: str | None = None) -> list[InboxEvent]:
+        """Move up to ``limit`` pending events to 'processing' and return them, oldest first."""
+        now = now or now_iso()
+        with self.transaction():
+            rows = self.conn.execute(
+                "UPDATE events SET state = 'processing', attempts = attempts + 1, state_changed_at = ?"
+                " WHERE id IN (SELECT id FROM events WHERE state = 'pending'"
+                " AND (available_at IS NULL OR available_at <= ?) ORDER BY priority DESC, id LIMIT ?)"
+                f" RETURNING {_CLAIMED_COLUMNS}",
+                [now, now, limit],
+            ).fetchall()
+        rows.sort(key=lambda row: row[0])
+        return [_inbox_event(row) for row in rows]
+
+    def release(self, event_row: int, retry_at: str) -> None:
+        """Give a claimed event back untouched (not an attempt): pending again, not before ``retry_at``."""
+        with self.transaction():
+            self.conn.execute(
+                "UPDATE events SET state = 'pending', attempts = max(0, attempts - 1), available_at = ?,"
+                " state_changed_at = ? WHERE id = ? AND state = 'processing'",
+                [retry_at, now_iso(), event_row],
+            )
+
+    def settle(self, settlements: Sequence[Settlement]) -> None:
+        """Store decisions that end their events here (ignored, done, held), in one transaction."""
+        now = now_iso()
+        with self.transaction():
+            self.conn.executemany(
+                "UPDATE events SET decision = ?, state = ?, state_changed_at = ?,"
+                " injection_score = coalesce(?, injection_score) WHERE id = ?",
+                [(encode_json(s.record), s.state, now, _score(s.record), s.event_row) for s in settlements],
+            )
+
+    def record_decision(self, event_row: int, record: dict[str, Any]) -> None:
+        """Store the decision of an event that goes on to a run; its state is left alone."""
+        with self.transaction():
+            self.conn.execute(
+                "UPDATE events SET decision = ?, injection_score = coalesce(?, injection_score) WHERE id = ?",
+                [encode_json(record), _score(record), event_row],
+            )
+
+    def flow_gate(self, event_row: int, rule: str, decision: dict[str, Any], gate: FlowGate) -> FlowOutcome:
+        """Apply a rule's flow control to one event, atomically: dedup, then rate limit, then debounce.
+
+        Returns what to do: run it now, or it was a duplicate / over the limit (nothing
+        stored but the mark of the check), or it joined or opened a batch (stored here).
+        """
+        with self.transaction():
+            execute = self.conn.execute
+            if gate.dedup_key is not None and gate.dedup_since is not None:
+                row = execute(
+                    "SELECT m.event_row, e.event_id FROM flow_marks m JOIN events e ON e.id = m.event_row"
+                    " WHERE m.rule = ? AND m.kind = 'dedup' AND m.key = ? AND m.at >= ? AND m.event_row != ?"
+                    " ORDER BY m.at LIMIT 1",
+                    [rule, gate.dedup_key, gate.dedup_since, event_row],
+                ).fetchone()
+                if row is not None:
+                    return FlowOutcome("duplicate", other=int(row[0]), other_event_id=str(row[1]))
+                execute(
+                    "INSERT INTO flow_marks (rule, kind, key, event_row, at) VALUES (?, 'dedup', ?, ?, ?)",
+                    [rule, gate.dedup_key, event_row, gate.now],
+                )
+            if gate.batch_key is not None and gate.batch_since is not None:
+                leader = execute(
+                    "SELECT m.event_row FROM flow_marks m JOIN events e ON e.id = m.event_row"
+                    " WHERE m.rule = ? AND m.kind = 'batch' AND m.key = ? AND m.at >= ? AND e.state = 'pending'"
+                    " AND (SELECT count(*) FROM events f WHERE f.batch_leader = m.event_row) < ?"
+                    " ORDER BY m.at DESC LIMIT 1",
+                    [rule, gate.batch_key, gate.batch_since, gate.batch_max - 1],
+                ).fetchone()
+                if leader is not None:
+                    execute(
+                        "UPDATE events SET state = 'batched', batch_leader = ?, decision = ?, state_changed_at = ?"
+                        " WHERE id = ?",
+                        [leader[0], encode_json(decision), gate.now, event_row],
+                    )
+                    return FlowOutcome("batched", other=int(leader[0]))
+            if gate.rate_key is not None and gate.rate_since is not None:
+                oldest, count = execute(
+                    # Strictly after the window start: an event delayed to the window's end is then in.
+                    "SELECT min(at), count(*) FROM flow_marks WHERE rule = ? AND kind = 'rate' AND key = ? AND at > ?",
+                    [rule, gate.rate_key, gate.rate_since],
+                ).fetchone()
+                if count >= gate.rate_max:
+                    return FlowOutcome("over_limit", oldest=oldest)
+                execute(
+                    "INSERT INTO flow_marks (rule, kind, key, event_row, at) VALUES (?, 'rate', ?, ?, ?)",
+                    [rule, gate.rate_key, event_row, gate.now],
+                )
+            if gate.batch_key is not None and gate.batch_due is not None:
+                execute(
+                    "INSERT INTO flow_marks (rule, kind, key, event_row, at) VALUES (?, 'batch', ?, ?, ?)",
+                    [rule, gate.batch_key, event_row, gate.now],
+                )
+                execute(
+                    "UPDATE events SET state = 'pending', attempts = max(0, attempts - 1), available_at = ?,"
+                    " decision = ?, state_changed_at = ? WHERE id = ?",
+                    [gate.batch_due, encode_json({**decision, "batch_leader": True}), gate.now, event_row],
+                )
+                return FlowOutcome("leader")
+            return FlowOutcome("run")
+
+    def batch_members(self, leader_row: int) -> list[InboxEvent]:
+        rows = self.conn.execute(
+            "SELECT id, server, subscription, name, event_id, timestamp, data, attempts FROM events"
+            " WHERE batch_leader = ? AND state = 'batched' ORDER BY id",
+            [leader_row],
+        ).fetchall()
+        return [InboxEvent(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]), r[7]) for r in rows]
+
+    def finish(self, ids: Iterable[int], state: EventState, error: str | None = None) -> None:
+        now = now_iso()
+        with self.transaction():
+            self.conn.executemany(
+                "UPDATE events SET state = ?, state_changed_at = ?, last_error = ? WHERE id = ?",
+                [(state, now, error, event_id) for event_id in ids],
+            )
+
+    def event(self, event_row: int) -> InboxEvent:
+        """One stored event, with its stored decision and approval, whatever its state."""
+        row = self.conn.execute(
+            f"SELECT {_CLAIMED_COLUMNS} FROM events WHERE id = ?",
+            [event_row],
+        ).fetchone()
+        if row is None:
+            raise StoreError(f"no stored event with row id {event_row}")
+        return _inbox_event(row)
+
+    def answer(self, event_row: int, *, approve: bool, note: str | None) -> None:
+        """A person's answer to a held event: approved goes back to pending (the agent runs), denied ends it."""
+        now = now_iso()
+        with self.transaction():
+            row = self.conn.execute("SELECT state FROM events WHERE id = ?", [event_row]).fetchone()
+            if row is None:
+                raise StoreError(f"no stored event with row id {event_row}")
+            if row[0] != "held":
+                raise StoreError(f"the event is {row[0]!r}, not held for approval")
+            self.conn.execute(
+                "UPDATE events SET state = ?, approved_at = ?, approval_note = ?, state_changed_at = ? WHERE id = ?",
+                ["pending" if approve else "denied", now if approve else None, note, now, event_row],
+            )

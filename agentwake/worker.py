@@ -1,0 +1,244 @@
+"""The worker: claims pending events, has ``agentwake.decide`` decide each, and carries the outcome out.
+
+Carrying out is all it does with a decision: an event that ends here (ignored, logged,
+held for approval) is settled in the store, a delayed one is given back (not an
+attempt) until its time, a batched one was stored by the decision's flow step, and
+one to run goes to the agent, ``concurrency`` runs at a time. Without an ``[agent]``
+section events are still sanitized and decided (nothing runs), a batch at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Final, Protocol
+
+import anyio
+
+from agentwake.clock import iso, utc_now
+from agentwake.config import OFFLINE_MODEL, OFFLINE_NOTICE, AgentConfig, AgentwakeConfig
+from agentwake.decide import Outcome, RuleSlots, decide
+from agentwake.errors import AgentwakeError
+from agentwake.policy import Policy
+from agentwake.store import InboxEvent, RunKind, Settlement, Store
+
+if TYPE_CHECKING:
+    from agentwake.agent.tools import ConnectionPool
+
+logger = logging.getLogger(__name__)
+
+# Events claimed at once when no agent runs (deciding them is quick).
+CLAIM_BATCH: Final = 100
+# A worker with nothing to do looks at the inbox this often even if nobody wakes it (delayed events).
+IDLE_RECHECK_S: Final = 5.0
+# An event whose server is not connected (its tools missing) goes back for this long.
+SERVER_WAIT_S: Final = 5.0
+
+
+class Agent(Protocol):
+    """What the worker needs of the agent stage (``agentwake.agent.runner.AgentRunner``)."""
+
+    agent: AgentConfig
+
+    async def warm_up(self) -> None:
+        """Load what the first run would otherwise wait for (litellm), while events are still arriving."""
+        ...
+
+    async def run(
+        self, outcome: Outcome, *, kind: RunKind = "agent", batch: Sequence[InboxEvent] = ()
+    ) -> object: ...
+
+
+def log_event(event: InboxEvent) -> None:
+    """What "log" does with an event: one line in the service's log."""
+    logger.info(
+        "event %s %s from %s (subscription %s): %s",
+        event.name,
+        event.event_id,
+        event.server,
+        event.subscription,
+        _preview(event.data),
+    )
+
+
+def _preview(data: dict[str, object], limit: int = 160) -> str:
+    text = ", ".join(f"{k}={v!r}" for k, v in data.items())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@dataclass
+class Worker:
+    """Claims and handles events until cancelled. ``wake()`` after new events were stored.
+
+    ``policy`` may be replaced at any time (a reload): events decided after that use the new one.
+    """
+
+    config: AgentwakeConfig
+    store: Store
+    policy: Policy = field(default_factory=Policy)
+    agent: Agent | None = None
+    pool: ConnectionPool | None = None
+    clock: Callable[[], datetime] = utc_now
+    on_log: Callable[[InboxEvent], None] = log_event
+    slots: RuleSlots = field(default_factory=RuleSlots)
+    active: int = field(default=0, init=False)
+    _wake: anyio.Event = field(default_factory=anyio.Event, init=False)
+    _slot_freed: anyio.Event = field(default_factory=anyio.Event, init=False)
+
+    def wake(self, count: int = 0) -> None:
+        """New events are in the inbox (``count`` of them): claim now rather than at the next recheck."""
+        self._wake.set()
+
+    async def decide(self, event: InboxEvent) -> Outcome:
+        """The decision stage, as the service runs it: the store's flow control, this worker's slots."""
+        return await decide(
+            event,
+            config=self.config,
+            policy=self.policy,
+            now=self.clock(),
+            flow=self.store,
+            slots=self.slots,
+        )
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        requeued = await self.store.requeue_interrupted()
+        if requeued:
+            logger.info("%d event(s) interrupted by a previous stop go again", requeued)
+        if self.agent is None:
+            task_status.started()
+            await self._decide_batches()
+        else:
+            await self._run_agent(self.agent, task_status)
+
+    async def _idle(self) -> None:
+        with anyio.move_on_after(IDLE_RECHECK_S):
+            await self._wake.wait()
+        self._wake = anyio.Event()
+
+    async def _decide_batches(self) -> None:
+        """No agent: claim a batch, decide each, settle them together."""
+        while True:
+            batch = await self.store.claim(CLAIM_BATCH, iso(self.clock()))
+            if not batch:
+                await self._idle()
+                continue
+            outcomes: list[Outcome] = []
+            for event in batch:
+                try:
+                    outcomes.append(await self.decide(event))
+                except Exception as exc:  # one bad event costs itself, not the batch
+                    await self._failed(event, exc)
+            await self.carry_out(outcomes)
+
+    async def _run_agent(self, agent: Agent, task_status: anyio.abc.TaskStatus[None]) -> None:
+        """Claim pending events as run slots free up, and handle each, ``concurrency`` at a time."""
+        models = {agent.agent.model, *(s.model for s in self.config.subscriptions if s.model)}
+        if OFFLINE_MODEL in models:
+            logger.warning("agent: %s", OFFLINE_NOTICE)
+        limit = agent.agent.concurrency
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(agent.warm_up, name="agent-warm-up")
+            task_status.started()
+            while True:
+                free = limit - self.active
+                if free <= 0:
+                    await self._slot_freed.wait()
+                    self._slot_freed = anyio.Event()
+                    continue
+                batch = await self.store.claim(free, iso(self.clock()))
+                if not batch:
+                    await self._idle()
+                    continue
+                for event in batch:
+                    self.active += 1
+                    tg.start_soon(self._handle_counted, event, name=f"event:{event.event_id}")
+
+    async def _handle_counted(self, event: InboxEvent) -> None:
+        try:
+            await self.handle(event)
+        finally:
+            self.active -= 1
+            self._slot_freed.set()
+
+    async def handle(self, event: InboxEvent) -> None:
+        """Decide one claimed event and carry the outcome out; a failure costs this event only."""
+        try:
+            outcome = await self.decide(event)
+            if outcome.verdict == "run":
+                await self._run(outcome)
+            else:
+                await self.carry_out([outcome])
+        except Exception as exc:  # a bug or a store error must cost this event, not the service
+            await self._failed(event, exc)
+
+    async def _failed(self, event: InboxEvent, exc: Exception) -> None:
+        if isinstance(exc, AgentwakeError):
+            logger.error("event %s failed: %s", event.event_id, exc)
+            reason = str(exc)
+        else:
+            logger.exception("event %s failed unexpectedly", event.event_id)
+            reason = f"unexpected error: {type(exc).__name__}: {exc}"
+        await self.store.finish([event.id], "failed", reason)
+
+    async def carry_out(self, outcomes: Sequence[Outcome]) -> None:
+        """Outcomes that do not run the agent: settled together, delayed ones given back."""
+        settled: list[Settlement] = []
+        for outcome in outcomes:
+            event = outcome.event
+            if outcome.verdict == "ignore":
+                logger.info("event %s ignored by rule %s: %s", event.event_id, outcome.rule, outcome.why)
+                settled.append(Settlement(event.id, outcome.record, "ignored"))
+            elif outcome.verdict == "log":
+                self.on_log(event)
+                settled.append(Settlement(event.id, outcome.record, "done"))
+            elif outcome.verdict == "hold":
+                logger.warning(
+                    "event %s held for approval by rule %s (%s): agentwake approve %s, or deny it",
+                    event.event_id,
+                    outcome.rule,
+                    outcome.why,
+                    event.event_id,
+                )
+                settled.append(Settlement(event.id, outcome.record, "held"))
+            elif outcome.verdict == "delay":
+                assert outcome.until is not None
+                logger.info("event %s waits until %s: %s", event.event_id, iso(outcome.until), outcome.why)
+                await self.store.release(event.id, iso(outcome.until))
+            elif outcome.verdict == "batched":
+                logger.info("event %s %s", event.event_id, outcome.why)
+            else:
+                raise ValueError(f"carry_out does not run the agent (event {event.event_id})")
+        if settled:
+            await self.store.settle(settled)
+
+    async def _run(self, outcome: Outcome) -> None:
+        """Run the agent on an event decided "run"; give its rule's slot back after."""
+        from agentwake.agent.runner import retry_at
+
+        agent = self.agent
+        event = outcome.event
+        try:
+            if agent is None:  # decide never says "run" without an agent; this guards the invariant
+                raise AgentwakeError("no agent to run")
+            server = self.config.servers.get(event.server)
+            # Its tools come with its connection; without them the run could not act as allowed.
+            if (
+                self.pool is not None
+                and server is not None
+                and not await self.pool.wait_for(event.server, server.connect_timeout_s)
+            ):
+                logger.warning(
+                    "event %s waits: server %s is not connected, so its tools are not available",
+                    event.event_id,
+                    event.server,
+                )
+                await self.store.release(event.id, retry_at(1, SERVER_WAIT_S))
+                return
+            leads = bool((event.decision or {}).get("batch_leader"))
+            batch = await self.store.batch_members(event.id) if leads else []
+            await agent.run(outcome, batch=batch)
+        finally:
+            if outcome.holds_slot:
+                self.slots.give_back(outcome.rule)

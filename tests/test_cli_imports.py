@@ -1,0 +1,162 @@
+"""What the quick commands import: --help, status --help, status and inbox load no SDK, no HTTP
+server, no LLM client and no part of the service.
+
+Each command runs in a fresh interpreter (what was imported is per process) through a small
+wrapper that calls ``agentwake.cli.main()`` and then writes ``sorted(sys.modules)`` to a
+file. How fast they start is measured by ``bench/cli_startup.py``, not here.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from conftest import REPO
+
+from agentwake.cli.common import DEFAULT_CONFIG_PATH
+from agentwake.config import DEFAULT_CONFIG_PATH as CONFIG_DEFAULT
+from agentwake.config import load_config
+from agentwake.store import IncomingEvent, SubscriptionKey, open_store
+
+# Modules (and their submodules) the quick commands must not import.
+FORBIDDEN = (
+    "mcp",
+    "aiohttp",
+    "litellm",
+    "agentwake.supervisor",
+    "agentwake.mcp",
+    "agentwake.delivery",
+    "agentwake.agent",
+)
+CONFIG_ARG = "{config}"  # replaced by the test config's path
+QUICK_COMMANDS = [["--help"], ["status", "--help"], ["status", "-c", CONFIG_ARG], ["inbox", "-c", CONFIG_ARG]]
+
+WRAPPER = """
+import importlib, json, sys
+
+out, argv, preload = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3:]
+for name in preload:  # stands in for a top-level import in the CLI
+    importlib.import_module(name)
+sys.argv = ["agentwake", *argv]
+import agentwake.cli
+
+code = 0
+try:
+    agentwake.cli.main()
+except SystemExit as exc:
+    code = exc.code
+with open(out, "w") as f:
+    json.dump({"code": code, "modules": sorted(sys.modules)}, f)
+"""
+
+CONFIG = f"""
+[store]
+path = "aw.db"
+
+[agent]
+model = "agentwake/offline"
+prompts = {json.dumps(str(REPO / "prompts"))}
+
+[servers.demo]
+command = {json.dumps(sys.executable)}
+args = ["-m", "examples.demo_server"]
+cwd = {json.dumps(str(REPO))}
+
+[[subscriptions]]
+name = "tickets"
+server = "demo"
+event = "ticket.created"
+arguments = {{ queue = "support" }}
+tools = ["demo__add_comment"]
+"""
+
+
+async def fill_store(config: Path) -> None:
+    cfg = load_config(config)
+    store = await open_store(cfg.store)
+    try:
+        key = SubscriptionKey("tickets", "demo", "ticket.created", {"queue": "support"})
+        await store.register(key)
+        event = IncomingEvent("T-000001", "ticket.created", "2026-01-01T00:00:00Z", {"ticketId": "T-000001"})
+        await store.ingest(key, [event], "1")
+    finally:
+        await store.close()
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real config, and a real store with one subscription and one event."""
+    path = tmp_path_factory.mktemp("cli-imports") / "agentwake.toml"
+    path.write_text(CONFIG)
+    anyio.run(fill_store, path)
+    return path
+
+
+def run_cli(config: Path, argv: list[str], *preload: str) -> dict[str, Any]:
+    """The command's exit code and every module loaded by the time it ended."""
+    wrapper = config.parent / "wrapper.py"
+    wrapper.write_text(WRAPPER)
+    found = config.parent / "modules.json"
+    args = [str(config) if arg == CONFIG_ARG else arg for arg in argv]
+    done = subprocess.run(
+        [sys.executable, str(wrapper), str(found), json.dumps(args), *preload],
+        cwd=config.parent,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    probed: dict[str, Any] = json.loads(found.read_text())
+    return probed
+
+
+def forbidden_in(modules: list[str]) -> list[str]:
+    return [m for m in modules if any(m == f or m.startswith(f + ".") for f in FORBIDDEN)]
+
+
+@pytest.mark.parametrize(
+    "argv", QUICK_COMMANDS, ids=lambda argv: " ".join(a for a in argv if a not in ("-c", CONFIG_ARG))
+)
+def test_the_quick_commands_import_no_sdk_no_http_server_no_llm_and_no_service(
+    config: Path, argv: list[str]
+) -> None:
+    probed = run_cli(config, argv)
+    assert probed["code"] == 0
+    assert forbidden_in(probed["modules"]) == []
+
+
+def test_help_loads_neither_the_config_models_nor_the_store_nor_the_tables(config: Path) -> None:
+    modules = run_cli(config, ["--help"])["modules"]
+    assert not {
+        "agentwake.config",
+        "agentwake.store",
+        "agentwake.cli.tables",
+        "pydantic",
+        "sqlite_utils",
+    } & set(modules)
+
+
+def test_the_probe_notices_a_forbidden_module_imported_with_the_cli(config: Path) -> None:
+    # What a top-level `import agentwake.mcp` in the CLI would do: the check above must catch it.
+    probed = run_cli(config, ["status", "-c", CONFIG_ARG], "agentwake.mcp")
+    assert "agentwake.mcp" in forbidden_in(probed["modules"])
+    assert "mcp" in forbidden_in(probed["modules"])
+
+
+def test_the_cli_default_config_path_is_the_config_modules() -> None:
+    assert DEFAULT_CONFIG_PATH == CONFIG_DEFAULT
+
+
+@pytest.mark.parametrize("command", ["status", "inbox"])
+def test_the_quick_readers_need_neither_pydantic_nor_sqlite_utils_nor_an_event_loop(
+    config: Path, command: str
+) -> None:
+    """They find the store without validating the whole config, and read it synchronously."""
+    modules = set(run_cli(config, [command, "-c", CONFIG_ARG])["modules"])
+    assert not {"pydantic", "agentwake.config", "sqlite_utils", "asyncio"} & modules

@@ -1,0 +1,199 @@
+"""The store's seam and its SQLite backend: every sqlite3 error is a StoreError, one writer thread at a time."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+import anyio
+import pytest
+
+from agentwake.clock import now_iso
+from agentwake.config import StoreConfig
+from agentwake.errors import StoreError
+from agentwake.store import IncomingEvent, Settlement, Store, SubscriptionKey, open_store
+from agentwake.store.interface import Store as StoreProtocol
+from agentwake.store.sqlite import SqliteCore, SqliteStore
+
+pytestmark = pytest.mark.anyio
+
+KEY = SubscriptionKey("tickets", "demo", "ticket.created", {"queue": "support"})
+
+
+async def test_the_sqlite_store_offers_every_method_of_the_protocol_as_a_coroutine(tmp_path: Path) -> None:
+    wanted = {name for name in vars(StoreProtocol) if not name.startswith("_")}
+    store = await SqliteStore.open(tmp_path / "aw.db")
+    try:
+        missing = sorted(name for name in wanted if not callable(getattr(store, name, None)))
+        assert not missing
+        assert await store.event_ids() == []
+    finally:
+        await store.close()
+    assert Store is StoreProtocol
+
+
+async def test_open_store_opens_the_configured_sqlite_file_and_refuses_a_missing_one(tmp_path: Path) -> None:
+    config = StoreConfig(path=tmp_path / "aw.db")
+    with pytest.raises(StoreError, match=r"no store at .* yet: run 'agentwake run' first"):
+        await open_store(config, create=False)
+    store = await open_store(config)
+    try:
+        assert await store.register(KEY) is None
+        await store.ingest(KEY, [IncomingEvent("E-1", "ticket.created", now_iso(), {"n": 1})], "c1")
+        assert await store.cursor("tickets") == "c1"
+    finally:
+        await store.close()
+    reopened = await open_store(config, create=False)
+    try:
+        assert await reopened.event_ids() == ["E-1"]
+    finally:
+        await reopened.close()
+
+
+def test_a_locked_store_is_a_store_error_that_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "aw.db"
+    SqliteCore.open(path).close()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(StoreError, match=r"the store .*aw\.db is locked by another process"):
+            core = SqliteCore.open(path, busy_timeout_ms=100)
+            try:
+                core.register(KEY)
+            finally:
+                core.close()
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+def test_a_file_that_is_not_a_database_is_a_store_error_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "aw.db"
+    path.write_bytes(b"this is not SQLite" * 100)
+    with pytest.raises(StoreError, match=r"aw\.db is not a readable agentwake store"):
+        SqliteCore.open(path)
+
+
+def test_a_write_that_fails_mid_method_is_a_store_error_and_leaves_nothing_half_done(tmp_path: Path) -> None:
+    core = SqliteCore.open(tmp_path / "aw.db")
+    try:
+        core.register(KEY)
+        events = [IncomingEvent(f"E-{n}", "ticket.created", now_iso(), {}) for n in (1, 2)]
+        core.ingest(KEY, events, "c1")
+        first, second = core.claim(2)
+        core.conn.execute(
+            f"CREATE TRIGGER refuse BEFORE UPDATE OF state ON events WHEN NEW.id = {second.id}"
+            " BEGIN SELECT RAISE(ABORT, 'refused by a trigger'); END"
+        )
+        with pytest.raises(StoreError, match="refused by a trigger"):
+            core.settle(
+                [Settlement(first.id, {"why": "x"}, "ignored"), Settlement(second.id, {"why": "y"}, "done")]
+            )
+        assert core.state_counts()["processing"] == 2
+    finally:
+        core.close()
+
+
+async def test_store_calls_run_one_at_a_time_off_the_event_loop(tmp_path: Path) -> None:
+    store = await SqliteStore.open(tmp_path / "aw.db")
+    loop_thread = threading.get_ident()
+    seen: list[int] = []
+    inside = 0
+    most = 0
+
+    class Watching(SqliteCore):
+        def cursor(self, name: str) -> str | None:
+            nonlocal inside, most
+            seen.append(threading.get_ident())
+            inside += 1
+            most = max(most, inside)
+            try:
+                return super().cursor(name)
+            finally:
+                inside -= 1
+
+    watched = SqliteStore(Watching(store.core.conn, store.core.path))
+    try:
+        async with anyio.create_task_group() as tg:
+            for _ in range(20):
+                tg.start_soon(watched.cursor, "tickets")
+    finally:
+        await store.close()
+    assert len(seen) == 20 and loop_thread not in seen
+    assert most == 1
+
+
+def test_the_migration_names_known_without_sqlite_utils_are_the_schemas(tmp_path: Path) -> None:
+    from agentwake.store.sqlite.schema import migrations
+    from agentwake.store.sqlite.versions import MIGRATION_NAMES, MIGRATION_SET
+
+    SqliteCore.open(tmp_path / "aw.db").close()
+    with sqlite3.connect(tmp_path / "aw.db") as db:
+        applied = [
+            row[0]
+            for row in db.execute(
+                "SELECT name FROM _sqlite_migrations WHERE migration_set = ? ORDER BY rowid", [MIGRATION_SET]
+            )
+        ]
+    assert (migrations.name, tuple(applied)) == (MIGRATION_SET, MIGRATION_NAMES)
+
+
+def test_reading_a_store_that_is_up_to_date_does_not_load_sqlite_utils(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    SqliteCore.open(tmp_path / "aw.db").close()
+    script = (
+        "import json, sys; from pathlib import Path; from agentwake.store.sqlite import SqliteCore;"
+        f"core = SqliteCore.open(Path({str(tmp_path / 'aw.db')!r}), create=False);"
+        "core.subscriptions(); core.inbox(5); core.close();"
+        "print(json.dumps('sqlite_utils' in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert json.loads(result.stdout) is False
+
+
+def test_a_write_that_reads_first_waits_for_another_process_and_then_succeeds(tmp_path: Path) -> None:
+    """`agentwake approve` while the service commits: the answer waits for the lock, it does not fail.
+
+    The other process holds the write lock until the answer has begun; a transaction that
+    read first and only then asked for the lock would find its snapshot stale and fail at once.
+    """
+    path = tmp_path / "aw.db"
+    core = SqliteCore.open(path, busy_timeout_ms=5_000)
+    try:
+        core.register(KEY)
+        core.ingest(KEY, [IncomingEvent("E-1", "ticket.created", now_iso(), {})], "c1")
+        [claimed] = core.claim(1)
+        core.settle([Settlement(claimed.id, {"why": "held"}, "held")])
+        holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        holder.execute("BEGIN IMMEDIATE")
+        holder.execute("UPDATE subscriptions SET last_error = 'busy' WHERE name = 'tickets'")
+        released = threading.Timer(0.3, holder.execute, ["COMMIT"])
+
+        def on_statement(sql: str) -> None:
+            if sql.startswith("BEGIN") and not released.is_alive() and not released.finished.is_set():
+                released.start()  # the other process commits a moment after the answer began
+
+        core.conn.set_trace_callback(on_statement)
+        outcome: list[BaseException | None] = []
+
+        def answer() -> None:
+            try:
+                core.answer(claimed.id, approve=True, note="ok")
+                outcome.append(None)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        worker = threading.Thread(target=answer)
+        worker.start()
+        worker.join(timeout=10)
+        released.join(timeout=10)
+        holder.close()
+        core.conn.set_trace_callback(None)
+        assert outcome == [None]
+        assert core.inbox(1)[0]["state"] == "pending"
+    finally:
+        core.close()
