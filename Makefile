@@ -39,6 +39,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/poll_drain.py
 	$(BIN)/python bench/pipeline_overhead.py
 	$(BIN)/python bench/webhook_ingest.py
+	$(BIN)/python bench/cli_startup.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

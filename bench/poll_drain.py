@@ -126,7 +126,7 @@ async def drain(tmp: Path, demo_db: Path, expected: int) -> tuple[float, int, li
                 await anyio.sleep_forever()
 
             loop = PollLoop(sub, conn, store, sleep=sleep_when_drained)
-            # As `agentwake run` does after start-up (agentwake/cli.py).
+            # As `agentwake run` does after start-up (agentwake/service.py).
             gc.collect()
             gc.freeze()
             async with anyio.create_task_group() as tg:

@@ -374,7 +374,7 @@ async def serve_real(db: Path, cert: Path | None, key: Path | None) -> None:
         commits = count_commits(store)
         async with anyio.create_task_group() as tg:
             await tg.start(receiver.serve)
-            # As `agentwake run` does after start-up (agentwake/cli.py).
+            # As `agentwake run` does after start-up (agentwake/service.py).
             gc.collect()
             gc.freeze()
             announce({"port": receiver.port})

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.slow
             ["--events", "3000"],
             {"events_per_s", "ratio", "baseline_store_events_per_s"},
         ),
+        ("bench/cli_startup.py", ["--repeat", "1"], {"commands", "slowest_median_s", "within_target"}),
         (
             "bench/pipeline_overhead.py",
             ["--events", "20", "--warmup", "2"],
