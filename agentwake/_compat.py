@@ -20,6 +20,9 @@ minor release that test passes on.
                                                 the connection behind a request, to notify it later
     aiohttp.web.Server._loop, ._kwargs          building our own RequestHandler subclass as
                                                 web.Server.__call__ does
+    jsonschema Validator._resolver (and evolve's ``_resolver``)
+                                                following a $ref the way jsonschema's own keywords do,
+                                                in the keywords agentwake.schemas replaces
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ PRIVATE_ATTRIBUTES: Final = (
     PrivateAttribute("mcp.server.session", "ServerSession", "_connection", on_instance=True),
     PrivateAttribute("aiohttp.web_server", "Server", "_loop", on_instance=True),
     PrivateAttribute("aiohttp.web_server", "Server", "_kwargs", on_instance=True),
+    PrivateAttribute("jsonschema.validators", "Draft202012Validator", "_resolver", on_instance=True),
 )
 
 
@@ -167,3 +171,17 @@ def request_handler_arguments(server: web.Server) -> tuple[asyncio.AbstractEvent
     loop: asyncio.AbstractEventLoop = server._loop
     kwargs: dict[str, Any] = server._kwargs
     return loop, kwargs
+
+
+# ---- jsonschema ---------------------------------------------------------------------------
+
+
+def schema_resolver(validator: Any) -> Any:
+    """The ``referencing`` resolver a jsonschema validator follows ``$ref`` with (registry, base URI)."""
+    return validator._resolver
+
+
+def with_resolver(validator: Any, schema: Any, resolver: Any) -> Any:
+    """``validator`` for ``schema``, resolving references from where ``resolver`` stands, as jsonschema's
+    own ``$ref`` keyword does."""
+    return validator.evolve(schema=schema, _resolver=resolver)

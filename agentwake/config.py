@@ -46,6 +46,17 @@ DEFAULT_ROTATION_GRACE_S: Final = 600.0
 DEFAULT_WEBHOOK_MAX_BODY: Final = 256 * 1024
 # More would let one delivery hold that much memory per connection.
 MAX_WEBHOOK_MAX_BODY: Final = 16 * 1024 * 1024
+# Connections one client (an address; an IPv6 /64) may hold: room for a busy sender. Behind a reverse
+# proxy every connection is the proxy's: raise it to max_connections there.
+DEFAULT_WEBHOOK_MAX_CONNECTIONS_PER_CLIENT: Final = 256
+# [limits]: what an untrusted peer may send.
+DEFAULT_MAX_MESSAGE_BYTES: Final = 8 * 1024 * 1024
+DEFAULT_MAX_EVENT_BYTES: Final = 1024 * 1024
+DEFAULT_MAX_EVENT_ID_CHARS: Final = 1024
+DEFAULT_MAX_LIST_BYTES: Final = 16 * 1024 * 1024
+DEFAULT_MAX_NEXT_POLL_MS: Final = 3_600_000
+DEFAULT_RELIST_DEBOUNCE_S: Final = 1.0
+DEFAULT_MAX_PEER_TEXT_CHARS: Final = 500
 OFFLINE_MODEL: Final = "agentwake/offline"
 OFFLINE_NOTICE: Final = f"{OFFLINE_MODEL} is a deterministic stand-in for a real model; no LLM is called"
 
@@ -143,6 +154,16 @@ class WebhookConfig(_Model):
         ge=1024,
         le=MAX_WEBHOOK_MAX_BODY,
         description="larger deliveries are refused with 413 (the spec asks servers for at most 256 KiB)",
+    )
+    max_connections: int | None = Field(
+        default=None,
+        ge=1,
+        description="open connections at most (more are closed unread); default min(4096, the descriptor limit - 128)",
+    )
+    max_connections_per_client: int = Field(
+        default=DEFAULT_WEBHOOK_MAX_CONNECTIONS_PER_CLIENT,
+        ge=1,
+        description="open connections from one address (IPv6: one /64) at most; more are closed unread",
     )
 
     @field_validator("listen")
@@ -310,6 +331,49 @@ class SanitizeConfig(_Model):
     )
 
 
+class LimitsConfig(_Model):
+    """[limits]: what a server may send before agentwake refuses it. Peers are untrusted: every bound is here.
+
+    An event over a bound is not stored as sent: it becomes a ``rejected`` record (with a
+    short preview and the reason), is counted and logged once, and the subscription moves on.
+    """
+
+    max_message_bytes: int = Field(
+        default=DEFAULT_MAX_MESSAGE_BYTES,
+        ge=64 * 1024,
+        le=1024 * 1024 * 1024,
+        description="one JSON-RPC message from a stdio server, at most; a longer line is dropped",
+    )
+    max_event_bytes: int = Field(
+        default=DEFAULT_MAX_EVENT_BYTES,
+        ge=1024,
+        description="one event's data as JSON, at most",
+    )
+    max_event_id_chars: int = Field(
+        default=DEFAULT_MAX_EVENT_ID_CHARS, ge=16, le=65_536, description="an eventId's length, at most"
+    )
+    max_list_bytes: int = Field(
+        default=DEFAULT_MAX_LIST_BYTES,
+        ge=64 * 1024,
+        description="all pages of one events/list or tools/list answer together, at most",
+    )
+    max_next_poll_ms: int = Field(
+        default=DEFAULT_MAX_NEXT_POLL_MS,
+        ge=1000,
+        description="the longest wait between polls a server may ask for (nextPollMs is clamped to it)",
+    )
+    relist_debounce_s: float = Field(
+        default=DEFAULT_RELIST_DEBOUNCE_S,
+        ge=0,
+        description="events/list_changed notifications within this long cause one relist",
+    )
+    max_peer_text_chars: int = Field(
+        default=DEFAULT_MAX_PEER_TEXT_CHARS,
+        ge=80,
+        description="a server-supplied string (an error message, an id) in a log line or last_error, at most",
+    )
+
+
 class PolicyConfig(_Model):
     """[policy]: where the rule files are, and what happens when no rule matches."""
 
@@ -327,6 +391,7 @@ class AgentwakeConfig(_Model):
     agent: AgentConfig | None = None
     sanitize: SanitizeConfig = Field(default_factory=SanitizeConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
     webhook: WebhookConfig | None = None
     servers: dict[str, ServerConfig] = Field(default_factory=dict)
     subscriptions: list[SubscriptionConfig] = Field(default_factory=list)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentwake import codes as protocol
+from agentwake.text import peer
 
 
 class AgentwakeError(Exception):
@@ -71,7 +72,7 @@ class EventsCallError(DeliveryError):
             where = f"subscription {subscription!r} on {where}"
         text = f"{method} on {where} failed: {protocol.error_name(code)} ({code}): {message}"
         if data is not None:
-            text += f" {data!r}"
+            text += f" {peer(repr(data), 300)}"
         super().__init__(text, server=server)
         self.method = method
         self.code = code
@@ -89,7 +90,15 @@ class TransientEventsError(EventsCallError):
 
 
 ENDING_CODES = frozenset({protocol.NOT_FOUND, protocol.FORBIDDEN})
-TRANSIENT_CODES = frozenset({protocol.INTERNAL_ERROR, protocol.RESOURCE_EXHAUSTED})
+# Codes that say the request itself is wrong: the same request cannot succeed later.
+PERMANENT_CODES = frozenset(
+    {
+        protocol.INVALID_PARAMS,
+        protocol.UNSUPPORTED,
+        protocol.METHOD_NOT_FOUND,
+        protocol.CALLBACK_ENDPOINT_ERROR,
+    }
+)
 
 
 def events_call_error(
@@ -101,10 +110,16 @@ def events_call_error(
     server: str | None = None,
     subscription: str | None = None,
 ) -> EventsCallError:
-    """Pick the subclass a caller branches on for this error code."""
-    cls: type[EventsCallError] = EventsCallError
+    """Pick the subclass a caller branches on for this error code.
+
+    Ending codes end the subscription; codes that say the request is wrong are kept as they
+    are (the caller decides); every other code, a server's own (-32000 "busy") or one this
+    client does not know (-32099), is transient: retried with backoff, never the end.
+    """
+    cls: type[EventsCallError] = TransientEventsError
     if code in ENDING_CODES:
         cls = SubscriptionEnded
-    elif code in TRANSIENT_CODES:
-        cls = TransientEventsError
+    elif code in PERMANENT_CODES:
+        cls = EventsCallError
+    message = peer(message)
     return cls(method, code, message, data, server=server, subscription=subscription)

@@ -21,7 +21,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp import Client, StdioServerParameters
 from mcp.client.extension import ClientExtension, NotificationBinding
-from mcp.client.stdio import get_default_environment, stdio_client
+from mcp.client.stdio import get_default_environment
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from agentwake import protocol
 from agentwake._compat import InterceptingClient, http_client, send_raw_request
-from agentwake.config import ServerConfig
+from agentwake.config import LimitsConfig, ServerConfig
 from agentwake.errors import (
     ConnectError,
     ConnectionLost,
@@ -45,11 +45,25 @@ from agentwake.errors import (
     TransientEventsError,
     events_call_error,
 )
+from agentwake.jsontext import encode_json
+from agentwake.stdio import (
+    BoundedStdioClient,
+    OversizedMessage,
+    ServerExit,
+    StdioLimits,
+    UnparsableMessage,
+    bounded_stdio_client,
+)
+from agentwake.text import peer
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 MAX_LIST_PAGES: Final = 1000
+# How the SDK words the -32000 errors it makes up itself when an HTTP response stream breaks.
+SDK_STREAM_FAILURES: Final = ("SSE stream failed", "SSE stream ended")
+# Requests in a row that get no answer before the connection is given up and made again.
+DEAD_AFTER_TIMEOUTS: Final = 3
 TOOLS_LIST_CHANGED: Final = "notifications/tools/list_changed"
 _RESULT: Final = TypeAdapter(dict[str, Any])
 
@@ -94,13 +108,25 @@ class _EventsClientExtension(ClientExtension):
         ]
 
 
-def _real_stderr() -> Any:
+def _real_stderr() -> Any:  # kept for callers passing no errlog: the server's stderr is ours
     """Where a stdio server's stderr goes: ours, unless it was swapped for a stream without a file."""
     try:
         sys.stderr.fileno()
     except (AttributeError, OSError, ValueError):
         return sys.__stderr__
     return sys.stderr
+
+
+def connection_closed(exc: MCPError) -> bool:
+    """The SDK's own "connection closed", not a server's error that happens to use -32000.
+
+    The SDK reports a closed connection or a broken HTTP response stream as code -32000 with a
+    message of its own ("Connection closed", "SSE stream failed: ...", "SSE stream ended ...")
+    and no data; a server's -32000 (say "server busy") is its answer, and its message counts.
+    """
+    if exc.code != CONNECTION_CLOSED or exc.data is not None:
+        return False
+    return exc.message == "Connection closed" or exc.message.startswith(SDK_STREAM_FAILURES)
 
 
 def _unwrap(exc: BaseException) -> BaseException:
@@ -110,7 +136,12 @@ def _unwrap(exc: BaseException) -> BaseException:
 
 
 def describe_connect_failure(
-    name: str, config: ServerConfig, exc: BaseException, *, http_status: int | None = None
+    name: str,
+    config: ServerConfig,
+    exc: BaseException,
+    *,
+    http_status: int | None = None,
+    exit: ServerExit | None = None,
 ) -> str:
     exc = _unwrap(exc)
     if config.transport == "stdio":
@@ -119,15 +150,16 @@ def describe_connect_failure(
             return f"{where}: command not found; check 'command' and PATH"
         if isinstance(exc, PermissionError):
             return f"{where}: command is not executable"
-        if isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED:
-            return f"{where}: the process exited before finishing the MCP handshake (see its stderr above)"
+        if isinstance(exc, MCPError) and connection_closed(exc):
+            how = f" ({exit.describe()})" if exit is not None else ""
+            return f"{where}: the process exited before finishing the MCP handshake{how}; see its stderr"
     else:
         where = f"server {name!r} at {config.url}"
         if http_status in (401, 403):
             return f"{where}: the server refused our credentials (HTTP {http_status}); check 'headers'"
         if http_status is not None:
             return f"{where}: the server answered HTTP {http_status}; check 'url'"
-        if isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED:
+        if isinstance(exc, MCPError) and connection_closed(exc):
             return f"{where}: the connection closed during the MCP handshake"
     if isinstance(exc, TimeoutError) or (isinstance(exc, MCPError) and exc.code == REQUEST_TIMEOUT):
         return f"{where}: no answer to the MCP handshake within {config.connect_timeout_s:g}s"
@@ -142,6 +174,9 @@ STREAM_NOTIFICATIONS: Final = (
     protocol.NOTIFICATION_TERMINATED,
 )
 STREAM_BUFFER: Final = 50_000
+# Handed to every open stream, in wire order, when the transport could not parse a message:
+# whatever it was may have been one of the stream's events, so the stream records a gap.
+LOST_NOTIFICATION: Final = "agentwake/transport/unparsable"
 _stream_ids = itertools.count(1)
 
 
@@ -184,6 +219,9 @@ class StreamRoutes:
         self.routes: dict[Any, StreamRoute] = {}
 
     def intercept(self, method: str, params: Mapping[str, Any] | None) -> bool:
+        if method == LOST_NOTIFICATION:
+            self.lost(dict(params or {}))
+            return True
         if method not in STREAM_NOTIFICATIONS or not isinstance(params, Mapping):
             return False
         meta = params.get("_meta")
@@ -194,6 +232,11 @@ class StreamRoutes:
         else:
             logger.debug("%s for no open stream (%r): dropped", method, request_id)
         return True
+
+    def lost(self, params: dict[str, Any]) -> None:
+        """A message the transport could not parse may have been any stream's: every one records a gap."""
+        for route in list(self.routes.values()):
+            route.offer(LOST_NOTIFICATION, params)
 
 
 class ServerConnection:
@@ -207,9 +250,12 @@ class ServerConnection:
         on_list_changed: Callable[[], Awaitable[None]] | None = None,
         on_tools_changed: Callable[[], Awaitable[None]] | None = None,
         errlog: Any = None,
+        limits: LimitsConfig | None = None,
     ) -> None:
         self.name = name
         self.config = config
+        self.limits = limits or LimitsConfig()
+        self._timeouts = 0
         self._on_list_changed = on_list_changed
         self._on_tools_changed = on_tools_changed
         self._errlog = errlog if errlog is not None else _real_stderr()
@@ -217,11 +263,29 @@ class ServerConnection:
         self._client: Client | None = None
         self._streams = StreamRoutes()
         self.last_http_error: int | None = None
+        self.stdio: BoundedStdioClient | None = None
+
+    def _on_lost(self, exc: Exception) -> None:
+        """A stdio message the transport dropped (too big, not JSON-RPC), in wire order: streams record a gap."""
+        self._streams.lost({"reason": peer(f"{type(exc).__name__}: {exc}", 300)})
 
     async def _on_message(self, message: Any) -> None:
+        if isinstance(message, Exception):
+            if isinstance(message, OversizedMessage | UnparsableMessage):
+                return  # already told to the streams, in wire order, by _on_lost
+            # A fault of another transport (HTTP): streams record a gap, later than on stdio.
+            self._streams.lost({"reason": peer(f"{type(message).__name__}: {message}", 300)})
+            return
         # Handshake-era servers announce tool changes as a plain notification.
         if getattr(message, "method", None) == TOOLS_LIST_CHANGED and self._on_tools_changed is not None:
             await self._on_tools_changed()
+
+    def _closed_message(self) -> str:
+        """Why the connection closed: how the server process ended, when it was one and it did."""
+        exit = self.stdio.exit if self.stdio is not None else None
+        if exit is not None:
+            return f"server {self.name!r}: connection closed: {exit.describe()}"
+        return f"server {self.name!r}: connection closed"
 
     async def _note_http_status(self, response: Any) -> None:
         # The SDK folds HTTP failures into a generic error; keep the status for the message.
@@ -238,7 +302,14 @@ class ServerConnection:
                 env={**get_default_environment(), **config.env} if config.env else None,
                 cwd=config.cwd,
             )
-            return stdio_client(params, errlog=self._errlog)
+            self.stdio = bounded_stdio_client(
+                params,
+                name=self.name,
+                limits=StdioLimits(max_message_bytes=self.limits.max_message_bytes),
+                errlog=self._errlog,
+                on_lost=self._on_lost,
+            )
+            return self.stdio
         assert config.url is not None
         client = http_client(config.headers)
         client.event_hooks["response"].append(self._note_http_status)
@@ -264,7 +335,13 @@ class ServerConnection:
             await stack.aclose()
             if isinstance(exc, anyio.get_cancelled_exc_class()):
                 raise
-            message = describe_connect_failure(self.name, self.config, exc, http_status=self.last_http_error)
+            message = describe_connect_failure(
+                self.name,
+                self.config,
+                exc,
+                http_status=self.last_http_error,
+                exit=self.stdio.exit if self.stdio is not None else None,
+            )
             raise ConnectError(message, server=self.name) from None
         self._stack = stack
         logger.info(
@@ -323,18 +400,30 @@ class ServerConnection:
         timeout = read_timeout_s or self.config.request_timeout_s
         try:
             if keep_nulls:
-                return await send_raw_request(self.client.session, method, params, timeout_s=timeout)
-            request = _EventsRequest(method=method, params=_Params.model_validate(params))
-            return await self.client.session.send_request(  # type: ignore[type-var]
-                request, _RESULT, request_read_timeout_seconds=timeout
-            )
+                answer = await send_raw_request(self.client.session, method, params, timeout_s=timeout)
+            else:
+                request = _EventsRequest(method=method, params=_Params.model_validate(params))
+                answer = await self.client.session.send_request(  # type: ignore[type-var]
+                    request, _RESULT, request_read_timeout_seconds=timeout
+                )
+            self._timeouts = 0
+            return answer
         except MCPError as exc:
-            if exc.code == CONNECTION_CLOSED:
-                raise ConnectionLost(f"server {self.name!r}: connection closed", server=self.name) from None
+            if connection_closed(exc):
+                raise ConnectionLost(self._closed_message(), server=self.name) from None
             if exc.code == REQUEST_TIMEOUT:
+                self._timeouts += 1
+                if self._timeouts >= DEAD_AFTER_TIMEOUTS:
+                    # Answers that never come (a reply the transport could not read, a wedged peer):
+                    # the connection is not trusted any more; a new one starts clean.
+                    raise ConnectionLost(
+                        f"server {self.name!r}: no answer to {self._timeouts} requests in a row; reconnecting",
+                        server=self.name,
+                    ) from None
                 raise TransientEventsError(
                     method, exc.code, "request timed out", server=self.name, subscription=subscription
                 ) from None
+            self._timeouts = 0
             raise events_call_error(
                 method, exc.code, exc.message, exc.data, server=self.name, subscription=subscription
             ) from None
@@ -357,10 +446,12 @@ class ServerConnection:
 
     def _malformed(self, method: str, exc: ValidationError, subscription: str | None) -> TransientEventsError:
         """A result that does not validate: transient, the server may answer better next time."""
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "(result)"
         return TransientEventsError(
             method,
             protocol.INTERNAL_ERROR,
-            f"malformed result: {exc.errors()[0]['msg']}",
+            f"malformed result: {where}: {first['msg']}",
             server=self.name,
             subscription=subscription,
         )
@@ -376,47 +467,56 @@ class ServerConnection:
         )
 
     async def _all_pages(
-        self, what: str, fetch: Callable[[str | None], Awaitable[tuple[list[T], str | None]]]
+        self, what: str, fetch: Callable[[str | None], Awaitable[tuple[list[T], str | None, int]]]
     ) -> list[T]:
-        """Every page of a paginated list, guarding against a server that loops or never ends."""
+        """Every page of a paginated list, guarding against a server that loops, never ends, or
+        sends more than ``max_list_bytes`` in all (``fetch`` says each page's size)."""
         items: list[T] = []
         cursor: str | None = None
         seen: set[str] = set()
+        total = 0
+        budget = self.limits.max_list_bytes
         for _ in range(MAX_LIST_PAGES):
-            page, cursor = await fetch(cursor)
+            page, cursor, size = await fetch(cursor)
+            total += size
+            if total > budget:
+                raise DeliveryError(
+                    f"server {self.name!r}: {what} sent more than {budget} bytes ([limits] max_list_bytes)",
+                    server=self.name,
+                )
             items.extend(page)
             if not cursor:
                 return items
             if cursor in seen:
-                raise DeliveryError(f"server {self.name!r}: {what} repeats the page cursor {cursor!r}")
+                raise DeliveryError(
+                    f"server {self.name!r}: {what} repeats the page cursor {peer(cursor, 80)}"
+                )
             seen.add(cursor)
         raise DeliveryError(f"server {self.name!r}: {what} has more than {MAX_LIST_PAGES} pages")
 
     async def list_events(self) -> list[protocol.EventDescriptor]:
         """events/list, every page."""
 
-        async def fetch(cursor: str | None) -> tuple[list[protocol.EventDescriptor], str | None]:
+        async def fetch(cursor: str | None) -> tuple[list[protocol.EventDescriptor], str | None, int]:
             raw = await self.request(protocol.METHOD_LIST, {"cursor": cursor} if cursor else {})
+            size = len(encode_json(raw))
             try:
                 page = protocol.ListEventsResult.model_validate(raw)
             except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(part) for part in first["loc"]) or "(result)"
                 raise DeliveryError(
-                    f"server {self.name!r} sent a malformed events/list result: {exc}"
+                    f"server {self.name!r} sent a malformed events/list result: {where}: {first['msg']}"
                 ) from None
-            return page.events, page.next_cursor
+            return page.events, page.next_cursor, size
 
         return await self._all_pages(protocol.METHOD_LIST, fetch)
 
-    async def poll(
-        self, params: protocol.PollParams, *, subscription: str | None = None
-    ) -> protocol.PollPage:
+    async def poll(self, params: protocol.PollParams, *, subscription: str | None = None) -> dict[str, Any]:
+        """events/poll; the result as sent (the poll loop reads it leniently, event by event)."""
         body = params.model_dump(by_alias=True, exclude_none=True)
         body.setdefault("cursor", None)  # an explicit null reads better in server logs
-        raw = await self.request(protocol.METHOD_POLL, body, subscription=subscription)
-        try:
-            return protocol.PollPage.validate(raw)
-        except ValidationError as exc:
-            raise self._malformed(protocol.METHOD_POLL, exc, subscription) from None
+        return await self.request(protocol.METHOD_POLL, body, subscription=subscription)
 
     def open_stream_route(self) -> StreamRoute:
         """A route for a new events/stream; register it before sending the request."""
@@ -443,8 +543,8 @@ class ServerConnection:
         try:
             await send_raw_request(session, protocol.METHOD_STREAM, params, request_id=route.request_id)
         except MCPError as exc:
-            if exc.code == CONNECTION_CLOSED:
-                raise ConnectionLost(f"server {self.name!r}: connection closed", server=self.name) from None
+            if connection_closed(exc):
+                raise ConnectionLost(self._closed_message(), server=self.name) from None
             raise events_call_error(
                 protocol.METHOD_STREAM,
                 exc.code,
@@ -461,16 +561,14 @@ class ServerConnection:
     async def list_tools(self) -> list[Tool]:
         """tools/list, every page."""
 
-        async def fetch(cursor: str | None) -> tuple[list[Tool], str | None]:
+        async def fetch(cursor: str | None) -> tuple[list[Tool], str | None, int]:
             try:
                 page = await self.client.list_tools(cursor=cursor, cache_mode="refresh")
             except MCPError as exc:
-                if exc.code == CONNECTION_CLOSED:
-                    raise ConnectionLost(
-                        f"server {self.name!r}: connection closed", server=self.name
-                    ) from None
-                raise DeliveryError(f"server {self.name!r}: tools/list failed: {exc.message}") from None
-            return list(page.tools), page.next_cursor
+                if connection_closed(exc):
+                    raise ConnectionLost(self._closed_message(), server=self.name) from None
+                raise DeliveryError(f"server {self.name!r}: tools/list failed: {peer(exc.message)}") from None
+            return list(page.tools), page.next_cursor, len(page.model_dump_json())
 
         return await self._all_pages("tools/list", fetch)
 
@@ -479,8 +577,8 @@ class ServerConnection:
         try:
             return await self.client.call_tool(name, arguments, read_timeout_seconds=timeout_s)
         except MCPError as exc:
-            if exc.code == CONNECTION_CLOSED:
-                raise ConnectionLost(f"server {self.name!r}: connection closed", server=self.name) from None
+            if connection_closed(exc):
+                raise ConnectionLost(self._closed_message(), server=self.name) from None
             raise
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, OSError) as exc:
             raise ConnectionLost(

@@ -36,6 +36,8 @@ DEFAULT_MAX_DEPTH: Final = 8
 DEFAULT_MAX_STRING: Final = 4_000
 DEFAULT_MAX_LIST: Final = 100
 DEFAULT_MAX_BYTES: Final = 32_000
+# A string is cut to this many times max_string before it is cleaned at all (bounds the work).
+PRECUT_FACTOR: Final = 4
 
 # Bidi embeddings/overrides/isolates, zero-width characters, the BOM, and Unicode tag characters
 # (invisible ASCII look-alikes used to smuggle instructions).
@@ -224,8 +226,15 @@ def sanitize(value: Any, *, limits: Limits | None = None, pii: bool = False) -> 
     strings: list[str] = []
     hidden_found = False
 
+    # Work is bounded by what is kept: a string is cut to a margin over max_string before it is
+    # normalised, scanned and redacted (cleaning can shorten it, so some margin is kept).
+    precut = limits.max_string * PRECUT_FACTOR
+
     def text(raw: str, path: str) -> str:
         nonlocal removed, hidden_found
+        original = len(raw)
+        if original > precut:
+            raw = raw[:precut]
         hidden = hidden_text(raw)
         if hidden:
             hidden_found = True
@@ -236,9 +245,10 @@ def sanitize(value: Any, *, limits: Limits | None = None, pii: bool = False) -> 
         cleaned, found = redact(cleaned, pii=pii)
         for label, count in found.items():
             redactions[label] = redactions.get(label, 0) + count
-        if len(cleaned) > limits.max_string:
-            cuts.append(f"{path}: string of {len(cleaned)} characters cut to {limits.max_string}")
-            cleaned = cleaned[: limits.max_string] + f"[… {len(cleaned) - limits.max_string} more characters]"
+        if len(cleaned) > limits.max_string or original > precut:
+            length = max(len(cleaned), original)
+            cuts.append(f"{path}: string of {length} characters cut to {limits.max_string}")
+            cleaned = cleaned[: limits.max_string] + f"[… {length - limits.max_string} more characters]"
         return cleaned
 
     def walk(node: Any, path: str, depth: int) -> Any:

@@ -18,12 +18,13 @@ import anyio
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_never
 
 from agentwake import protocol
-from agentwake.backoff import tenacity_wait
+from agentwake.backoff import backoff_s, tenacity_wait
 from agentwake.config import AgentwakeConfig, SubscriptionConfig
 from agentwake.delivery.common import Sleep, subscription_key
 from agentwake.delivery.poll import PollLoop
 from agentwake.delivery.push import PushLoop
-from agentwake.delivery.receiver import Receiver, WebhookRoutes
+from agentwake.delivery.receiver import Receiver
+from agentwake.delivery.routes import WebhookRoutes
 from agentwake.delivery.select import SubscriptionPlan, plan_subscription
 from agentwake.delivery.webhook import WebhookLoop, bind_route
 from agentwake.errors import (
@@ -36,6 +37,7 @@ from agentwake.errors import (
 )
 from agentwake.mcp import ServerConnection
 from agentwake.store import Store, SubscriptionKey
+from agentwake.text import peer
 
 if TYPE_CHECKING:
     from agentwake.agent.tools import ConnectionPool
@@ -114,6 +116,7 @@ class Supervisor:
                     self.routes,
                     on_new_events=self._notify_new,
                     on_terminated=self._on_terminated,
+                    limits=self.config.limits,
                 )
                 # Listening before any subscribe: the server verifies the endpoint during it.
                 await tg.start(self.receiver.serve)
@@ -226,12 +229,18 @@ class Supervisor:
         async def note(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
             delay = state.next_action.sleep if state.next_action else 0.0
-            logger.warning("%s; reconnecting in %.1fs", exc, delay)
+            if exc is not None and not isinstance(exc, DeliveryError):
+                logger.error(
+                    "server %s: unexpected failure; reconnecting in %.1fs", server, delay, exc_info=exc
+                )
+            else:
+                logger.warning("%s; reconnecting in %.1fs", peer(str(exc)), delay)
             for sub in self.subscriptions_of(server):
                 await self.store.record_error(sub.name, str(exc))
 
         retrying = AsyncRetrying(
-            retry=retry_if_exception_type(DeliveryError),
+            # Any failure of a connection, expected (DeliveryError) or not, reconnects with backoff.
+            retry=retry_if_exception_type(Exception),
             wait=tenacity_wait(initial_s=self.reconnect_initial_s, max_s=self.reconnect_max_s),
             stop=stop_never,
             sleep=self.sleep,
@@ -254,6 +263,7 @@ class Supervisor:
             self.config.servers[server],
             on_list_changed=signals.on_events_changed,
             on_tools_changed=signals.on_tools_changed,
+            limits=self.config.limits,
         ) as conn:
             if self.pool is not None:
                 await self.pool.attach(conn)
@@ -305,11 +315,21 @@ class Supervisor:
                         )
                     elif plan.mode == "push":
                         loop = PushLoop(
-                            sub, conn, self.store, on_new_events=self._notify_new, sleep=self.sleep
+                            sub,
+                            conn,
+                            self.store,
+                            on_new_events=self._notify_new,
+                            sleep=self.sleep,
+                            limits=self.config.limits,
                         )
                     else:
                         loop = PollLoop(
-                            sub, conn, self.store, on_new_events=self._notify_new, sleep=self.sleep
+                            sub,
+                            conn,
+                            self.store,
+                            on_new_events=self._notify_new,
+                            sleep=self.sleep,
+                            limits=self.config.limits,
                         )
                     tg.start_soon(self._run_loop, loop, plan.mode, name=f"{plan.mode}:{sub.name}")
                     running += 1
@@ -317,6 +337,9 @@ class Supervisor:
                     tg.cancel_scope.cancel()
                     return
                 await signals.next_events_change()
+                # A burst of list_changed is one relist: what comes meanwhile is taken with it.
+                await anyio.sleep(self.config.limits.relist_debounce_s)
+                signals.events_changed = anyio.Event()
                 logger.info("server %s: event types changed; listing them again", server)
                 tg.cancel_scope.cancel()
 
@@ -345,15 +368,46 @@ class Supervisor:
             logger.debug("server %s: no tools change stream: %s", conn.name, exc)
 
     async def _run_loop(self, loop: PollLoop | PushLoop | WebhookLoop, mode: protocol.DeliveryMode) -> None:
-        try:
-            await loop.run()
-        except SubscriptionEnded as exc:
-            await self._end(loop.subscription, str(exc))
-        except EventsCallError as exc:
-            if isinstance(exc, TransientEventsError):
+        """Run one subscription's loop; whatever its peer makes it raise costs this subscription only.
+
+        A broken connection (DeliveryError) goes up to the server's task, which reconnects.
+        Anything else, a bug a peer found included, is logged with its traceback (once, then
+        summarised), shown as ``failed`` in ``status``, and the loop starts again with backoff
+        from the stored cursor.
+        """
+        sub = loop.subscription
+        failures = 0
+        while True:
+            try:
+                await loop.run()
+                return
+            except SubscriptionEnded as exc:
+                await self._end(sub, str(exc))
+                return
+            except TransientEventsError:
                 raise
-            # InvalidParams, Unsupported and the like: retrying cannot help this subscription.
-            await self._end(loop.subscription, str(exc))
+            except EventsCallError as exc:
+                # InvalidParams, Unsupported and the like: retrying cannot help this subscription.
+                await self._end(sub, str(exc))
+                return
+            except DeliveryError:
+                raise
+            except Exception as exc:  # contained: one peer's misbehaviour must not end the process
+                failures += 1
+                delay = backoff_s(failures, initial_s=self.reconnect_initial_s, max_s=self.reconnect_max_s)
+                reason = f"{type(exc).__name__}: {exc}"
+                if failures == 1:
+                    logger.exception("subscription %s failed; restarting it in %.1fs", sub.name, delay)
+                else:
+                    logger.error(
+                        "subscription %s failed again (%d times): %s; restarting it in %.1fs",
+                        sub.name,
+                        failures,
+                        peer(reason),
+                        delay,
+                    )
+                await self.store.set_state(sub.name, status="failed", error=reason)
+                await self.sleep(delay)
 
     async def _end(self, sub: SubscriptionConfig, reason: str) -> None:
         if sub.name in self._ended:

@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 import pytest
 from aiohttp import web
+from jsonschema import Draft202012Validator
 from mcp import Client
 from mcp.server.mcpserver import Context, MCPServer
 
@@ -52,8 +53,9 @@ async def test_instance_private_attributes_exist_on_live_sdk_objects() -> None:
         seen["ClientSession"] = client.session
         await client.call_tool("probe", {})
     seen["Server"] = web.Server(lambda request: web.Response())
+    seen["Draft202012Validator"] = Draft202012Validator({"type": "object"})
     missing = missing_attributes(seen)
-    assert set(seen) == {"ClientSession", "ServerSession", "Server"}
+    assert set(seen) == {"ClientSession", "ServerSession", "Server", "Draft202012Validator"}
     assert connections and connections[0] is not None
     assert not missing, f"an upgrade removed private attribute(s) agentwake relies on: {', '.join(missing)}"
 
@@ -103,3 +105,11 @@ async def test_a_raw_request_keeps_null_params() -> None:
             )
     assert received == [{"value": None}]
     assert raw["content"][0]["text"] == "ok"
+
+
+def test_a_validator_follows_a_reference_from_the_resolver_it_is_given() -> None:
+    schema = {"$defs": {"n": {"type": "integer"}}, "properties": {"x": {"$ref": "#/$defs/n"}}}
+    validator = Draft202012Validator(schema)
+    resolved = _compat.schema_resolver(validator).lookup("#/$defs/n")
+    inner = _compat.with_resolver(validator, resolved.contents, resolved.resolver)
+    assert inner.is_valid(3) and not inner.is_valid("three")

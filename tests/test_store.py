@@ -12,7 +12,7 @@ import pytest
 from agentwake.clock import now_iso
 from agentwake.config import StoreConfig
 from agentwake.errors import StoreError
-from agentwake.store import IncomingEvent, Settlement, Store, SubscriptionKey, open_store
+from agentwake.store import IncomingEvent, RejectedEvent, Settlement, Store, SubscriptionKey, open_store
 from agentwake.store.interface import Store as StoreProtocol
 from agentwake.store.sqlite import SqliteCore, SqliteStore
 
@@ -195,5 +195,42 @@ def test_a_write_that_reads_first_waits_for_another_process_and_then_succeeds(tm
         core.conn.set_trace_callback(None)
         assert outcome == [None]
         assert core.inbox(1)[0]["state"] == "pending"
+    finally:
+        core.close()
+
+
+def test_rejected_events_are_stored_as_summaries_counted_and_make_a_gap(tmp_path: Path) -> None:
+    core = SqliteCore.open(tmp_path / "aw.db")
+    try:
+        core.register(KEY)
+        refused = RejectedEvent("x" * 64 + "…#abc", "h.tick", "", "eventId is too long", '{"eventId":"xxx')
+        good = IncomingEvent("E-1", "ticket.created", now_iso(), {"n": 1})
+        result = core.ingest(KEY, [good], "c2", cursor_before="c1", rejected=[refused])
+        again = core.ingest(KEY, [], "c3", cursor_before="c2", rejected=[refused])  # a retry: a duplicate
+        assert (result.inserted, again.inserted) == (1, 0)
+        [row] = core.subscriptions()
+        assert (row["rejected"], row["gaps"], row["cursor"]) == (1, 1, "c3")
+        [stored] = core.inbox(10, state="rejected")
+        assert stored["data"] == {"rejected": "eventId is too long", "preview": '{"eventId":"xxx'}
+        assert stored["last_error"] == "eventId is too long"
+        assert [e.event_id for e in core.claim(10)] == ["E-1"]  # a rejected event never reaches the worker
+        assert [(g["cursor_before"], g["cursor_after"]) for g in core.gaps()] == [("c1", "c2")]
+    finally:
+        core.close()
+
+
+def test_claims_take_each_subscriptions_next_event_in_turn_so_a_flood_starves_nobody(tmp_path: Path) -> None:
+    core = SqliteCore.open(tmp_path / "aw.db")
+    try:
+        flood = SubscriptionKey("flood", "bad", "h.tick", {})
+        quiet = SubscriptionKey("quiet", "good", "feed.item", {})
+        core.register(flood)
+        core.register(quiet)
+        core.ingest(flood, [IncomingEvent(f"F-{n}", "h.tick", now_iso(), {}) for n in range(1000)], "1000")
+        core.ingest(quiet, [IncomingEvent(f"Q-{n}", "feed.item", now_iso(), {}) for n in range(3)], "3")
+        first = [e.event_id for e in core.claim(4)]
+        assert sorted(first) == ["F-0", "F-1", "Q-0", "Q-1"]
+        second = [e.event_id for e in core.claim(4)]
+        assert "Q-2" in second
     finally:
         core.close()

@@ -107,6 +107,71 @@ async def test_a_server_that_dies_mid_drain_is_reconnected_and_nothing_is_lost_o
         assert store.core.event_ids("feed") == [f"item-{n}" for n in range(1, 31)]
         [row] = store.core.subscriptions()
         assert row["duplicates"] == 0
-        assert "server 'feed': connection closed; reconnecting" in caplog.text
+        assert "server 'feed': connection closed: exited with code 3; reconnecting" in caplog.text
     finally:
         await store.close()
+
+
+async def test_an_unexpected_failure_costs_one_subscription_a_restart_not_the_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug a peer finds in a loop (here: the first run of one subscription's loop raises) is contained."""
+    from agentwake.delivery.poll import PollLoop
+
+    cfg = parse_config(
+        {
+            "store": {"path": str(tmp_path / "aw.db")},
+            "servers": {
+                name: {
+                    "command": sys.executable,
+                    "args": ["tests/feed_server.py"],
+                    "cwd": str(REPO),
+                    "env": {"FEED_ITEMS": "20"},
+                }
+                for name in ("one", "two")
+            },
+            "subscriptions": [
+                {
+                    "name": "hurt",
+                    "server": "one",
+                    "event": "feed.item",
+                    "delivery": "poll",
+                    "poll_floor_ms": 50,
+                },
+                {
+                    "name": "fine",
+                    "server": "two",
+                    "event": "feed.item",
+                    "delivery": "poll",
+                    "poll_floor_ms": 50,
+                },
+            ],
+        },
+        env={},
+    )
+    original = PollLoop.run
+    failed_once = anyio.Event()
+
+    async def run_or_fail(self: PollLoop, **kwargs: object) -> None:
+        if self.subscription.name == "hurt" and not failed_once.is_set():
+            failed_once.set()
+            raise RuntimeError("a peer found a bug")
+        await original(self, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(PollLoop, "run", run_or_fail)
+    store = await SqliteStore.open(tmp_path / "aw.db")
+    try:
+        for sub in cfg.subscriptions:
+            await set_cursor(store, subscription_key(sub), "0")
+        supervisor = Supervisor(cfg, store, reconnect_initial_s=0.01, reconnect_max_s=0.02)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(supervisor.run)
+            with anyio.fail_after(30):
+                while len(store.core.event_ids("hurt")) < 20 or len(store.core.event_ids("fine")) < 20:
+                    await supervisor.next_stored()
+            tg.cancel_scope.cancel()
+    finally:
+        await store.close()
+    assert failed_once.is_set()
+    failures = [r for r in caplog.records if "subscription hurt failed; restarting it" in r.getMessage()]
+    assert len(failures) == 1 and failures[0].exc_info is not None

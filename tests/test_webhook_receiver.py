@@ -132,6 +132,19 @@ async def test_the_event_body_is_stored_as_delivered(hook: Hook) -> None:
     assert row["data"] == {"ticket": "evt_9"}
 
 
+async def test_a_signed_event_of_another_type_is_answered_but_stored_only_as_rejected(hook: Hook) -> None:
+    """A server's signature does not let it reach another type's policy rule."""
+    reply = await hook.deliver(event("evt_2", cursor="c2", name="alert.fired"))
+    assert reply.status == 204
+    assert stored(hook) == ["evt_2"]
+    [row] = hook.store.core.inbox(10)
+    assert (row["state"], row["event"]) == ("rejected", "alert.fired")
+    assert "an event named 'alert.fired' on a subscription to 'ticket.created'" in row["last_error"]
+    assert hook.store.core.claim(10) == []
+    assert subscription_row(hook)["rejected"] == 1
+    assert hook.store.core.cursor("tickets") == "c2"
+
+
 async def test_a_delivery_signed_with_another_secret_is_refused_401_and_not_stored(hook: Hook) -> None:
     reply = await hook.deliver(event(), secret=signing.generate_secret())
     assert reply.status == 401

@@ -124,7 +124,7 @@ def _status_table(rows: list[dict[str, Any]]) -> Table:
             r["last_poll_at"] or "never",
             str(r["events_received"]),
             str(r["duplicates"]),
-            str(r["gaps"]),
+            str(r["gaps"]) + (f" ({r['rejected']} rejected)" if r.get("rejected") else ""),
             str(r["events_done"]),
             str(r["events_failed"]),
             _describe_webhook(r["webhook"]),
@@ -145,7 +145,8 @@ def _status_block(r: dict[str, Any]) -> Table:
     block.add_row(
         "  events",
         f"{r['events_received']} received, {r['duplicates']} duplicates, {r['gaps']} gaps;"
-        f" {r['events_done']} done, {r['events_failed']} failed",
+        f" {r['events_done']} done, {r['events_failed']} failed"
+        + (f"; {r['rejected']} rejected" if r.get("rejected") else ""),
     )
     if r["webhook"] is not None:
         block.add_row("  webhook", _describe_webhook(r["webhook"]).replace("\n", " · "))

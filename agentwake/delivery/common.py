@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Final
 
 from agentwake.config import SubscriptionConfig
@@ -11,6 +14,10 @@ from agentwake.store import SubscriptionKey
 # A failed request or a dropped stream is tried again after backoff_s(failures, RETRY_INITIAL_S, RETRY_MAX_S).
 RETRY_INITIAL_S: Final = 0.5
 RETRY_MAX_S: Final = 30.0
+# A server's cursor in a log line, at most (it is stored and sent back whole).
+CURSOR_SHOWN: Final = 120
+# A cursor longer than this is not one: the page is malformed.
+MAX_CURSOR_CHARS: Final = 4096
 # A long backlog is reported every this many events.
 PROGRESS_EVERY: Final = 10_000
 
@@ -19,3 +26,29 @@ Sleep = Callable[[float], Awaitable[None]]
 
 def subscription_key(sub: SubscriptionConfig) -> SubscriptionKey:
     return SubscriptionKey(sub.name, sub.server, sub.event, dict(sub.arguments))
+
+
+# A subscription whose requests keep failing is shown as stalled after this many failures in a row.
+STALLED_AFTER_FAILURES: Final = 3
+# A repeated warning (a gap per poll, a refused event per page) is logged at most this often.
+SUMMARY_INTERVAL_S: Final = 60.0
+
+
+@dataclass
+class Summary:
+    """A warning a peer can make us repeat: logged the first time, then counted and summarised
+    at most once per SUMMARY_INTERVAL_S, so a server cannot flood the log."""
+
+    interval_s: float = SUMMARY_INTERVAL_S
+    clock: Callable[[], float] = time.monotonic
+    _last: float | None = field(default=None, init=False)
+    _since: int = field(default=0, init=False)
+
+    def note(self, log: logging.Logger, message: str) -> None:
+        now = self.clock()
+        if self._last is None or now - self._last >= self.interval_s:
+            more = f" ({self._since} more like it since the last report)" if self._since else ""
+            log.warning("%s%s", message, more)
+            self._last, self._since = now, 0
+        else:
+            self._since += 1

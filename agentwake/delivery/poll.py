@@ -1,10 +1,15 @@
 """The poll loop of one subscription, as the spec's Poll-Based Delivery describes.
 
 Null cursor to bootstrap, then the persisted cursor; ``hasMore`` polls again at
-once; otherwise wait ``nextPollMs`` but never less than ``poll_floor_ms``.
+once; otherwise wait ``nextPollMs`` (clamped to ``[poll_floor_ms, max_next_poll_ms]``).
 ``maxAgeMs`` goes with the first poll after a (re)start. Each batch and its
 cursor are stored in one transaction, in order; while a batch commits, the next
 poll (after ``hasMore``) is already on its way.
+
+A server is untrusted (see ``admit``): its events are admitted one by one (a refused one
+is stored as a 'rejected' summary with a gap, and the loop moves on), and ``hasMore``
+on a page that brought nothing waits the floor like any quiet page, so a server cannot
+make agentwake spin. Gaps are logged once, then summarised.
 """
 
 from __future__ import annotations
@@ -19,28 +24,55 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 
 from agentwake import protocol
 from agentwake.backoff import tenacity_wait
-from agentwake.config import SubscriptionConfig
-from agentwake.delivery.common import PROGRESS_EVERY, RETRY_INITIAL_S, RETRY_MAX_S, Sleep, subscription_key
+from agentwake.config import LimitsConfig, SubscriptionConfig
+from agentwake.delivery.admit import Admitted, MalformedPage, Page, admit_all, read_page
+from agentwake.delivery.common import (
+    CURSOR_SHOWN,
+    PROGRESS_EVERY,
+    RETRY_INITIAL_S,
+    RETRY_MAX_S,
+    STALLED_AFTER_FAILURES,
+    Sleep,
+    Summary,
+    subscription_key,
+)
 from agentwake.errors import TransientEventsError
 from agentwake.mcp import ServerConnection
-from agentwake.store import IncomingEvent, Store, SubscriptionKey
+from agentwake.store import Store, SubscriptionKey
+from agentwake.text import peer
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_NEXT_POLL_MS: Final = 5_000
 
 
-def next_delay_ms(result: protocol.PollPage, floor_ms: int) -> int:
-    """How long to wait before the next poll. Zero when the server has more."""
-    if result.has_more:
+def next_delay_ms(page: Page, floor_ms: int, *, progressed: bool = True) -> int:
+    """How long to wait before the next poll: none when the server has more and this page brought
+    something; else its (clamped) nextPollMs, never less than the floor."""
+    if page.has_more and progressed:
         return 0
-    suggested = result.next_poll_ms if result.next_poll_ms is not None else DEFAULT_NEXT_POLL_MS
+    suggested = page.next_poll_ms if page.next_poll_ms is not None else DEFAULT_NEXT_POLL_MS
     return max(suggested, floor_ms)
 
 
 @dataclass
+class _Polled:
+    page: Page
+    admitted: Admitted
+
+    @property
+    def progressed(self) -> bool:
+        return bool(self.admitted.events or self.admitted.rejected)
+
+    @property
+    def goes_on(self) -> bool:
+        """The server has more and this page brought some of it: poll again at once."""
+        return self.page.has_more and self.progressed
+
+
+@dataclass
 class _Prefetch:
-    result: protocol.PollPage | None = None
+    result: _Polled | None = None
     error: Exception | None = None
 
 
@@ -53,8 +85,10 @@ class PollLoop:
     sleep: Sleep = anyio.sleep
     retry_initial_s: float = RETRY_INITIAL_S
     retry_max_s: float = RETRY_MAX_S
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
     polls: int = field(default=0, init=False)
     _drained: int = field(default=0, init=False)
+    _gaps: Summary = field(default_factory=Summary, init=False)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Poll until cancelled. SubscriptionEnded and ConnectionLost propagate to the caller."""
@@ -68,7 +102,7 @@ class PollLoop:
             sub.name,
             sub.event,
             sub.server,
-            f"cursor {cursor}" if resuming else "now (bootstrap)",
+            f"cursor {peer(cursor, CURSOR_SHOWN)}" if resuming else "now (bootstrap)",
         )
         task_status.started()
         result = await self._poll_with_retry(self._params(cursor, resuming=resuming))
@@ -77,11 +111,11 @@ class PollLoop:
             # With hasMore the next poll goes out now, so the server reads the next
             # batch while this one commits. Batches are still stored strictly in order,
             # and the next result (or its error) is only taken after this commit.
-            prefetch = _Prefetch() if result.has_more else None
+            prefetch = _Prefetch() if result.goes_on else None
             failure: Exception | None = None
             async with anyio.create_task_group() as tg:
                 if prefetch is not None:
-                    tg.start_soon(self._prefetch, self._params(result.cursor, resuming=False), prefetch)
+                    tg.start_soon(self._prefetch, self._params(result.page.cursor, resuming=False), prefetch)
                 try:
                     await self._store_batch(key, result, cursor)
                 except Exception as exc:  # re-raised outside the task group, unwrapped
@@ -90,14 +124,14 @@ class PollLoop:
             if failure is not None:
                 raise failure
             # Absent or null means no replay position: poll with null next time, persist nothing.
-            cursor = result.cursor
+            cursor = result.page.cursor
             if prefetch is not None:
                 if prefetch.error is not None:
                     raise prefetch.error
                 assert prefetch.result is not None
                 result = prefetch.result
                 continue
-            delay_ms = next_delay_ms(result, sub.poll_floor_ms)
+            delay_ms = next_delay_ms(result.page, sub.poll_floor_ms, progressed=result.progressed)
             if delay_ms:
                 await self.sleep(delay_ms / 1000)
             result = await self._poll_with_retry(self._params(cursor, resuming=False))
@@ -118,27 +152,35 @@ class PollLoop:
         except Exception as exc:  # handed to the loop in order, after the batch before it is stored
             slot.error = exc
 
-    async def _store_batch(self, key: SubscriptionKey, result: protocol.PollPage, cursor: str | None) -> None:
+    async def _store_batch(self, key: SubscriptionKey, result: _Polled, cursor: str | None) -> None:
         sub = self.subscription
-        batch = [
-            IncomingEvent(e["eventId"], e["name"], e["timestamp"], e["data"], e.get("_meta"))
-            for e in result.events
-        ]
+        page, admitted = result.page, result.admitted
         ingest = await self.store.ingest(
-            key, batch, result.cursor, truncated=result.truncated, cursor_before=cursor
+            key,
+            admitted.events,
+            page.cursor,
+            truncated=page.truncated,
+            cursor_before=cursor,
+            rejected=admitted.rejected,
         )
-        if result.truncated:
-            logger.warning(
-                "subscription %s: gap: the server skipped events (truncated); now at cursor %s",
-                sub.name,
-                result.cursor,
+        if page.truncated:
+            self._gaps.note(
+                logger,
+                f"subscription {sub.name}: gap: the server skipped events (truncated); now at cursor"
+                f" {peer(page.cursor, self.limits.max_peer_text_chars)}",
+            )
+        for refused in admitted.rejected:
+            self._gaps.note(
+                logger,
+                f"subscription {sub.name}: event {peer(refused.event_id, 80)} rejected ({refused.reason});"
+                " stored as a 'rejected' summary, with a gap",
             )
         if ingest.duplicates:
             logger.info("subscription %s: %d duplicate event(s) ignored", sub.name, ingest.duplicates)
         if ingest.inserted:
             logger.debug("subscription %s: %d new event(s)", sub.name, ingest.inserted)
             self.on_new_events(ingest.inserted)
-        self._report_progress(ingest.inserted + ingest.duplicates, result.has_more)
+        self._report_progress(ingest.inserted + ingest.duplicates, page.has_more)
 
     def _report_progress(self, received: int, has_more: bool) -> None:
         """Log a long backlog drain as it goes, and once when it has caught up."""
@@ -159,14 +201,35 @@ class PollLoop:
             )
             self._drained = 0
 
-    async def _poll_with_retry(self, params: protocol.PollParams) -> protocol.PollPage:
+    async def _poll(self, params: protocol.PollParams) -> _Polled:
         sub = self.subscription
+        raw = await self.connection.poll(params, subscription=sub.name)
+        try:
+            page = read_page(raw, floor_ms=sub.poll_floor_ms, ceiling_ms=self.limits.max_next_poll_ms)
+        except MalformedPage as exc:
+            raise TransientEventsError(
+                protocol.METHOD_POLL,
+                protocol.INTERNAL_ERROR,
+                f"malformed result: {exc}",
+                server=sub.server,
+                subscription=sub.name,
+            ) from None
+        return _Polled(page, admit_all(page.events, sub.event, self.limits))
+
+    async def _poll_with_retry(self, params: protocol.PollParams) -> _Polled:
+        sub = self.subscription
+        failures = 0
 
         async def note_retry(state: RetryCallState) -> None:
+            nonlocal failures
+            failures += 1
             exc = state.outcome.exception() if state.outcome else None
             delay = state.next_action.sleep if state.next_action else 0.0
             logger.warning("subscription %s: %s; retrying in %.1fs", sub.name, exc, delay)
-            await self.store.record_error(sub.name, str(exc))
+            if failures >= STALLED_AFTER_FAILURES:
+                await self.store.set_state(sub.name, status="stalled", error=str(exc))
+            else:
+                await self.store.record_error(sub.name, str(exc))
 
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(TransientEventsError),
@@ -178,5 +241,5 @@ class PollLoop:
         )
         async for attempt in retrying:
             with attempt:
-                return await self.connection.poll(params, subscription=sub.name)
+                return await self._poll(params)
         raise AssertionError("unreachable: tenacity either returns or raises")

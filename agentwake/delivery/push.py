@@ -16,15 +16,26 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import anyio
-from pydantic import ValidationError
 
 from agentwake import protocol
 from agentwake.backoff import backoff_s
-from agentwake.config import SubscriptionConfig
-from agentwake.delivery.common import PROGRESS_EVERY, RETRY_INITIAL_S, RETRY_MAX_S, Sleep, subscription_key
+from agentwake.config import LimitsConfig, SubscriptionConfig
+from agentwake.delivery.admit import admit
+from agentwake.delivery.common import (
+    CURSOR_SHOWN,
+    MAX_CURSOR_CHARS,
+    PROGRESS_EVERY,
+    RETRY_INITIAL_S,
+    RETRY_MAX_S,
+    STALLED_AFTER_FAILURES,
+    Sleep,
+    Summary,
+    subscription_key,
+)
 from agentwake.errors import DeliveryError, SubscriptionEnded, TransientEventsError
-from agentwake.mcp import ServerConnection, StreamRoute
-from agentwake.store import IncomingEvent, Store, SubscriptionKey
+from agentwake.mcp import LOST_NOTIFICATION, ServerConnection, StreamRoute
+from agentwake.store import IncomingEvent, RejectedEvent, Store, SubscriptionKey
+from agentwake.text import peer
 
 logger = logging.getLogger(__name__)
 
@@ -38,17 +49,40 @@ class StreamInterrupted(DeliveryError):
 @dataclass
 class _Pending:
     events: list[IncomingEvent] = field(default_factory=list)
+    rejected: list[RejectedEvent] = field(default_factory=list)
     cursor: str | None = None
     truncated: bool = False
 
     def __bool__(self) -> bool:
-        return bool(self.events) or self.cursor is not None or self.truncated
+        return bool(self.events) or bool(self.rejected) or self.cursor is not None or self.truncated
 
 
-def _occurrence(params: dict[str, Any]) -> IncomingEvent:
-    event = protocol.EventOccurrence.model_validate(params)
-    meta = {k: v for k, v in (event.meta or {}).items() if k != protocol.SUBSCRIPTION_ID_META}
-    return IncomingEvent(event.event_id, event.name, event.timestamp, event.data, meta or None)
+def _without_route(params: dict[str, Any]) -> dict[str, Any]:
+    """An event notification's params as the event: the routing id is ours, not the event's."""
+    meta = params.get("_meta")
+    if isinstance(meta, dict) and protocol.SUBSCRIPTION_ID_META in meta:
+        rest = {k: v for k, v in meta.items() if k != protocol.SUBSCRIPTION_ID_META}
+        return {**params, "_meta": rest or None}
+    return params
+
+
+def usable_cursor(value: Any) -> bool:
+    """A notification's cursor worth storing: a string of a sane length (else the position is kept)."""
+    return isinstance(value, str) and len(value) <= MAX_CURSOR_CHARS
+
+
+def error_of(params: dict[str, Any]) -> tuple[int, str, Any]:
+    """(code, message, data) of a stream's error or terminated notification, however the server wrote it."""
+    error = params.get("error")
+    if isinstance(error, dict):
+        code = error.get("code")
+        message = error.get("message")
+        return (
+            code if isinstance(code, int) and not isinstance(code, bool) else protocol.INTERNAL_ERROR,
+            message if isinstance(message, str) else peer(message),
+            error.get("data"),
+        )
+    return protocol.INTERNAL_ERROR, peer(error) if error is not None else "no reason given", None
 
 
 @dataclass
@@ -61,10 +95,13 @@ class PushLoop:
     sleep: Sleep = anyio.sleep
     retry_initial_s: float = RETRY_INITIAL_S
     retry_max_s: float = RETRY_MAX_S
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
     streams: int = field(default=0, init=False)
     errors: int = field(default=0, init=False)
     received: int = field(default=0, init=False)
     _since_quiet: int = field(default=0, init=False)
+    _lost: Summary = field(default_factory=Summary, init=False)
+    _errors: Summary = field(default_factory=Summary, init=False)
 
     @property
     def dead_after_s(self) -> float:
@@ -81,7 +118,7 @@ class PushLoop:
             sub.name,
             sub.event,
             sub.server,
-            f"cursor {cursor}" if cursor is not None else "now",
+            f"cursor {peer(cursor, CURSOR_SHOWN)}" if cursor is not None else "now",
         )
         task_status.started()
         resuming = cursor is not None
@@ -92,10 +129,13 @@ class PushLoop:
                 failures = 0
                 logger.info("subscription %s: the server closed the stream; opening it again", sub.name)
             except StreamInterrupted as exc:
-                logger.warning("subscription %s: %s", sub.name, exc)
-                await self.store.record_error(sub.name, str(exc))
+                self._errors.note(logger, f"subscription {sub.name}: {exc}")
                 # Backoff grows only while streams deliver nothing; one that made progress starts it over.
                 failures = 1 if await self.store.cursor(sub.name) != cursor else failures + 1
+                if failures >= STALLED_AFTER_FAILURES:
+                    await self.store.set_state(sub.name, status="stalled", error=str(exc))
+                else:
+                    await self.store.record_error(sub.name, str(exc))
             cursor = await self.store.cursor(sub.name)
             resuming = cursor is not None
             await self.sleep(self._backoff(failures))
@@ -157,7 +197,7 @@ class PushLoop:
                 if not batch:
                     raise StreamInterrupted(
                         f"stream notifications arrived faster than they were stored and some were lost;"
-                        f" reconnecting from cursor {stored}"
+                        f" reconnecting from cursor {peer(stored, CURSOR_SHOWN)}"
                     )
             else:
                 with anyio.move_on_after(self.dead_after_s) as waited:
@@ -168,7 +208,7 @@ class PushLoop:
                 if waited.cancelled_caught:
                     raise StreamInterrupted(
                         f"no event or heartbeat for {self.dead_after_s:g}s; the stream is dead, reconnecting"
-                        f" from cursor {stored}"
+                        f" from cursor {peer(stored, CURSOR_SHOWN)}"
                     )
             while len(batch) < BATCH:
                 try:
@@ -177,15 +217,27 @@ class PushLoop:
                     break
             pending = _Pending()
             for method, params in batch:
-                if method == protocol.NOTIFICATION_EVENT:
-                    try:
-                        pending.events.append(_occurrence(params))
-                    except ValidationError as exc:
-                        raise StreamInterrupted(
-                            f"malformed event notification: {exc.errors()[0]['msg']}"
-                        ) from None
-                    if params.get("cursor") is not None:
-                        pending.cursor = str(params["cursor"])
+                if method == LOST_NOTIFICATION:
+                    # A notification the transport could not parse: whatever it was, record the gap.
+                    pending.truncated = True
+                    self._lost.note(
+                        logger,
+                        f"subscription {sub.name}: a stream notification could not be parsed"
+                        f" ({peer(params.get('reason'), 200)}); recording a gap",
+                    )
+                elif method == protocol.NOTIFICATION_EVENT:
+                    admitted = admit(_without_route(params), sub.event, self.limits)
+                    if isinstance(admitted, IncomingEvent):
+                        pending.events.append(admitted)
+                    else:
+                        pending.rejected.append(admitted)
+                        self._lost.note(
+                            logger,
+                            f"subscription {sub.name}: event {peer(admitted.event_id, 80)} rejected"
+                            f" ({admitted.reason}); stored as a 'rejected' summary, with a gap",
+                        )
+                    if usable_cursor(params.get("cursor")):
+                        pending.cursor = params["cursor"]
                     self._since_quiet += 1
                 elif method in (protocol.NOTIFICATION_ACTIVE, protocol.NOTIFICATION_HEARTBEAT):
                     if method == protocol.NOTIFICATION_HEARTBEAT and self._since_quiet:
@@ -200,24 +252,24 @@ class PushLoop:
                         logger.warning(
                             "subscription %s: gap: the server skipped events (truncated)", sub.name
                         )
-                    if params.get("cursor") is not None:
-                        pending.cursor = str(params["cursor"])
+                    if usable_cursor(params.get("cursor")):
+                        pending.cursor = params["cursor"]
                 elif method == protocol.NOTIFICATION_ERROR:
                     stored = await self._store(key, pending, stored)
                     pending = _Pending()
                     self.errors += 1
-                    error = params.get("error") or {}
-                    text = f"server reported an error on the stream: {error.get('message')} ({error.get('code')})"
-                    logger.warning("subscription %s: %s %s", sub.name, text, error.get("data") or "")
+                    code, message, _ = error_of(params)
+                    text = f"server reported an error on the stream: {peer(message)} ({code})"
+                    self._errors.note(logger, f"subscription {sub.name}: {text}")
                     await self.store.count_stream_error(sub.name, text)
                 elif method == protocol.NOTIFICATION_TERMINATED:
                     await self._store(key, pending, stored)
-                    error = params.get("error") or {}
+                    code, message, data = error_of(params)
                     raise SubscriptionEnded(
                         protocol.NOTIFICATION_TERMINATED,
-                        int(error.get("code") or protocol.INTERNAL_ERROR),
-                        f"the server ended the subscription: {error.get('message')}",
-                        error.get("data"),
+                        code,
+                        f"the server ended the subscription: {peer(message)}",
+                        None if data is None else peer(data),
                         server=sub.server,
                         subscription=sub.name,
                     )
@@ -227,7 +279,12 @@ class PushLoop:
         if not pending:
             return stored
         result = await self.store.ingest(
-            key, pending.events, pending.cursor, truncated=pending.truncated, cursor_before=stored
+            key,
+            pending.events,
+            pending.cursor,
+            truncated=pending.truncated,
+            cursor_before=stored,
+            rejected=pending.rejected,
         )
         if result.duplicates:
             logger.info(

@@ -13,6 +13,15 @@ Order of checks for each request, cheapest first, so a flood costs little:
     -> Standard Webhooks signature over the raw bytes, under any secret of that subscription (401)
     -> JSON parse and shape (400) -> durable accept
 
+Before any of that, each connection passes the gate (``ConnectionGate``) at accept, before a
+byte is read (and before TLS): at most ``max_connections`` open, ``max_connections_per_client``
+from one address (an IPv6 /64); one over either is closed at once. Above half of
+``max_connections``, a connection that has sent no byte of HTTP for 1 s (with TLS: no handshake
+and request start within it) is closed; below, the 15 s idle rule alone. At start the soft
+open-file limit is raised to the hard one, and ``max_connections`` kept below it, so that a
+flood of idle connections cannot run the process out of descriptors (accept() would fail and
+asyncio stop accepting for a second at a time, legitimate senders included).
+
 Durable accept: an event (and the cursor it carries) is committed to the inbox before
 the 2xx goes out; concurrent deliveries share one transaction (group commit). A
 duplicate is answered 2xx without a second row. The agent runs later, never in the
@@ -34,20 +43,31 @@ import ssl
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 import anyio
 import anyio.abc
 from aiohttp import HttpVersion11, web
-from aiohttp.web_protocol import RequestHandler
 from pydantic import TypeAdapter, ValidationError
 
 from agentwake import protocol, signing
-from agentwake._compat import request_handler_arguments
-from agentwake.config import WebhookConfig
+from agentwake.config import LimitsConfig, WebhookConfig
+from agentwake.delivery.admit import admit
+from agentwake.delivery.common import MAX_CURSOR_CHARS
+from agentwake.delivery.connections import (
+    IDLE_TIMEOUT_S,
+    LISTEN_BACKLOG,
+    PRESSURE_WATERMARK,
+    SERVER_HEADER,
+    SILENT_UNDER_PRESSURE_S,
+    ConnectionGate,
+    QuietServer,
+    max_connections,
+    raise_open_files_limit,
+)
+from agentwake.delivery.routes import Route, WebhookRoutes
 from agentwake.errors import ConfigError, StoreError
-from agentwake.store import IncomingEvent, IngestResult, Store, SubscriptionKey, WebhookDelivery
+from agentwake.store import IncomingEvent, IngestResult, Store, WebhookDelivery
 
 logger = logging.getLogger(__name__)
 
@@ -59,13 +79,6 @@ REJECT_LOG_INTERVAL_S: Final = 60.0
 SHUTDOWN_TIMEOUT_S: Final = 2.0
 # How long the rest of a body may take once its headers are in (senders time out at about 5 s).
 BODY_TIMEOUT_S: Final = 10.0
-# After an answer given before the whole body was read (413, 408), aiohttp reads and drops what the
-# sender still sends for this long, so that it reads the answer rather than a reset, then closes.
-LINGER_S: Final = 2.0
-# A connection that completes no request for this long is closed: one that sends nothing, or its
-# headers too slowly, or idles between deliveries (senders open a new one when they need it).
-IDLE_TIMEOUT_S: Final = 15.0
-LISTEN_BACKLOG: Final = 1024
 
 # Terminated envelopes handled, remembered per process: a retry racing its id's retirement ends nothing twice.
 SEEN_CONTROL_IDS: Final = 4096
@@ -99,113 +112,6 @@ def parse_body(body: bytes) -> dict[str, Any]:
 
 
 OnTerminated = Callable[[str, dict[str, Any]], Awaitable[None]]
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    """Where a subscription id's deliveries go, and the secrets they may be signed with."""
-
-    webhook_id: str
-    key: SubscriptionKey
-    # (keyed secret, accepted until (epoch seconds) or None for no limit)
-    secrets: tuple[tuple[signing.SigningKey, float | None], ...] = field(repr=False)
-
-    def keys(self, now: float) -> list[signing.SigningKey]:
-        return [key for key, until in self.secrets if until is None or now < until]
-
-
-@dataclass(slots=True)
-class _InFlight:
-    key: SubscriptionKey
-    secrets: list[bytes] = field(repr=False)
-
-
-class WebhookRoutes:
-    """The receiver's routing table: subscription id -> route; ids we retired; subscribes in flight.
-
-    The webhook loops keep it current; the receiver only reads it (an in-flight
-    subscribe's secret identifies its verification challenge; deliveries wait for
-    the id, with 503, until the subscribe response binds it).
-    """
-
-    def __init__(self) -> None:
-        self._by_id: dict[str, Route] = {}
-        self._id_of: dict[str, str] = {}
-        self._retired: set[str] = set()
-        self._in_flight: dict[str, _InFlight] = {}
-        self._ended: dict[str, anyio.Event] = {}
-        self.end_reasons: dict[str, str] = {}
-        self.binds = 0
-        self._bound = anyio.Event()
-
-    def bind(
-        self,
-        webhook_id: str,
-        key: SubscriptionKey,
-        secrets: list[tuple[str, float | None]],
-    ) -> None:
-        """Route ``webhook_id`` to ``key``'s subscription, accepting each secret until its time (None: always)."""
-        old = self._id_of.get(key.name)
-        if old is not None and old != webhook_id:
-            self._by_id.pop(old, None)
-        decoded = tuple(
-            (signing.SigningKey(signing.decode_secret(secret)), until) for secret, until in secrets
-        )
-        self._by_id[webhook_id] = Route(webhook_id, key, decoded)
-        self._id_of[key.name] = webhook_id
-        # The server derives the id from the key, so a key subscribed again gets its retired id back.
-        self._retired.discard(webhook_id)
-        self.binds += 1
-        bound, self._bound = self._bound, anyio.Event()
-        bound.set()
-
-    async def wait_binds(self, count: int) -> None:
-        """Wait until ``bind`` was called ``count`` times in all (every subscribe and refresh binds)."""
-        while self.binds < count:
-            await self._bound.wait()
-
-    def unbind(self, name: str) -> str | None:
-        webhook_id = self._id_of.pop(name, None)
-        if webhook_id is not None:
-            self._by_id.pop(webhook_id, None)
-        return webhook_id
-
-    def retire(self, webhook_id: str) -> None:
-        self._retired.add(webhook_id)
-
-    def lookup(self, webhook_id: str) -> Route | None:
-        return self._by_id.get(webhook_id)
-
-    def is_retired(self, webhook_id: str) -> bool:
-        return webhook_id in self._retired
-
-    def begin_subscribe(self, key: SubscriptionKey, secrets: list[str]) -> None:
-        self._in_flight[key.name] = _InFlight(key, [signing.decode_secret(s) for s in secrets])
-
-    def end_subscribe(self, name: str) -> None:
-        self._in_flight.pop(name, None)
-
-    @property
-    def subscribing(self) -> bool:
-        return bool(self._in_flight)
-
-    def match_in_flight(
-        self, msg_id: str, stamp: str, header: str, body: bytes
-    ) -> tuple[SubscriptionKey, bytes] | None:
-        """The in-flight subscribe whose secret signed this body, if any."""
-        for pending in self._in_flight.values():
-            key = signing.verify(pending.secrets, msg_id, stamp, header, body)
-            if key is not None:
-                return pending.key, key
-        return None
-
-    def ended(self, name: str) -> anyio.Event:
-        """Set when the server terminated this subscription (a ``terminated`` envelope)."""
-        return self._ended.setdefault(name, anyio.Event())
-
-    def end(self, name: str, reason: str) -> None:
-        self.end_reasons[name] = reason
-        self.ended(name).set()
 
 
 class _GroupCommit:
@@ -290,12 +196,6 @@ class _GroupCommit:
             self._deliveries, self._futures = [], []
 
 
-# In place of aiohttp's default, which names the Python and aiohttp versions, on every refusal: a
-# sender that cannot sign never learns them. The 204 of an accepted delivery (only a signer gets
-# one) keeps the default: a header set per response measurably slows the hot path.
-_SERVER_HEADER: Final = {"Server": "agentwake"}
-
-
 def _no_content() -> web.StreamResponse:
     """204: the bare StreamResponse, lighter to build and send than a Response with no body."""
     return web.StreamResponse(status=204)
@@ -303,7 +203,7 @@ def _no_content() -> web.StreamResponse:
 
 def _status(code: int) -> web.Response:
     """A response with no detail: the reason phrase is all a sender (or an attacker) learns."""
-    return web.Response(status=code, headers=_SERVER_HEADER)
+    return web.Response(status=code, headers=SERVER_HEADER)
 
 
 def tls_context(config: WebhookConfig) -> ssl.SSLContext | None:
@@ -319,57 +219,13 @@ def tls_context(config: WebhookConfig) -> ssl.SSLContext | None:
     return context
 
 
-Refuse = Callable[[int, str], web.Response]
-
-
-class _QuietRequestHandler(RequestHandler):
-    """aiohttp answers a request its parser refuses (a header over 8 KiB, a bad request line) with the
-    parser's message, which quotes the sender's bytes, and logs a traceback at ERROR for each (a
-    scanner could fill the log). Here such a request is counted and summarised with the receiver's
-    other refusals, and answered with its status alone."""
-
-    def __init__(self, manager: web.Server, refuse: Refuse, **kwargs: Any) -> None:
-        super().__init__(manager, **kwargs)
-        self.refuse = refuse
-
-    def handle_error(
-        self,
-        request: web.BaseRequest,
-        status: int = 500,
-        exc: BaseException | None = None,
-        message: str | None = None,
-    ) -> web.StreamResponse:
-        if status >= 500 or request.writer.output_size > 0:
-            crashed = super().handle_error(request, status, exc, None)
-            crashed.headers.update(_SERVER_HEADER)
-            return crashed
-        response = self.refuse(status, "unreadable HTTP request")
-        response.force_close()
-        return response
-
-
-class _QuietServer(web.Server):
-    def __init__(
-        self,
-        handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
-        refuse: Refuse,
-        idle_timeout_s: float,
-    ) -> None:
-        # aiohttp's keep-alive timeout also runs from the moment a connection opens, so it closes a
-        # connection that sends nothing, or headers too slowly, as well as one idle between requests.
-        super().__init__(handler, access_log=None, lingering_time=LINGER_S, keepalive_timeout=idle_timeout_s)
-        self.refuse = refuse
-
-    def __call__(self) -> RequestHandler:
-        loop, kwargs = request_handler_arguments(self)
-        return _QuietRequestHandler(self, self.refuse, loop=loop, **kwargs)
-
-
 class Receiver:
     """The aiohttp app. ``await tg.start(receiver.serve)`` returns once it listens."""
 
     idle_timeout_s: float = IDLE_TIMEOUT_S
     body_timeout_s: float = BODY_TIMEOUT_S
+    pressure_watermark: float = PRESSURE_WATERMARK
+    silent_under_pressure_s: float = SILENT_UNDER_PRESSURE_S
 
     def __init__(
         self,
@@ -380,8 +236,10 @@ class Receiver:
         on_new_events: Callable[[int], None] = lambda count: None,
         on_terminated: OnTerminated | None = None,
         clock: Callable[[], float] = time.time,
+        limits: LimitsConfig | None = None,
     ) -> None:
         self.config = config
+        self.limits = limits or LimitsConfig()
         self.store = store
         self.routes = routes
         self.on_new_events = on_new_events
@@ -393,28 +251,57 @@ class Receiver:
         self._rejected: Counter[str] = Counter()
         self._rejects_logged_at = 0.0
         self._control_ids: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self.connections: ConnectionGate | None = None  # set by serve
 
-    def server(self) -> web.Server:
+    def server(self) -> QuietServer:
         """aiohttp's low-level server: one handler for every path, with no router or middleware layer
         (about a tenth of a delivery's cost). Subscriptions are told apart by X-MCP-Subscription-Id."""
-        return _QuietServer(self.handle, self._reject, self.idle_timeout_s)
+        return QuietServer(self.handle, self._reject, self.idle_timeout_s)
+
+    def connection_gate(self, server: QuietServer, context: ssl.SSLContext | None) -> ConnectionGate:
+        """The connection gate, its caps sized to the open-file limit (raised first, as far as allowed)."""
+        limit = max_connections(self.config, raise_open_files_limit())
+        per_client = min(self.config.max_connections_per_client, limit)
+        logger.info(
+            "webhook receiver: at most %d connection(s), %d per client; above %d, silent ones closed after %g s",
+            limit,
+            per_client,
+            int(limit * self.pressure_watermark),
+            self.silent_under_pressure_s,
+        )
+        return ConnectionGate(
+            server,
+            self._refuse_connections,
+            limit=limit,
+            per_client=per_client,
+            watermark=int(limit * self.pressure_watermark),
+            silent_s=self.silent_under_pressure_s,
+            handshake_timeout_s=self.idle_timeout_s,
+            tls=context,
+        )
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         host, port = self.config.address
         context = tls_context(self.config)
-        runner = web.ServerRunner(self.server(), handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+        server = self.server()
+        # The runner only shuts the handlers down; we listen ourselves, so that each connection meets
+        # the gate at accept (before TLS), where aiohttp has no hook.
+        runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await runner.setup()
+        gate = self.connections = self.connection_gate(server, context)
+        listener: asyncio.Server | None = None
         try:
-            site = web.TCPSite(runner, host, port, ssl_context=context, backlog=LISTEN_BACKLOG)
             try:
-                await site.start()
+                listener = await asyncio.get_running_loop().create_server(
+                    gate, host, port, backlog=LISTEN_BACKLOG
+                )
             except OSError as exc:
                 raise ConfigError(
                     f"the webhook receiver cannot listen on {self.config.listen}: {exc.strerror or exc};"
                     " check [webhook] listen"
                 ) from None
-            addresses = runner.addresses
-            self.port = int(addresses[0][1]) if addresses else port
+            sockets = listener.sockets
+            self.port = int(sockets[0].getsockname()[1]) if sockets else port
             async with anyio.create_task_group() as tg:
                 # Requests that come before the committer runs are answered 503 and retried.
                 await tg.start(self._commit.run)
@@ -430,24 +317,42 @@ class Receiver:
                     await anyio.sleep_forever()
                 finally:
                     with anyio.CancelScope(shield=True):
-                        await runner.cleanup()
+                        await self._stop(listener, gate, runner)
         finally:
             with anyio.CancelScope(shield=True):
-                await runner.cleanup()
+                await self._stop(listener, gate, runner)
+
+    @staticmethod
+    async def _stop(listener: asyncio.Server | None, gate: ConnectionGate, runner: web.ServerRunner) -> None:
+        if listener is not None:
+            listener.close()
+        gate.close()
+        await runner.cleanup()
 
     # ---- one request ------------------------------------------------------------------
 
     def _reject(self, code: int, why: str) -> web.Response:
-        self._rejected[why] += 1
         self.counts[f"rejected_{code}"] += 1
         logger.debug("webhook receiver: %d: %s", code, why)
+        self._summarise(why, 1)
+        return _status(code)
+
+    def _refuse_connections(self, counter: str, why: str, count: int) -> None:
+        self.counts[counter] += count
+        logger.debug("webhook receiver: %d %s", count, why)
+        self._summarise(why, count)
+
+    def _summarise(self, why: str, count: int) -> None:
+        """Tally a refusal; the tally is logged at the first and then at most once a minute."""
+        self._rejected[why] += count
         now = self.clock()
         if now - self._rejects_logged_at >= REJECT_LOG_INTERVAL_S:
-            summary = ", ".join(f"{count} {reason}" for reason, count in self._rejected.most_common())
-            logger.warning("webhook receiver refused request(s) since the last report: %s", summary)
+            summary = ", ".join(f"{n} {reason}" for reason, n in self._rejected.most_common())
+            logger.warning(
+                "webhook receiver refused request(s) or connection(s) since the last report: %s", summary
+            )
             self._rejected.clear()
             self._rejects_logged_at = now
-        return _status(code)
 
     async def _read_body(self, request: web.BaseRequest) -> bytes | None:
         """The body, or None once it passes the limit (nothing beyond the limit is read)."""
@@ -565,7 +470,7 @@ class Receiver:
             return self._reject(400, "verification without a challenge")
         self.counts["verifications"] += 1
         logger.info("subscription %s: webhook endpoint verification answered (id %s)", name, webhook_id)
-        return web.json_response({"challenge": challenge}, headers=_SERVER_HEADER)
+        return web.json_response({"challenge": challenge}, headers=SERVER_HEADER)
 
     def _remember_control(self, webhook_id: str, msg_id: str) -> None:
         """Remember a handled terminated envelope, so a retry of it ends nothing twice."""
@@ -629,12 +534,31 @@ class Receiver:
 
     async def _event(self, route: Route, event: protocol.PollEvent) -> web.StreamResponse:
         cursor = event.get("cursor")
-        meta = event.get("_meta")
-        incoming = IncomingEvent(
-            event["eventId"], event["name"], event["timestamp"], event["data"], meta or None
-        )
+        if cursor is not None and len(cursor) > MAX_CURSOR_CHARS:
+            return self._reject(400, "cursor too long")
+        # Signed by the server, still not trusted: another type's name, an oversized id or data
+        # becomes a 'rejected' record (answered 2xx: a retry would bring the same).
+        admitted = admit(event, route.key.event, self.limits)
+        if isinstance(admitted, IncomingEvent):
+            delivery = WebhookDelivery(route.key, admitted, cursor)
+        else:
+            self.counts["rejected_events"] += 1
+            delivery = WebhookDelivery(route.key, None, cursor, rejected=admitted)
         if self._commit.backlog >= MAX_PENDING_COMMITS:
             return self._reject(503, "too many deliveries waiting to be stored")
-        if await self._commit.submit(WebhookDelivery(route.key, incoming, cursor)) is None:
+        if await self._commit.submit(delivery) is None:
             return self._reject(503, "not stored")
         return _no_content()
+
+
+# Route, WebhookRoutes and LISTEN_BACKLOG live in routes.py and connections.py; named here too.
+__all__ = [
+    "LISTEN_BACKLOG",
+    "BadBody",
+    "OnTerminated",
+    "Receiver",
+    "Route",
+    "WebhookRoutes",
+    "parse_body",
+    "tls_context",
+]

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final
-
-import jsonschema
+from typing import Final
 
 from agentwake import protocol
 from agentwake.config import SubscriptionConfig
 from agentwake.errors import ConfigError
+from agentwake.schemas import argument_errors
 
 # Modes this client implements; webhook only with a [webhook] section (a receiver to deliver to).
 CLIENT_MODES: Final[tuple[protocol.DeliveryMode, ...]] = ("poll", "push", "webhook")
@@ -57,16 +56,6 @@ def choose_mode(
         f"subscription {name!r}: no compatible delivery mode: event {subscription.event!r} offers "
         f"{', '.join(offered) or 'nothing'}, agentwake supports {', '.join(client_modes)}"
     )
-
-
-def argument_errors(schema: dict[str, Any], arguments: dict[str, Any]) -> list[str]:
-    try:
-        validator_cls = jsonschema.validators.validator_for(schema)
-        validator = validator_cls(schema)
-        errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
-    except jsonschema.SchemaError as exc:
-        return [f"the server's inputSchema is itself invalid: {exc.message}"]
-    return [f"{'/'.join(str(p) for p in e.absolute_path) or '(root)'}: {e.message}" for e in errors]
 
 
 def plan_subscription(

@@ -31,11 +31,12 @@ from agentwake import protocol, signing
 from agentwake.backoff import backoff_s
 from agentwake.clock import iso
 from agentwake.config import SubscriptionConfig, WebhookConfig
-from agentwake.delivery.common import RETRY_INITIAL_S, RETRY_MAX_S, subscription_key
-from agentwake.delivery.receiver import WebhookRoutes
+from agentwake.delivery.common import CURSOR_SHOWN, RETRY_INITIAL_S, RETRY_MAX_S, subscription_key
+from agentwake.delivery.routes import WebhookRoutes
 from agentwake.errors import EventsCallError, SubscriptionEnded, TransientEventsError
 from agentwake.mcp import ServerConnection
 from agentwake.store import Store, SubscriptionKey, WebhookRecord
+from agentwake.text import peer
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +190,7 @@ class WebhookLoop:
             sub.event,
             sub.server,
             url,
-            f"cursor {cursor}" if cursor is not None else "now",
+            f"cursor {peer(cursor, CURSOR_SHOWN)}" if cursor is not None else "now",
         )
         task_status.started()
         ended = self.routes.ended(sub.name)

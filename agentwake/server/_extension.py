@@ -32,7 +32,6 @@ from typing import Any, Final, Literal, TypeVar, cast
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
-import jsonschema
 from mcp.server.connection import Connection
 from mcp.server.context import HandlerResult, ServerRequestContext
 from mcp.server.extension import Extension, MethodBinding
@@ -40,6 +39,7 @@ from mcp.shared.exceptions import MCPError
 
 from agentwake import protocol
 from agentwake._compat import connection_of
+from agentwake.schemas import InvalidSchema, compile_schema
 from agentwake.server._buffer import EmitBuffer, RingBuffer
 from agentwake.server._errors import (
     forbidden,
@@ -289,13 +289,12 @@ class EventsExtension(Extension):
                 " webhook needs EventsExtension(webhook=WebhookSettings(...)))"
             )
         try:
-            validator_cls = jsonschema.validators.validator_for(event_type.input_schema)
-            validator_cls.check_schema(event_type.input_schema)
-        except jsonschema.SchemaError as exc:
+            # Every $ref must resolve inside the schema now: agentwake never fetches one later.
+            event_type.validator = compile_schema(event_type.input_schema, check_references=True)
+        except InvalidSchema as exc:
             raise ValueError(
-                f"event {event_type.name!r}: inputSchema is not a valid JSON Schema: {exc.message}"
+                f"event {event_type.name!r}: inputSchema is not a valid JSON Schema: {exc}"
             ) from exc
-        event_type.validator = validator_cls(event_type.input_schema)
         if event_type.emit_only:
             event_type.buffer = RingBuffer(self.emit_buffer, now=self._now)
         self._types[event_type.name] = event_type
@@ -516,12 +515,10 @@ class EventsExtension(Extension):
             raise not_found(name)
         if mode not in event_type.modes():
             raise unsupported_mode(mode)
-        errors = sorted(event_type.validator.iter_errors(arguments or {}), key=lambda e: list(e.path))
+        # Bounded in time and size, whatever the client sends (agentwake.schemas).
+        errors = event_type.validator.errors(arguments or {})
         if errors:
-            details = [
-                {"path": "/".join(str(p) for p in error.absolute_path) or "(root)", "message": error.message}
-                for error in errors
-            ]
+            details = [{"path": error.path, "message": error.message} for error in errors]
             summary = "; ".join(f"{d['path']}: {d['message']}" for d in details)
             raise invalid_params(
                 f"arguments do not match the inputSchema of {name!r}: {summary}", {"errors": details}

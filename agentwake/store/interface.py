@@ -27,6 +27,7 @@ from agentwake.store.records import (
     InboxEvent,
     IncomingEvent,
     IngestResult,
+    RejectedEvent,
     RetiredWebhook,
     RunKind,
     RunProgress,
@@ -76,8 +77,12 @@ class Store(Protocol):
         *,
         truncated: bool = False,
         cursor_before: str | None = None,
+        rejected: Sequence[RejectedEvent] = (),
     ) -> IngestResult:
-        """A batch and the cursor after it, in one transaction. A null cursor is never stored."""
+        """A batch and the cursor after it, in one transaction. A null cursor is never stored.
+
+        ``rejected`` events are stored as their summaries in state 'rejected', counted, with a gap.
+        """
         ...
 
     async def ingest_deliveries(self, deliveries: Sequence[WebhookDelivery]) -> list[IngestResult]:

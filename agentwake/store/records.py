@@ -10,7 +10,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, NamedTuple
 
-EventState = Literal["pending", "processing", "done", "failed", "ignored", "held", "denied", "batched"]
+EventState = Literal[
+    "pending", "processing", "done", "failed", "ignored", "held", "denied", "batched", "rejected"
+]
 EVENT_STATES: Final[tuple[EventState, ...]] = (
     "pending",
     "processing",
@@ -20,6 +22,7 @@ EVENT_STATES: Final[tuple[EventState, ...]] = (
     "held",
     "denied",
     "batched",
+    "rejected",
 )
 RunKind = Literal["agent", "replay", "dry_run"]
 RunStatus = Literal["running", "completed", "failed", "interrupted"]
@@ -58,6 +61,20 @@ class IncomingEvent(NamedTuple):
     meta: dict[str, Any] | None = None
 
 
+class RejectedEvent(NamedTuple):
+    """An event a server sent that agentwake refused (over a bound, malformed, another type's name).
+
+    Stored in state 'rejected' with this bounded summary instead of what was sent, so it is
+    visible (``inbox --state rejected``) and counted, and never reaches the decision stage.
+    """
+
+    event_id: str
+    name: str
+    timestamp: str
+    reason: str
+    preview: str
+
+
 class WebhookDelivery(NamedTuple):
     """One accepted webhook body for the inbox: an event with its cursor, or a gap (cursor only).
 
@@ -70,6 +87,7 @@ class WebhookDelivery(NamedTuple):
     truncated: bool = False
     # A gap envelope's webhook-id: a retry of a recorded gap is a duplicate, and moves no cursor.
     control_id: str | None = None
+    rejected: RejectedEvent | None = None
 
 
 @dataclass(frozen=True, slots=True)

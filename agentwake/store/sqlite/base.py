@@ -13,11 +13,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from pydantic_core import PydanticSerializationError, to_json
-
 from agentwake.errors import StoreError
 from agentwake.redaction import redact
 from agentwake.store.sqlite.versions import MIGRATION_NAMES, MIGRATION_SET
+from agentwake.text import peer
 
 if TYPE_CHECKING:
     import sqlite_utils
@@ -27,29 +26,13 @@ BUSY_TIMEOUT_MS: Final = 10_000
 T = TypeVar("T")
 
 
-# The ASCII encoder is the fallback for text pydantic-core's faster one refuses (lone surrogates).
-_encode_json_ascii = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
-
-
-def encode_json(value: Any) -> str:
-    """Compact JSON text, by pydantic-core (about five times json.dumps on event payloads).
-
-    A lone UTF-16 surrogate (a valid JSON escape, but not Unicode, which SQLite cannot
-    store as text) is kept as its escape instead, so one odd payload never fails a batch.
-    """
-    try:
-        return to_json(value).decode("utf-8")
-    except PydanticSerializationError:
-        return _encode_json_ascii(value)
-
-
 def decode_json(text: str | None) -> Any:
     return json.loads(text) if text else None
 
 
 def redacted(error: str | None) -> str | None:
-    """An error as stored: a server's message may quote what it was sent (a secret)."""
-    return None if error is None else redact(error)[0]
+    """An error as stored: bounded (a server chooses its messages), and redacted (one may quote a secret)."""
+    return None if error is None else redact(peer(error))[0]
 
 
 def describe_error(path: Path, exc: sqlite3.Error) -> str:

@@ -8,16 +8,18 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from agentwake.clock import now_iso
+from agentwake.jsontext import encode_json
 from agentwake.store.records import (
     DUPLICATE,
     INSERTED,
     NEITHER,
     IncomingEvent,
     IngestResult,
+    RejectedEvent,
     SubscriptionKey,
     WebhookDelivery,
 )
-from agentwake.store.sqlite.base import SqliteBase, encode_json
+from agentwake.store.sqlite.base import SqliteBase
 
 INSERT_EVENT_SQL: Final = (
     "INSERT OR IGNORE INTO events (server, subscription, name, event_id, timestamp, data, meta,"
@@ -29,8 +31,12 @@ ADVANCE_SQL: Final = (
     " cursor = coalesce(?, cursor),"
     " cursor_updated_at = CASE WHEN ? IS NULL THEN cursor_updated_at ELSE ? END,"
     " last_poll_at = ?, events_received = events_received + ?, duplicates = duplicates + ?,"
-    " gaps = gaps + ?, status = 'active', last_error = NULL, updated_at = ?"
+    " gaps = gaps + ?, rejected = rejected + ?, status = 'active', last_error = NULL, updated_at = ?"
     " WHERE name = ?"
+)
+INSERT_REJECTED_SQL: Final = (
+    "INSERT OR IGNORE INTO events (server, subscription, name, event_id, timestamp, data, received_at,"
+    " state_changed_at, state, last_error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'rejected', ?)"
 )
 # Ids per SELECT ... IN (...) and rows per INSERT: well under SQLite's limit on bound parameters.
 IN_CHUNK: Final = 500
@@ -54,6 +60,7 @@ class _Tally:
     cursor_known: bool = False
     last_cursor: str | None = None
     gaps: list[tuple[str | None, str | None, str | None]] = field(default_factory=list)
+    rejected: list[RejectedEvent] = field(default_factory=list)
 
 
 def _event_row(key: SubscriptionKey, event: IncomingEvent, now: str) -> tuple[Any, ...]:
@@ -80,15 +87,17 @@ class Inbox(SqliteBase):
         *,
         truncated: bool = False,
         cursor_before: str | None = None,
+        rejected: Sequence[RejectedEvent] = (),
     ) -> IngestResult:
         """Insert a batch and advance the cursor in one transaction.
 
         A null cursor is never persisted (the stored one stays). A duplicate
-        (server, event name, eventId) is counted, not stored again.
+        (server, event name, eventId) is counted, not stored again. Rejected events
+        are stored as their summary in state 'rejected', counted, and make a gap.
         """
         now = now_iso()
         with self.transaction():
-            return self._ingest(key, events, cursor, truncated, cursor_before, now)
+            return self._ingest(key, events, cursor, truncated, cursor_before, now, rejected)
 
     def _ingest(
         self,
@@ -98,6 +107,7 @@ class Inbox(SqliteBase):
         truncated: bool,
         cursor_before: str | None,
         now: str,
+        rejected: Sequence[RejectedEvent] = (),
     ) -> IngestResult:
         rows = [_event_row(key, event, now) for event in events]
         conn = self.conn
@@ -106,16 +116,42 @@ class Inbox(SqliteBase):
             conn.executemany(INSERT_EVENT_SQL, rows)
         inserted = conn.total_changes - before
         duplicates = len(rows) - inserted
+        refused = self._insert_rejected(key, rejected, now)
+        gap = truncated or refused > 0
         conn.execute(
-            ADVANCE_SQL, [cursor, cursor, now, now, inserted, duplicates, int(truncated), now, key.name]
+            ADVANCE_SQL, [cursor, cursor, now, now, inserted, duplicates, int(gap), refused, now, key.name]
         )
-        if truncated:
+        if gap:
             conn.execute(
                 "INSERT INTO gaps (subscription, server, event, detected_at, cursor_before, cursor_after)"
                 " VALUES (?, ?, ?, ?, ?, ?)",
                 [key.name, key.server, key.event, now, cursor_before, cursor],
             )
         return IngestResult(inserted, duplicates)
+
+    def _insert_rejected(self, key: SubscriptionKey, rejected: Sequence[RejectedEvent], now: str) -> int:
+        """Store each refused event's summary (a retry of one is a duplicate); how many were new."""
+        if not rejected:
+            return 0
+        before = self.conn.total_changes
+        self.conn.executemany(
+            INSERT_REJECTED_SQL,
+            [
+                (
+                    key.server,
+                    key.name,
+                    r.name,
+                    r.event_id,
+                    r.timestamp,
+                    encode_json({"rejected": r.reason, "preview": r.preview}),
+                    now,
+                    now,
+                    r.reason,
+                )
+                for r in rejected
+            ],
+        )
+        return self.conn.total_changes - before
 
     def ingest_deliveries(self, deliveries: Sequence[WebhookDelivery]) -> list[IngestResult]:
         """Webhook bodies accepted together (group commit): every event and its cursor in ONE transaction.
@@ -155,7 +191,9 @@ class Inbox(SqliteBase):
                 ):
                     results.append(DUPLICATE)
                     continue
-                if delivery.truncated:
+                if delivery.rejected is not None:
+                    tally.rejected.append(delivery.rejected)
+                if delivery.truncated or delivery.rejected is not None:
                     if not tally.cursor_known:
                         row = conn.execute(
                             "SELECT cursor FROM subscriptions WHERE name = ?", [key.name]
@@ -188,6 +226,7 @@ class Inbox(SqliteBase):
                         tally.inserted,
                         tally.duplicates,
                         len(tally.gaps),
+                        self._insert_rejected(key, tally.rejected, now),
                         now,
                         key.name,
                     ],

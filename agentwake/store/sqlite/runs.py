@@ -6,8 +6,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentwake.clock import now_iso
+from agentwake.jsontext import encode_json
 from agentwake.store.records import EventVerdict, RunKind, RunProgress, RunStatus, ToolCallRecord
-from agentwake.store.sqlite.base import SqliteBase, encode_json
+from agentwake.store.sqlite.base import SqliteBase
 
 
 class ActionLog(SqliteBase):

@@ -216,3 +216,15 @@ def _gap_deliveries(db: sqlite_utils.Database) -> None:
     db.execute(
         "CREATE UNIQUE INDEX gaps_delivery ON gaps (subscription, delivery_id) WHERE delivery_id IS NOT NULL"
     )
+
+
+@migrations(name="0008_rejected_events")
+def _rejected_events(db: sqlite_utils.Database) -> None:
+    # Events refused at ingest (over a bound, malformed, another type's name), counted per subscription.
+    db.execute("ALTER TABLE subscriptions ADD COLUMN rejected INTEGER NOT NULL DEFAULT 0")
+
+
+@migrations(name="0009_fair_claims")
+def _fair_claims(db: sqlite_utils.Database) -> None:
+    # Claims take each subscription's next due event in turn: one index walk per subscription.
+    db.execute("CREATE INDEX events_claim ON events (subscription, state, priority, id)")

@@ -18,4 +18,6 @@ MIGRATION_NAMES: Final = (
     "0005_stream_errors",
     "0006_webhooks",
     "0007_gap_deliveries",
+    "0008_rejected_events",
+    "0009_fair_claims",
 )

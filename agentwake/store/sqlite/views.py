@@ -15,7 +15,7 @@ class Views(SqliteBase):
             "SELECT s.name, s.server, s.event, s.arguments, s.mode, s.cursor, s.last_poll_at, s.events_received,"
             " s.duplicates, s.gaps, s.status, s.last_error, s.cursor_updated_at, s.stream_errors,"
             " w.webhook_id, w.url, w.refresh_before, w.no_expiry, w.delivery_status, w.refreshes,"
-            " w.last_refresh_at, w.pending_secret IS NOT NULL, w.previous_until"
+            " w.last_refresh_at, w.pending_secret IS NOT NULL, w.previous_until, s.rejected"
             " FROM subscriptions s LEFT JOIN webhooks w ON w.subscription = s.name ORDER BY s.name"
         ).fetchall()
         return [
@@ -34,6 +34,7 @@ class Views(SqliteBase):
                 "last_error": r[11],
                 "cursor_updated_at": r[12],
                 "stream_errors": r[13],
+                "rejected": r[23],
                 # No secret here: this is what `status --json` prints.
                 "webhook": None
                 if r[15] is None

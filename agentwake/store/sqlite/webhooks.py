@@ -8,8 +8,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from agentwake.clock import now_iso
+from agentwake.jsontext import encode_json
 from agentwake.store.records import RetiredWebhook, SubscriptionKey, WebhookRecord, canonical_arguments
-from agentwake.store.sqlite.base import SqliteBase, encode_json
+from agentwake.store.sqlite.base import SqliteBase
 
 
 class Webhooks(SqliteBase):

@@ -8,8 +8,9 @@ from typing import Any, Final
 
 from agentwake.clock import now_iso
 from agentwake.errors import StoreError
+from agentwake.jsontext import encode_json
 from agentwake.store.records import EventState, FlowGate, FlowOutcome, InboxEvent, Settlement
-from agentwake.store.sqlite.base import SqliteBase, encode_json
+from agentwake.store.sqlite.base import SqliteBase
 
 _CLAIMED_COLUMNS: Final = (
     "id, server, subscription, name, event_id, timestamp, data, attempts, decision, approved_at"
@@ -58,15 +59,23 @@ class WorkQueue(SqliteBase):
             return cur.rowcount
 
     def claim(self, limit: int, now: str | None = None) -> list[InboxEvent]:
-        """Move up to ``limit`` pending events to 'processing' and return them, oldest first."""
+        """Move up to ``limit`` due pending events to 'processing' and return them, oldest first.
+
+        Subscriptions take turns: each one's next due event (by priority, then age) before
+        any one's second, so a server that floods its subscription cannot starve the others.
+        """
         now = now or now_iso()
         with self.transaction():
             rows = self.conn.execute(
-                "UPDATE events SET state = 'processing', attempts = attempts + 1, state_changed_at = ?"
-                " WHERE id IN (SELECT id FROM events WHERE state = 'pending'"
-                " AND (available_at IS NULL OR available_at <= ?) ORDER BY priority DESC, id LIMIT ?)"
+                "WITH due AS (SELECT e.id, e.priority, row_number() OVER"
+                " (PARTITION BY e.subscription ORDER BY e.priority DESC, e.id) AS turn"
+                " FROM subscriptions s JOIN events e ON e.id IN (SELECT id FROM events"
+                " WHERE subscription = s.name AND state = 'pending' AND (available_at IS NULL OR available_at <= ?)"
+                " ORDER BY priority DESC, id LIMIT ?))"
+                " UPDATE events SET state = 'processing', attempts = attempts + 1, state_changed_at = ?"
+                " WHERE id IN (SELECT id FROM due ORDER BY turn, priority DESC, id LIMIT ?)"
                 f" RETURNING {_CLAIMED_COLUMNS}",
-                [now, now, limit],
+                [now, limit, now, limit],
             ).fetchall()
         rows.sort(key=lambda row: row[0])
         return [_inbox_event(row) for row in rows]

@@ -1,0 +1,700 @@
+"""A stdio transport for MCP servers that a hostile or broken server cannot take down or flood.
+
+A drop-in for the SDK's ``mcp.client.stdio.stdio_client``: ``bounded_stdio_client(...)`` is an
+async context manager yielding ``(read_stream, write_stream)`` for ``mcp.Client`` or
+``ClientSession``. It differs where the SDK trusts the server:
+
+* stdout is read as bytes and split into lines here, holding at most ``max_message_bytes`` of one
+  line: a longer line is skipped to its newline without being kept, and the session gets an
+  ``OversizedMessage`` value on the read stream (as it gets parse errors), so it can count the
+  message as lost while the connection goes on;
+* each line is decoded leniently (invalid UTF-8 becomes U+FFFD), so one bad byte costs at most
+  that line, never the connection;
+* a line that is not a JSON-RPC message becomes an exception value on the read stream, as in the
+  SDK (an ``UnparsableMessage``, which holds a preview rather than the whole line), but is logged
+  without a traceback and rate-limited; blank lines are skipped;
+* the server's stderr is copied to ``errlog`` line by line, prefixed with the server's name,
+  cleaned of control characters, truncated and rate-limited, so a server can neither flood our
+  stderr nor print lines that pass for ours;
+* how the server ended (exit code or signal) is logged once and kept in ``.exit``.
+
+Shutdown is the SDK's: close stdin, wait, SIGTERM the process group, wait, SIGKILL, every wait
+bounded and shielded from cancellation so no server process outlives the context.
+
+Limits (``StdioLimits`` fields; the defaults are the DEFAULT_* constants):
+
+    max_message_bytes    4 MiB  the longest stdout line (one message) kept; longer ones are dropped
+    log_preview_chars    200    how much of a bad stdout line a log record shows
+    bad_line_logs        1      bad stdout lines (unparsable, oversized, invalid UTF-8) logged per
+    bad_line_window_s    60 s   window; the rest are counted and summarised once a window
+    stderr_line_chars    2,000  the longest stderr line copied; longer ones are cut and marked
+    stderr_lines         100    stderr lines copied per window; the rest are counted and
+    stderr_window_s      10 s   summarised in one line
+    stdin_close_wait_s   2 s    (the SDK's) for the server to exit once its stdin closes
+    terminate_wait_s     2 s    (the SDK's) from SIGTERM to SIGKILL of its process group
+    kill_wait_s          2 s    for the exit to be seen after SIGKILL, before abandoning it
+    flush_wait_s         0.5 s  for accepted messages to be written before stdin closes
+    exit_report_wait_s   0.5 s  after stdout ends, for the exit status, so that the session
+                                learns of the closure with ``.exit`` already set
+    stderr_drain_wait_s  0.5 s  after the exit, for its last stderr lines to be copied
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
+from dataclasses import dataclass, fields
+from types import TracebackType
+from typing import Any, Final, TextIO
+
+import anyio
+import mcp_types
+from anyio.abc import AsyncResource, ByteReceiveStream, Process
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from mcp.client.stdio import (
+    FORCE_KILL_TIMEOUT,
+    PROCESS_TERMINATION_TIMEOUT,
+    StdioServerParameters,
+    get_default_environment,
+)
+from mcp.os.posix.utilities import terminate_posix_process_tree
+from mcp.shared.message import SessionMessage
+from pydantic import ValidationError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_MESSAGE_BYTES: Final = 4 * 1024 * 1024
+DEFAULT_LOG_PREVIEW_CHARS: Final = 200
+DEFAULT_BAD_LINE_LOGS: Final = 1
+DEFAULT_BAD_LINE_WINDOW_S: Final = 60.0
+DEFAULT_STDERR_LINE_CHARS: Final = 2_000
+DEFAULT_STDERR_LINES: Final = 100
+DEFAULT_STDERR_WINDOW_S: Final = 10.0
+DEFAULT_STDIN_CLOSE_WAIT_S: Final = PROCESS_TERMINATION_TIMEOUT
+DEFAULT_TERMINATE_WAIT_S: Final = FORCE_KILL_TIMEOUT
+DEFAULT_KILL_WAIT_S: Final = 2.0
+DEFAULT_FLUSH_WAIT_S: Final = 0.5
+DEFAULT_EXIT_REPORT_WAIT_S: Final = 0.5
+DEFAULT_STDERR_DRAIN_WAIT_S: Final = 0.5
+
+_EXIT_POLL_S: Final = 0.01
+# UTF-8 needs at most 4 bytes a character: enough bytes of a stderr line to fill its character limit.
+_UTF8_MAX_BYTES: Final = 4
+# Control characters (C0 but tab, DEL, C1), Unicode line/paragraph separators and bidi overrides:
+# what could move the cursor, start a new log line or disguise one.
+_UNSAFE: Final = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+StdioStreams = tuple[
+    MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]
+]
+
+
+@dataclass(frozen=True, slots=True)
+class StdioLimits:
+    """Every bound the transport applies; see the module docstring."""
+
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    log_preview_chars: int = DEFAULT_LOG_PREVIEW_CHARS
+    bad_line_logs: int = DEFAULT_BAD_LINE_LOGS
+    bad_line_window_s: float = DEFAULT_BAD_LINE_WINDOW_S
+    stderr_line_chars: int = DEFAULT_STDERR_LINE_CHARS
+    stderr_lines: int = DEFAULT_STDERR_LINES
+    stderr_window_s: float = DEFAULT_STDERR_WINDOW_S
+    stdin_close_wait_s: float = DEFAULT_STDIN_CLOSE_WAIT_S
+    terminate_wait_s: float = DEFAULT_TERMINATE_WAIT_S
+    kill_wait_s: float = DEFAULT_KILL_WAIT_S
+    flush_wait_s: float = DEFAULT_FLUSH_WAIT_S
+    exit_report_wait_s: float = DEFAULT_EXIT_REPORT_WAIT_S
+    stderr_drain_wait_s: float = DEFAULT_STDERR_DRAIN_WAIT_S
+
+    def __post_init__(self) -> None:
+        for item in fields(self):
+            least = 1 if item.name in ("max_message_bytes", "log_preview_chars", "stderr_line_chars") else 0
+            if getattr(self, item.name) < least:
+                raise ValueError(f"{item.name} must be at least {least}")
+
+
+class OversizedMessage(ValueError):
+    """A stdout line went over ``max_message_bytes``; it is discarded up to its newline.
+
+    Sent on the read stream in place of the message, as the SDK sends parse errors.
+    """
+
+    def __init__(self, size_so_far: int, limit: int) -> None:
+        super().__init__(f"message over the {limit}-byte limit ({size_so_far} bytes so far): discarded")
+        self.size_so_far = size_so_far
+        self.limit = limit
+
+
+class UnparsableMessage(ValueError):
+    """A stdout line that is not a JSON-RPC message; sent on the read stream in its place.
+
+    Carries only a preview, not the line (up to ``max_message_bytes``) as pydantic's error would.
+    """
+
+    def __init__(self, reason: str, preview: str) -> None:
+        super().__init__(f"not a JSON-RPC message ({reason}): {preview!r}")
+        self.reason = reason
+        self.preview = preview
+
+
+@dataclass(frozen=True, slots=True)
+class ServerExit:
+    """How a server process ended."""
+
+    server: str
+    returncode: int
+    stopped_by_agentwake: bool = False
+    """We sent SIGTERM (then SIGKILL) because it did not exit when its stdin closed."""
+    during_shutdown: bool = False
+    """It ended while we were closing the connection, not on its own mid-session."""
+
+    @property
+    def signal(self) -> str | None:
+        """The name of the signal that killed it, if one did."""
+        if self.returncode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.returncode).name
+        except ValueError:
+            return f"signal {-self.returncode}"
+
+    def describe(self) -> str:
+        """``exited with code 3`` or ``was killed by SIGKILL``."""
+        name = self.signal
+        return f"was killed by {name}" if name else f"exited with code {self.returncode}"
+
+    def __str__(self) -> str:
+        return f"server {self.server!r} {self.describe()}"
+
+
+# ---- line splitting ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """A whole line, without its newline, within the limit."""
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Overflow:
+    """A line has just gone over the limit: its first ``limit`` bytes, and its size so far."""
+
+    head: bytes
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class OverflowEnd:
+    """The newline (or end of stream) closing an overlong line, and the line's full size."""
+
+    size: int
+
+
+class LineSplitter:
+    """Splits a byte stream on ``\\n``, holding at most ``limit`` bytes of a line: the rest of an
+    overlong line is only counted, never kept, so memory stays bounded whatever the stream holds."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        self.limit = limit
+        self._buffer = bytearray()
+        self._skipped: int | None = None  # size of the overlong line being skipped
+
+    def feed(self, chunk: bytes) -> list[Line | Overflow | OverflowEnd]:
+        events: list[Line | Overflow | OverflowEnd] = []
+        start, size = 0, len(chunk)
+        while start < size:
+            newline = chunk.find(b"\n", start)
+            stop = size if newline < 0 else newline
+            if self._skipped is not None:
+                self._skipped += stop - start
+                if newline >= 0:
+                    events.append(OverflowEnd(self._skipped))
+                    self._skipped = None
+            elif len(self._buffer) + stop - start > self.limit:
+                seen = len(self._buffer) + stop - start
+                room = self.limit - len(self._buffer)
+                events.append(Overflow(bytes(self._buffer) + chunk[start : start + room], seen))
+                self._buffer = bytearray()  # a new one: clear() could keep the large allocation
+                if newline >= 0:
+                    events.append(OverflowEnd(seen))
+                else:
+                    self._skipped = seen
+            else:
+                self._buffer += chunk[start:stop]
+                if newline >= 0:
+                    events.append(Line(bytes(self._buffer)))
+                    self._buffer = bytearray()
+            if newline < 0:
+                break
+            start = newline + 1
+        return events
+
+    def restart(self, tail: bytes) -> list[Line | Overflow | OverflowEnd]:
+        """Forgets the line in progress, starting the next with ``tail`` (no newline in it): for a
+        reader that counted a chunk's lines without splitting them."""
+        self._buffer = bytearray()
+        self._skipped = None
+        return self.feed(tail)
+
+    def finish(self) -> Line | OverflowEnd | None:
+        """What is left at the end of the stream: an unterminated line, or the end of an overlong one."""
+        if self._skipped is not None:
+            skipped, self._skipped = self._skipped, None
+            return OverflowEnd(skipped)
+        if self._buffer:
+            rest, self._buffer = bytes(self._buffer), bytearray()
+            return Line(rest)
+        return None
+
+
+class RateWindow:
+    """At most ``limit`` events per fixed window of ``period`` seconds; the rest are counted."""
+
+    def __init__(self, limit: int, period: float) -> None:
+        self.limit = limit
+        self.period = period
+        self._start: float | None = None
+        self._count = 0
+        self._dropped = 0
+
+    def admit(self, now: float) -> tuple[bool, int]:
+        """Whether to let this event through, and how many the window that just ended dropped (to report)."""
+        ended = 0
+        if self._start is None or now - self._start >= self.period:
+            ended, self._dropped = self._dropped, 0
+            self._start, self._count = now, 0
+        if self._count < self.limit:
+            self._count += 1
+            return True, ended
+        self._dropped += 1
+        return False, ended
+
+    def full(self, now: float) -> bool:
+        """Whether every event until the window ends will be dropped."""
+        return self._start is not None and now - self._start < self.period and self._count >= self.limit
+
+    def drop(self, count: int) -> None:
+        """Counts ``count`` events as dropped without looking at them (the window being full)."""
+        self._dropped += count
+
+    def take_dropped(self) -> int:
+        """The events dropped and not yet reported (at the end of the stream)."""
+        dropped, self._dropped = self._dropped, 0
+        return dropped
+
+
+def clean_line(text: str) -> str:
+    """``text`` without control characters (tab excepted), line separators or bidi overrides."""
+    return _UNSAFE.sub("", text)
+
+
+# ---- the transport ----------------------------------------------------------------------------
+
+
+class BoundedStdioClient:
+    """The transport: an async context manager yielding ``(read_stream, write_stream)``.
+
+    Attributes, once entered: ``pid``; ``exit`` (a ``ServerExit``, None while the process runs).
+    The arguments are ``bounded_stdio_client``'s.
+    """
+
+    def __init__(
+        self,
+        params: StdioServerParameters,
+        *,
+        name: str,
+        limits: StdioLimits | None = None,
+        errlog: TextIO | None = None,
+        on_exit: Callable[[ServerExit], None] | None = None,
+        on_lost: Callable[[Exception], None] | None = None,
+    ) -> None:
+        self.params = params
+        self.name = name
+        self.limits = limits or StdioLimits()
+        self.errlog = errlog if errlog is not None else sys.stderr
+        self.on_exit = on_exit
+        self.on_lost = on_lost
+        self.pid: int | None = None
+        self.exit: ServerExit | None = None
+        self._prefix = f"[{clean_line(name)}] "
+        # Decoding never fails on a bad byte: "strict" (the SDK's default) would end the connection.
+        self._errors = "ignore" if params.encoding_error_handler == "ignore" else "replace"
+        self._bad_lines = RateWindow(self.limits.bad_line_logs, self.limits.bad_line_window_s)
+        self._process: Process | None = None
+        self._exited: anyio.Event | None = None
+        self._shutting_down = False
+        self._escalated = False
+        self._cm: AbstractAsyncContextManager[StdioStreams] | None = None
+
+    async def __aenter__(self) -> StdioStreams:
+        if self._cm is not None:
+            raise RuntimeError("a BoundedStdioClient can be entered only once")
+        self._cm = self._run()
+        return await self._cm.__aenter__()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        assert self._cm is not None, "not entered"
+        return await self._cm.__aexit__(exc_type, exc, tb)
+
+    async def wait_exit(self) -> ServerExit:
+        """Wait until the process has ended (bound it with ``anyio.fail_after``)."""
+        assert self._exited is not None, "not entered"
+        await self._exited.wait()
+        assert self.exit is not None
+        return self.exit
+
+    @asynccontextmanager
+    async def _run(self) -> AsyncIterator[StdioStreams]:
+        params = self.params
+        self._exited = anyio.Event()
+        process = await anyio.open_process(
+            [params.command, *params.args],
+            env=get_default_environment() | (params.env or {}),
+            cwd=params.cwd,
+            # Its own process group, so the shutdown reaches its children too.
+            start_new_session=True,
+        )
+        # No await from here until the task group is entered: a cancellation in the gap
+        # would leak the live process.
+        self._process = process
+        self.pid = process.pid
+        read_send, read_receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+        write_send, write_receive = anyio.create_memory_object_stream[SessionMessage](0)
+        writer_done = anyio.Event()
+        stderr_done = anyio.Event()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._read_stdout, process, read_send)
+            tg.start_soon(self._read_stderr, process, stderr_done)
+            tg.start_soon(self._write_stdin, process, write_receive, read_send, writer_done)
+            tg.start_soon(self._watch_exit, process)
+            try:
+                yield read_receive, write_send
+            finally:
+                self._shutting_down = True
+                # Every wait inside is bounded; the shield keeps a cancelled caller from leaking the process.
+                with anyio.CancelScope(shield=True):
+                    # Unblocks the reader into draining, so a server stuck writing stdout can read stdin.
+                    read_receive.close()
+                    write_send.close()
+                    with anyio.move_on_after(self.limits.flush_wait_s):
+                        await writer_done.wait()
+                    try:
+                        await self._stop(process, stderr_done)
+                    finally:
+                        await self._close_pipes(process)
+                        for stream in (read_send, read_receive, write_send, write_receive):
+                            stream.close()
+                        unreported = self._bad_lines.take_dropped()
+                        if unreported:
+                            self._log_bad_line_summary(unreported)
+                tg.cancel_scope.cancel()
+
+    # -- stdout ------------------------------------------------------------------------------
+
+    async def _read_stdout(
+        self, process: Process, read_send: MemoryObjectSendStream[SessionMessage | Exception]
+    ) -> None:
+        assert process.stdout is not None
+        stdout = process.stdout
+        splitter = LineSplitter(self.limits.max_message_bytes)
+        try:
+            async with read_send:
+                try:
+                    async for chunk in stdout:
+                        for event in splitter.feed(chunk):
+                            item = self._stdout_item(event)
+                            if item is None:
+                                continue
+                            if isinstance(item, Exception):
+                                self._notify(self.on_lost, item)  # before any later line is sent
+                            try:
+                                await read_send.send(item)
+                            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                                return  # the session is gone; only the drain below remains
+                    # Whatever follows the last newline is dropped, as the SDK does.
+                    # stdout ended: give the exit a moment to be seen, so the session learns of the
+                    # closure with .exit already set.
+                    with anyio.move_on_after(self.limits.exit_report_wait_s):
+                        assert self._exited is not None
+                        await self._exited.wait()
+                    self._record_exit()
+                finally:
+                    await _drain(stdout)
+        except anyio.ClosedResourceError:
+            pass  # our shutdown closed stdout under the read
+        except (anyio.BrokenResourceError, OSError) as exc:
+            if not self._shutting_down:
+                logger.warning("server %r: reading stdout failed: %s: %s", self.name, type(exc).__name__, exc)
+
+    def _stdout_item(self, event: Line | Overflow | OverflowEnd) -> SessionMessage | Exception | None:
+        """What the session gets for one splitter event, if anything."""
+        limits = self.limits
+        if isinstance(event, Overflow):
+            self._report_bad_line(
+                f"a line over the {limits.max_message_bytes}-byte message limit (dropped)",
+                event.head[: limits.log_preview_chars * _UTF8_MAX_BYTES],
+            )
+            return OversizedMessage(event.size, limits.max_message_bytes)
+        if isinstance(event, OverflowEnd):
+            return None  # reported at its Overflow
+        data = event.data
+        if not data.strip():
+            return None  # a blank line carries no message
+        try:
+            text = data.decode(self.params.encoding)
+            replaced = False
+        except UnicodeDecodeError:
+            text = data.decode(self.params.encoding, errors=self._errors)
+            replaced = True
+        try:
+            message = mcp_types.jsonrpc_message_adapter.validate_json(text, by_name=False)
+        except ValueError as exc:
+            what = "a line that is not a JSON-RPC message"
+            self._report_bad_line(f"{what}{' (and invalid UTF-8)' if replaced else ''}", data)
+            return UnparsableMessage(_reason(exc), text[: self.limits.log_preview_chars])
+        if replaced:
+            self._report_bad_line("invalid UTF-8 (replaced with U+FFFD, message kept)", data)
+        return SessionMessage(message)
+
+    def _report_bad_line(self, what: str, data: bytes) -> None:
+        """Logs a bad stdout line without a traceback, at most ``bad_line_logs`` per window."""
+        allowed, ended = self._bad_lines.admit(anyio.current_time())
+        if ended:
+            self._log_bad_line_summary(ended)
+        if allowed:
+            preview = data[: self.limits.log_preview_chars * _UTF8_MAX_BYTES].decode(
+                self.params.encoding, errors="replace"
+            )[: self.limits.log_preview_chars]
+            logger.warning("server %r sent %s: %r", self.name, what, preview)
+
+    def _log_bad_line_summary(self, count: int) -> None:
+        limits = self.limits
+        what = "bad stdout lines (unparsable, oversized or invalid UTF-8)"
+        per = f"at most {limits.bad_line_logs} per {limits.bad_line_window_s:g}s"
+        logger.warning("server %r: %d more %s not logged (%s)", self.name, count, what, per)
+
+    # -- stderr ------------------------------------------------------------------------------
+
+    async def _read_stderr(self, process: Process, done: anyio.Event) -> None:
+        assert process.stderr is not None
+        limits = self.limits
+        splitter = LineSplitter(limits.stderr_line_chars * _UTF8_MAX_BYTES)
+        window = RateWindow(limits.stderr_lines, limits.stderr_window_s)
+        head = b""
+        # Shielded: the pipe must be read while the server shuts down, or a server writing its last
+        # words blocks on a full pipe. It ends at EOF, or when the shutdown closes the pipe.
+        with anyio.CancelScope(shield=True):
+            try:
+                async for chunk in process.stderr:
+                    if window.full(anyio.current_time()) and b"\n" in chunk:
+                        # Flooded: count the chunk's lines at C speed instead of splitting them.
+                        window.drop(chunk.count(b"\n"))
+                        events = splitter.restart(chunk[chunk.rindex(b"\n") + 1 :])
+                        head = b""
+                    else:
+                        events = splitter.feed(chunk)
+                    for event in events:
+                        if isinstance(event, Overflow):
+                            head = event.head
+                        elif isinstance(event, OverflowEnd):
+                            self._copy_stderr(window, head, event.size)
+                            head = b""
+                        else:
+                            self._copy_stderr(window, event.data, len(event.data))
+                rest = splitter.finish()
+                if isinstance(rest, OverflowEnd):
+                    self._copy_stderr(window, head, rest.size)
+                elif isinstance(rest, Line):
+                    self._copy_stderr(window, rest.data, len(rest.data))
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+                pass  # closed by our shutdown, or the pipe broke: nothing more to copy
+            finally:
+                dropped = window.take_dropped()
+                if dropped:
+                    self._write_errlog(self._dropped_note(dropped))
+                done.set()
+
+    def _copy_stderr(self, window: RateWindow, data: bytes, size: int) -> None:
+        allowed, ended = window.admit(anyio.current_time())
+        if ended:
+            self._write_errlog(self._dropped_note(ended))
+        if not allowed:
+            return
+        limit = self.limits.stderr_line_chars
+        text = clean_line(data.decode(self.params.encoding, errors="replace"))
+        if size > len(data) or len(text) > limit:
+            text = f"{text[:limit]}… [truncated: the line had {size} bytes]"
+        self._write_errlog(text)
+
+    def _dropped_note(self, count: int) -> str:
+        per = f"at most {self.limits.stderr_lines} per {self.limits.stderr_window_s:g}s"
+        return f"… [{count} stderr lines dropped: {per}]"
+
+    def _write_errlog(self, text: str) -> None:
+        # A closed or broken errlog must not take the connection down.
+        with suppress(OSError, ValueError):
+            self.errlog.write(f"{self._prefix}{text}\n")
+            self.errlog.flush()
+
+    # -- stdin -------------------------------------------------------------------------------
+
+    async def _write_stdin(
+        self,
+        process: Process,
+        write_receive: MemoryObjectReceiveStream[SessionMessage],
+        read_send: MemoryObjectSendStream[SessionMessage | Exception],
+        done: anyio.Event,
+    ) -> None:
+        assert process.stdin is not None
+        try:
+            async with write_receive:
+                async for session_message in write_receive:
+                    json = session_message.message.model_dump_json(by_alias=True, exclude_unset=True)
+                    await process.stdin.send((json + "\n").encode(self.params.encoding, errors=self._errors))
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            # The server may still be alive: end the read stream so no request waits forever.
+            await read_send.aclose()
+        finally:
+            done.set()
+
+    # -- process -----------------------------------------------------------------------------
+
+    async def _watch_exit(self, process: Process) -> None:
+        # Reports an exit mid-session at once (where wait() also waits for the pipes, a bit later).
+        await process.wait()
+        self._record_exit()
+
+    def _record_exit(self) -> None:
+        """Logs and keeps how the process ended, once, as soon as it is known."""
+        process = self._process
+        if self.exit is not None or process is None or process.returncode is None:
+            return
+        self.exit = ServerExit(
+            self.name,
+            process.returncode,
+            stopped_by_agentwake=self._escalated,
+            during_shutdown=self._shutting_down,
+        )
+        if self._escalated:
+            logger.warning("%s: it did not exit when its stdin closed", self.exit)
+        elif self._shutting_down and process.returncode == 0:
+            logger.info("%s", self.exit)
+        else:
+            logger.warning("%s", self.exit)
+        assert self._exited is not None
+        self._exited.set()
+        self._notify(self.on_exit, self.exit)
+
+    def _notify(self, callback: Callable[[Any], None] | None, value: object) -> None:
+        """Runs a caller's callback: one that raises must not end the connection."""
+        if callback is not None:
+            try:
+                callback(value)
+            except Exception:
+                logger.exception("server %r: a transport callback failed", self.name)
+
+    async def _stop(self, process: Process, stderr_done: anyio.Event) -> None:
+        """Closes stdin, waits, then terminates the process group; the SDK's sequence."""
+        limits = self.limits
+        await _close_quietly(process.stdin)
+        if not await _wait_for_exit(process, limits.stdin_close_wait_s):
+            self._escalated = True
+            await _terminate_tree(process, limits.terminate_wait_s)
+            if not await _wait_for_exit(process, limits.kill_wait_s):
+                logger.warning(
+                    "server %r (pid %d) is still alive after SIGKILL; abandoning it", self.name, process.pid
+                )
+        self._record_exit()
+        if process.returncode is not None:
+            # Let its last stderr lines (a traceback, say) reach errlog before the pipe closes.
+            with anyio.move_on_after(limits.stderr_drain_wait_s):
+                await stderr_done.wait()
+
+    async def _close_pipes(self, process: Process) -> None:
+        if process.returncode is not None:
+            # Also closes the pipe transports (no ResourceWarning later); returns at once once exited.
+            with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                await process.aclose()
+        else:
+            for pipe in (process.stdin, process.stdout, process.stderr):
+                await _close_quietly(pipe)
+
+
+def bounded_stdio_client(
+    params: StdioServerParameters,
+    *,
+    name: str,
+    limits: StdioLimits | None = None,
+    errlog: TextIO | None = None,
+    on_exit: Callable[[ServerExit], None] | None = None,
+    on_lost: Callable[[Exception], None] | None = None,
+) -> BoundedStdioClient:
+    """Spawns an MCP server and connects over stdio within ``limits``: a drop-in for ``stdio_client``.
+
+    ``name`` prefixes its stderr lines and names it in logs; ``errlog`` (default ``sys.stderr``) is any
+    text stream; ``on_exit`` is called once with how the process ended; ``on_lost`` with each line lost
+    (``OversizedMessage``, ``UnparsableMessage``), synchronously and in wire order: before any later
+    message reaches the session, which the exception values on the read stream do not promise (the
+    session hands them to ``message_handler`` in a task of their own). Entering raises OSError when the
+    server cannot be spawned, as ``stdio_client`` does.
+    """
+    return BoundedStdioClient(
+        params, name=name, limits=limits, errlog=errlog, on_exit=on_exit, on_lost=on_lost
+    )
+
+
+def _reason(exc: ValueError) -> str:
+    """Why a line did not parse, in a few words and without the line itself."""
+    if isinstance(exc, ValidationError) and exc.error_count():
+        return str(exc.errors(include_url=False, include_input=False)[0]["msg"])
+    return str(exc)[:DEFAULT_LOG_PREVIEW_CHARS]
+
+
+async def _drain(stream: ByteReceiveStream) -> None:
+    """Discards the rest of stdout until EOF or until the shutdown closes it, so a server
+    flushing output can still exit; shielded."""
+    with (
+        anyio.CancelScope(shield=True),
+        suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError),
+    ):
+        while True:
+            await stream.receive()
+
+
+async def _close_quietly(stream: AsyncResource | None) -> None:
+    if stream is not None:
+        with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await stream.aclose()
+
+
+async def _wait_for_exit(process: Process, within_s: float) -> bool:
+    """Whether the process died within ``within_s``, polling its returncode.
+
+    Not ``process.wait()``: on some anyio/asyncio versions it also waits for the pipes to
+    close, and a child holding them would make an exited server look hung.
+    """
+    with anyio.move_on_after(within_s):
+        while process.returncode is None:  # noqa: ASYNC110 - no event fires on exit alone everywhere
+            await anyio.sleep(_EXIT_POLL_S)
+        return True
+    return False
+
+
+async def _terminate_tree(process: Process, terminate_wait_s: float) -> None:
+    """SIGTERM the process group, SIGKILL what is left after ``terminate_wait_s``."""
+    if sys.platform == "win32":  # pragma: no cover - agentwake runs servers on POSIX
+        process.kill()
+    else:
+        await terminate_posix_process_tree(process, terminate_wait_s)
