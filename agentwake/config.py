@@ -50,7 +50,7 @@ MAX_WEBHOOK_MAX_BODY: Final = 16 * 1024 * 1024
 # proxy every connection is the proxy's: raise it to max_connections there.
 DEFAULT_WEBHOOK_MAX_CONNECTIONS_PER_CLIENT: Final = 256
 # [limits]: what an untrusted peer may send.
-DEFAULT_MAX_MESSAGE_BYTES: Final = 8 * 1024 * 1024
+DEFAULT_MAX_MESSAGE_BYTES: Final = 32 * 1024 * 1024
 DEFAULT_MAX_EVENT_BYTES: Final = 1024 * 1024
 DEFAULT_MAX_EVENT_ID_CHARS: Final = 1024
 DEFAULT_MAX_LIST_BYTES: Final = 16 * 1024 * 1024

@@ -7,7 +7,8 @@ async context manager yielding ``(read_stream, write_stream)`` for ``mcp.Client`
 * stdout is read as bytes and split into lines here, holding at most ``max_message_bytes`` of one
   line: a longer line is skipped to its newline without being kept, and the session gets an
   ``OversizedMessage`` value on the read stream (as it gets parse errors), so it can count the
-  message as lost while the connection goes on;
+  message as lost while the connection goes on; when its first bytes show it answers one of our
+  requests, that request gets an error response instead, at once, rather than its timeout;
 * each line is decoded leniently (invalid UTF-8 becomes U+FFFD), so one bad byte costs at most
   that line, never the connection;
 * a line that is not a JSON-RPC message becomes an exception value on the read stream, as in the
@@ -20,6 +21,9 @@ async context manager yielding ``(read_stream, write_stream)`` for ``mcp.Client`
 
 Shutdown is the SDK's: close stdin, wait, SIGTERM the process group, wait, SIGKILL, every wait
 bounded and shielded from cancellation so no server process outlives the context.
+
+The module runs a little over 700 lines: the reader, the writer, the stderr copier and the bounded
+shutdown share one process's lifecycle and are easier to check side by side than split up.
 
 Limits (``StdioLimits`` fields; the defaults are the DEFAULT_* constants):
 
@@ -116,6 +120,19 @@ class StdioLimits:
             least = 1 if item.name in ("max_message_bytes", "log_preview_chars", "stderr_line_chars") else 0
             if getattr(self, item.name) < least:
                 raise ValueError(f"{item.name} must be at least {least}")
+
+
+# The start of a JSON-RPC response: an id, and no method before it (a request or notification has one).
+_RESPONSE_ID: Final = re.compile(rb'^\s*\{(?:(?!"method")[^{}])*?"id"\s*:\s*(-?\d{1,18}|"[^"\\]{1,256}")')
+
+
+def answered_request(head: bytes) -> int | str | None:
+    """The id of the request an oversized line answers, when its first bytes show it is a response."""
+    match = _RESPONSE_ID.match(head[:4096])
+    if match is None or b'"method"' in head[: match.end()]:
+        return None
+    raw = match.group(1)
+    return int(raw) if raw[:1] != b'"' else raw[1:-1].decode("utf-8", "replace")
 
 
 class OversizedMessage(ValueError):
@@ -446,6 +463,23 @@ class BoundedStdioClient:
                 f"a line over the {limits.max_message_bytes}-byte message limit (dropped)",
                 event.head[: limits.log_preview_chars * _UTF8_MAX_BYTES],
             )
+            request_id = answered_request(event.head)
+            if request_id is not None:
+                # The answer to one of our requests: fail that request now, with the reason, rather
+                # than let it wait out its timeout. Nothing of a stream was lost.
+                return SessionMessage(
+                    mcp_types.JSONRPCError(
+                        jsonrpc="2.0",
+                        id=request_id,
+                        error=mcp_types.ErrorData(
+                            code=mcp_types.INTERNAL_ERROR,
+                            message=(
+                                f"the server's answer is over the {limits.max_message_bytes}-byte message limit"
+                                " ([limits] max_message_bytes) and was dropped"
+                            ),
+                        ),
+                    )
+                )
             return OversizedMessage(event.size, limits.max_message_bytes)
         if isinstance(event, OverflowEnd):
             return None  # reported at its Overflow

@@ -232,5 +232,9 @@ def test_claims_take_each_subscriptions_next_event_in_turn_so_a_flood_starves_no
         assert sorted(first) == ["F-0", "F-1", "Q-0", "Q-1"]
         second = [e.event_id for e in core.claim(4)]
         assert "Q-2" in second
+        # One at a time, the subscription served longest ago goes first.
+        core.ingest(quiet, [IncomingEvent(f"Q-{n}", "feed.item", now_iso(), {}) for n in range(3, 6)], "6")
+        one_by_one = [core.claim(1)[0].subscription for _ in range(4)]
+        assert one_by_one in (["flood", "quiet"] * 2, ["quiet", "flood"] * 2)
     finally:
         core.close()

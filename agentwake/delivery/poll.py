@@ -128,9 +128,10 @@ class PollLoop:
             if prefetch is not None:
                 if prefetch.error is not None:
                     raise prefetch.error
-                assert prefetch.result is not None
-                result = prefetch.result
-                continue
+                if prefetch.result is not None:
+                    result = prefetch.result
+                    continue
+                # The prefetch was cut short (the service is stopping): poll again, which sees the stop.
             delay_ms = next_delay_ms(result.page, sub.poll_floor_ms, progressed=result.progressed)
             if delay_ms:
                 await self.sleep(delay_ms / 1000)

@@ -226,5 +226,7 @@ def _rejected_events(db: sqlite_utils.Database) -> None:
 
 @migrations(name="0009_fair_claims")
 def _fair_claims(db: sqlite_utils.Database) -> None:
-    # Claims take each subscription's next due event in turn: one index walk per subscription.
-    db.execute("CREATE INDEX events_claim ON events (subscription, state, priority, id)")
+    # Claims take each subscription's next due event in turn, the one served longest ago first:
+    # one index walk per subscription (the index's order is the claim order within one).
+    db.execute("CREATE INDEX events_claim ON events (subscription, state, priority DESC, id)")
+    db.execute("ALTER TABLE subscriptions ADD COLUMN claimed_seq INTEGER NOT NULL DEFAULT 0")

@@ -61,22 +61,30 @@ class WorkQueue(SqliteBase):
     def claim(self, limit: int, now: str | None = None) -> list[InboxEvent]:
         """Move up to ``limit`` due pending events to 'processing' and return them, oldest first.
 
-        Subscriptions take turns: each one's next due event (by priority, then age) before
-        any one's second, so a server that floods its subscription cannot starve the others.
+        Subscriptions take turns: each one's next due event (by priority, then age) before any
+        one's second, the subscription served longest ago first; so a server that floods its
+        subscription cannot starve the others, even when one event is claimed at a time.
         """
         now = now or now_iso()
         with self.transaction():
             rows = self.conn.execute(
-                "WITH due AS (SELECT e.id, e.priority, row_number() OVER"
+                "WITH due AS (SELECT e.id, e.priority, s.claimed_seq, row_number() OVER"
                 " (PARTITION BY e.subscription ORDER BY e.priority DESC, e.id) AS turn"
                 " FROM subscriptions s JOIN events e ON e.id IN (SELECT id FROM events"
                 " WHERE subscription = s.name AND state = 'pending' AND (available_at IS NULL OR available_at <= ?)"
                 " ORDER BY priority DESC, id LIMIT ?))"
                 " UPDATE events SET state = 'processing', attempts = attempts + 1, state_changed_at = ?"
-                " WHERE id IN (SELECT id FROM due ORDER BY turn, priority DESC, id LIMIT ?)"
+                " WHERE id IN (SELECT id FROM due ORDER BY turn, claimed_seq, priority DESC, id LIMIT ?)"
                 f" RETURNING {_CLAIMED_COLUMNS}",
                 [now, limit, now, limit],
             ).fetchall()
+            if rows:
+                # Served now: these subscriptions go after the others at the next claim.
+                self.conn.executemany(
+                    "UPDATE subscriptions SET claimed_seq = (SELECT max(claimed_seq) FROM subscriptions) + 1"
+                    " WHERE name = ?",
+                    [(name,) for name in dict.fromkeys(row[2] for row in rows)],
+                )
         rows.sort(key=lambda row: row[0])
         return [_inbox_event(row) for row in rows]
 
