@@ -69,6 +69,8 @@ from mcp.os.posix.utilities import terminate_posix_process_tree
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
+from agentwake.redaction import redact
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_MESSAGE_BYTES: Final = 4 * 1024 * 1024
@@ -570,7 +572,8 @@ class BoundedStdioClient:
         text = clean_line(data.decode(self.params.encoding, errors="replace"))
         if size > len(data) or len(text) > limit:
             text = f"{text[:limit]}… [truncated: the line had {size} bytes]"
-        self._write_errlog(text)
+        # A server's own logs may quote a token: redacted as agentwake's log lines are.
+        self._write_errlog(redact(text)[0])
 
     def _dropped_note(self, count: int) -> str:
         per = f"at most {self.limits.stderr_lines} per {self.limits.stderr_window_s:g}s"

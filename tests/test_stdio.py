@@ -553,3 +553,17 @@ async def test_server_connection_speaks_to_a_stdio_server_through_this_transport
     assert "ticket.created" in names
     assert isinstance(transport, BoundedStdioClient)
     assert transport.exit is not None and transport.exit.returncode == 0
+
+
+@pytest.mark.anyio
+async def test_a_token_in_the_servers_stderr_is_redacted_on_its_way_to_ours(tmp_path: Path) -> None:
+    script = tmp_path / "leaky.py"
+    script.write_text("import sys\nsys.stderr.write('auth with Bearer abcdefghijklmnopqrstuvwxyz0123\\n')\n")
+    errlog = io.StringIO()
+    params = StdioServerParameters(command=sys.executable, args=[str(script)])
+    with anyio.fail_after(20):
+        async with bounded_stdio_client(params, name="leaky", errlog=errlog) as (read, _write):
+            async for _item in read:
+                pass
+    assert "abcdefghijklmnopqrstuvwxyz0123" not in errlog.getvalue()
+    assert "[leaky] auth with Bearer [REDACTED]" in errlog.getvalue()
