@@ -13,7 +13,9 @@ minor release that test passes on.
                                                 drop the oldest on overflow and may reorder
     mcp.client.ClientSession._stamp             protocol-era headers on a request we send raw
     mcp.client.ClientSession._dispatcher        sending a request raw: with nulls kept in its params
-                                                (the SDK's models drop them) and with our own id
+                                                (the SDK's models drop them) and with our own id; and
+                                                reading the handshake's result as sent (the SDK's
+                                                model drops ``capabilities.events``)
     mcp.shared._httpx_utils.create_mcp_http_client
                                                 the SDK's HTTP client defaults (timeouts, redirects)
     mcp.server.session.ServerSession._connection
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
     from mcp.shared.dispatcher import CallOptions
 
 Intercept = Callable[[str, Mapping[str, Any] | None], bool]
+HANDSHAKE_METHODS: Final = frozenset({"initialize", "server/discover"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,9 +116,21 @@ class InterceptingClient(Client):
     """
 
     intercept: Intercept | None = None
+    handshake_result: dict[str, Any] | None = None
+    """The last ``initialize`` or ``server/discover`` result, as the server sent it."""
 
     async def _build_session(self, exit_stack: AsyncExitStack) -> ClientSession:
         session = await super()._build_session(exit_stack)
+        dispatcher = session._dispatcher
+        send_raw = dispatcher.send_raw_request
+
+        async def keeping_handshake(method: str, params: Any, opts: Any = None) -> dict[str, Any]:
+            result = await send_raw(method, params, opts)
+            if method in HANDSHAKE_METHODS and isinstance(result, dict):
+                self.handshake_result = result
+            return result
+
+        dispatcher.send_raw_request = keeping_handshake  # type: ignore[method-assign]
         intercept = self.intercept
         if intercept is not None:
             original: Intercept = session._intercept_notification

@@ -38,6 +38,7 @@ MAX_EVENTS_LIMIT: Final = 10_000
 DEFAULT_POLL_FLOOR_MS: Final = 1000
 DEFAULT_CONNECT_TIMEOUT_S: Final = 30.0
 DEFAULT_REQUEST_TIMEOUT_S: Final = 60.0
+DEFAULT_PING_INTERVAL_S: Final = 30.0
 DEFAULT_WEBHOOK_LISTEN: Final = "127.0.0.1:8787"
 DEFAULT_WEBHOOK_TTL_MS: Final = 3_600_000
 DEFAULT_HEALTH_REFRESH_S: Final = 3_600.0
@@ -95,6 +96,11 @@ class ServerConfig(_Model):
     )
     connect_timeout_s: float = Field(default=DEFAULT_CONNECT_TIMEOUT_S, gt=0)
     request_timeout_s: float = Field(default=DEFAULT_REQUEST_TIMEOUT_S, gt=0)
+    ping_interval_s: float = Field(
+        default=DEFAULT_PING_INTERVAL_S,
+        gt=0,
+        description="how often an otherwise quiet connection is checked; a stdio server's exit is seen at once",
+    )
 
     @model_validator(mode="after")
     def _one_transport(self) -> ServerConfig:

@@ -54,6 +54,10 @@ class ConnectionLost(DeliveryError):
     """An established connection broke; the caller reconnects."""
 
 
+class EventsUnsupported(DeliveryError):
+    """The server declares no MCP Events capability: no events/* request may be sent to it."""
+
+
 class EventsCallError(DeliveryError):
     """An events/* request was answered with a JSON-RPC error."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import sys
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from agentwake.errors import (
     ConnectError,
     ConnectionLost,
     DeliveryError,
+    EventsUnsupported,
     TransientEventsError,
     events_call_error,
 )
@@ -88,24 +90,12 @@ class _AnyParams(BaseModel):
 
 
 class _EventsClientExtension(ClientExtension):
+    """Declares the events extension; its notifications are taken off the receive path by StreamRoutes."""
+
     identifier = protocol.EXTENSION_ID
 
-    def __init__(self, on_list_changed: Callable[[], Awaitable[None]] | None) -> None:
-        self._on_list_changed = on_list_changed
-
     def notifications(self) -> list[NotificationBinding[Any]]:
-        if self._on_list_changed is None:
-            return []
-        callback = self._on_list_changed
-
-        async def handle(_params: _AnyParams) -> None:
-            await callback()
-
-        return [
-            NotificationBinding(
-                method=protocol.NOTIFICATION_LIST_CHANGED, params_type=_AnyParams, handler=handle
-            )
-        ]
+        return []
 
 
 def _real_stderr() -> Any:  # kept for callers passing no errlog: the server's stderr is ours
@@ -174,6 +164,8 @@ STREAM_NOTIFICATIONS: Final = (
     protocol.NOTIFICATION_TERMINATED,
 )
 STREAM_BUFFER: Final = 50_000
+# One stream notification: its method, its params, and when it was read (time.monotonic()).
+StreamItem = tuple[str, dict[str, Any], float]
 # Handed to every open stream, in wire order, when the transport could not parse a message:
 # whatever it was may have been one of the stream's events, so the stream records a gap.
 LOST_NOTIFICATION: Final = "agentwake/transport/unparsable"
@@ -185,8 +177,8 @@ class StreamRoute:
     """One events/stream's notifications, in wire order; ``overflowed`` says one was lost."""
 
     request_id: str
-    send: MemoryObjectSendStream[tuple[str, dict[str, Any]]]
-    receive: MemoryObjectReceiveStream[tuple[str, dict[str, Any]]]
+    send: MemoryObjectSendStream[StreamItem]
+    receive: MemoryObjectReceiveStream[StreamItem]
     overflowed: bool = False
 
     def offer(self, method: str, params: dict[str, Any]) -> None:
@@ -194,7 +186,8 @@ class StreamRoute:
             # Keep what is queued a gap-free prefix: nothing after a lost notification is taken.
             return
         try:
-            self.send.send_nowait((method, params))
+            # Stamped as it comes off the wire: liveness measures the server's silences, not ours.
+            self.send.send_nowait((method, params, time.monotonic()))
         except anyio.WouldBlock:
             # The loop fell this far behind: it stores the prefix and reconnects from its cursor.
             self.overflowed = True
@@ -215,10 +208,17 @@ class StreamRoutes:
     in wire order, the way the SDK routes its own subscriptions/listen streams.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_list_changed: Callable[[], None] | None = None) -> None:
         self.routes: dict[Any, StreamRoute] = {}
+        self.on_list_changed = on_list_changed
 
     def intercept(self, method: str, params: Mapping[str, Any] | None) -> bool:
+        if method == protocol.NOTIFICATION_LIST_CHANGED:
+            # Taken here on every protocol era and whichever channel carried it (the connection's,
+            # or an events/stream response on 2026-era HTTP, where no other channel exists).
+            if self.on_list_changed is not None:
+                self.on_list_changed()
+            return True
         if method == LOST_NOTIFICATION:
             self.lost(dict(params or {}))
             return True
@@ -247,7 +247,7 @@ class ServerConnection:
         name: str,
         config: ServerConfig,
         *,
-        on_list_changed: Callable[[], Awaitable[None]] | None = None,
+        on_list_changed: Callable[[], None] | None = None,
         on_tools_changed: Callable[[], Awaitable[None]] | None = None,
         errlog: Any = None,
         limits: LimitsConfig | None = None,
@@ -261,7 +261,9 @@ class ServerConnection:
         self._errlog = errlog if errlog is not None else _real_stderr()
         self._stack: AsyncExitStack | None = None
         self._client: Client | None = None
-        self._streams = StreamRoutes()
+        self._streams = StreamRoutes(on_list_changed)
+        # What the last events/list said, to notice a change where no list_changed can arrive.
+        self.listed_events: list[dict[str, Any]] | None = None
         self.last_http_error: int | None = None
         self.stdio: BoundedStdioClient | None = None
 
@@ -326,7 +328,7 @@ class ServerConnection:
                 # The handshake's bound; every later request passes request_timeout_s itself.
                 read_timeout_seconds=self.config.connect_timeout_s,
                 client_info=Implementation(name="agentwake", version=_agentwake_version()),
-                extensions=[_EventsClientExtension(self._on_list_changed)],
+                extensions=[_EventsClientExtension()],
                 message_handler=self._on_message,
                 intercept=self._streams.intercept,
             )
@@ -375,12 +377,111 @@ class ServerConnection:
 
     @property
     def advertises_events(self) -> bool:
-        """Whether the server advertised the events capability (either spelling we can see)."""
-        caps = self.client.server_capabilities
+        """Whether the server declares MCP Events in its capabilities, in any of the three spellings.
+
+        ``extensions["io.modelcontextprotocol/events"]`` (2026-era), ``capabilities.events``
+        (the spec's own example) or ``experimental["io.modelcontextprotocol/events"]``
+        (handshake-era servers). Read from the handshake's result as sent: the SDK's
+        model keeps no unknown capability such as ``events``.
+        """
+        client = self.client
+        raw = client.handshake_result if isinstance(client, InterceptingClient) else None
+        declared = raw.get("capabilities") if isinstance(raw, dict) else None
+        if isinstance(declared, dict):
+            return any(
+                isinstance(where, dict) and protocol.EXTENSION_ID in where
+                for where in (declared.get("extensions"), declared.get("experimental"))
+            ) or isinstance(declared.get("events"), dict)
+        caps = client.server_capabilities
         return bool(
             (caps.extensions and protocol.EXTENSION_ID in caps.extensions)
             or (caps.experimental and protocol.EXTENSION_ID in caps.experimental)
         )
+
+    def require_events(self) -> None:
+        """Raise EventsUnsupported unless the server declares MCP Events: no events/* request goes to it."""
+        if not self.advertises_events:
+            raise EventsUnsupported(
+                f"server {self.name!r} does not implement MCP Events (no events extension in its capabilities)",
+                server=self.name,
+            )
+
+    @property
+    def handshake_era(self) -> bool:
+        """A connection made by ``initialize`` (protocol before 2026-07-28), not ``server/discover``."""
+        return self.client.session.initialize_result is not None
+
+    async def watch(self, interval_s: float) -> None:
+        """Raise ConnectionLost once the connection is found dead; until then, never return.
+
+        A stdio server's exit is seen at once. Every ``interval_s`` a probe checks that the
+        server still answers (``probe``). Meant for connections nothing else talks on for a
+        while: webhook delivery between refreshes, a server kept only for its tools.
+        """
+        while True:
+            if self.stdio is not None:
+                with anyio.move_on_after(interval_s):
+                    await self.stdio.wait_exit()
+                    raise ConnectionLost(self._closed_message(), server=self.name)
+            else:
+                await anyio.sleep(interval_s)
+            await self.probe()
+
+    async def probe(self) -> None:
+        """One liveness check; ConnectionLost if the server does not answer, or its events changed.
+
+        ``ping`` on handshake-era connections. 2026-era ones have no ping: there the probe
+        is ``events/list`` for a server with events (which also notices a changed list, that
+        a 2026-era HTTP connection has no channel to announce) and ``server/discover`` for
+        one without (which notices it now declares them). Any answer, an error included,
+        means the server is alive.
+        """
+        timeout = self.config.request_timeout_s
+        try:
+            with anyio.fail_after(timeout):
+                await self._probe_once()
+        except TimeoutError:
+            raise ConnectionLost(
+                f"server {self.name!r}: no answer to a liveness probe within {timeout:g}s; reconnecting",
+                server=self.name,
+            ) from None
+        except ConnectionLost:
+            raise
+        except TransientEventsError as exc:
+            if exc.code == REQUEST_TIMEOUT:
+                raise ConnectionLost(
+                    f"server {self.name!r}: no answer to a liveness probe within {timeout:g}s; reconnecting",
+                    server=self.name,
+                ) from None
+        except DeliveryError:
+            return  # it answered, if not as it should: the loops that use the answers will say so
+        except MCPError as exc:
+            if connection_closed(exc) or exc.code == REQUEST_TIMEOUT:
+                raise ConnectionLost(
+                    f"{self._closed_message()} (noticed by the liveness probe)", server=self.name
+                ) from None
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, OSError) as exc:
+            raise ConnectionLost(
+                f"server {self.name!r}: {type(exc).__name__}: {exc}", server=self.name
+            ) from None
+
+    async def _probe_once(self) -> None:
+        if self.handshake_era:
+            await self.client.session.send_ping()
+            return
+        if not self.advertises_events:
+            await self.client.session.send_discover(self.protocol_version)
+            if self.advertises_events:
+                raise ConnectionLost(
+                    f"server {self.name!r} now declares MCP Events; reconnecting to use them",
+                    server=self.name,
+                )
+            return
+        before = self.listed_events
+        await self.list_events()
+        if before is not None and self.listed_events != before and self._streams.on_list_changed:
+            logger.info("server %s: its event types changed (seen by the liveness probe)", self.name)
+            self._streams.on_list_changed()
 
     async def request(
         self,
@@ -459,10 +560,13 @@ class ServerConnection:
     async def unsubscribe(
         self, event: str, arguments: dict[str, Any], url: str, *, subscription: str | None = None
     ) -> None:
-        """events/unsubscribe by the subscription key (name, arguments, delivery.url)."""
+        """events/unsubscribe by the subscription key (name, arguments, delivery.url).
+
+        ``delivery`` carries the mode as on events/subscribe: a server may require it.
+        """
         await self.request(
             protocol.METHOD_UNSUBSCRIBE,
-            {"name": event, "arguments": arguments, "delivery": {"url": url}},
+            {"name": event, "arguments": arguments, "delivery": {"mode": "webhook", "url": url}},
             subscription=subscription,
         )
 
@@ -510,7 +614,9 @@ class ServerConnection:
                 ) from None
             return page.events, page.next_cursor, size
 
-        return await self._all_pages(protocol.METHOD_LIST, fetch)
+        descriptors = await self._all_pages(protocol.METHOD_LIST, fetch)
+        self.listed_events = [d.model_dump(by_alias=True, mode="json") for d in descriptors]
+        return descriptors
 
     async def poll(self, params: protocol.PollParams, *, subscription: str | None = None) -> dict[str, Any]:
         """events/poll; the result as sent (the poll loop reads it leniently, event by event)."""
@@ -521,7 +627,7 @@ class ServerConnection:
     def open_stream_route(self) -> StreamRoute:
         """A route for a new events/stream; register it before sending the request."""
         _ = self.client  # raises ConnectionLost when not connected
-        send, receive = anyio.create_memory_object_stream[tuple[str, dict[str, Any]]](STREAM_BUFFER)
+        send, receive = anyio.create_memory_object_stream[StreamItem](STREAM_BUFFER)
         route = StreamRoute(f"agentwake-stream-{next(_stream_ids)}", send, receive)
         self._streams.routes[route.request_id] = route
         return route

@@ -18,7 +18,7 @@ import anyio
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_never
 
 from agentwake import protocol
-from agentwake.backoff import backoff_s, tenacity_wait
+from agentwake.backoff import backoff_s
 from agentwake.config import AgentwakeConfig, SubscriptionConfig
 from agentwake.delivery.common import Sleep, subscription_key
 from agentwake.delivery.poll import PollLoop
@@ -47,6 +47,8 @@ logger = logging.getLogger(__name__)
 
 RECONNECT_INITIAL_S: Final = 1.0
 RECONNECT_MAX_S: Final = 60.0
+# A connection that stayed up this long was healthy: the failure that ends it starts a new series.
+HEALTHY_AFTER_S: Final = 10.0
 
 
 def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
@@ -61,7 +63,7 @@ class ServerSignals:
     events_changed: anyio.Event = field(default_factory=anyio.Event)
     tools_changed: anyio.Event = field(default_factory=anyio.Event)
 
-    async def on_events_changed(self) -> None:
+    def on_events_changed(self) -> None:
         self.events_changed.set()
 
     async def on_tools_changed(self) -> None:
@@ -92,6 +94,11 @@ class Supervisor:
     _ended: set[str] = field(default_factory=set, init=False)
     _ends: anyio.Event = field(default_factory=anyio.Event, init=False)
     _stored: anyio.Event = field(default_factory=anyio.Event, init=False)
+    # Per server: when its current connection was made, and reconnect failures in a row.
+    _connected_at: dict[str, float] = field(default_factory=dict, init=False)
+    _failures: dict[str, int] = field(default_factory=dict, init=False)
+    _unsupported: set[str] = field(default_factory=set, init=False)
+    _invalid_reasons: dict[str, str] = field(default_factory=dict, init=False)
 
     def subscriptions_of(self, server: str) -> list[SubscriptionConfig]:
         return [s for s in self.config.subscriptions if s.server == server and s.name not in self._ended]
@@ -205,14 +212,24 @@ class Supervisor:
                     retired.subscription,
                     exc,
                 )
+                await self.store.record_error(
+                    retired.subscription, f"events/unsubscribe failed, retrying at the next connection: {exc}"
+                )
                 continue
             except EventsCallError as exc:
                 if exc.code != protocol.NOT_FOUND:
+                    lapse = (
+                        "it lapses at its TTL, or, if it was granted no expiry, stays until it is"
+                        " removed on the server"
+                    )
                     logger.warning(
-                        "subscription %s: events/unsubscribe refused (%s); it lapses at its TTL, or, if it"
-                        " was granted no expiry, stays until it is removed on the server",
+                        "subscription %s: events/unsubscribe refused (%s); %s",
                         retired.subscription,
                         exc,
+                        lapse,
+                    )
+                    await self._note_lingering(
+                        retired.subscription, f"events/unsubscribe refused by the server: {exc}; {lapse}"
                     )
             else:
                 logger.info(
@@ -222,6 +239,18 @@ class Supervisor:
                     retired.url,
                 )
             await self.store.mark_unsubscribed(retired.id)
+
+    async def _note_lingering(self, name: str, reason: str) -> None:
+        """A webhook subscription the server would not drop: ``status`` says so.
+
+        A subscription still running under another key keeps its own state (its loop
+        reports it); the refusal stays in its recent errors.
+        """
+        running = any(s.name == name for s in self.config.subscriptions) and name not in self._ended
+        if running:
+            await self.store.record_error(name, reason)
+        else:
+            await self.store.set_state(name, status="lingering", error=reason)
 
     # ---- delivery --------------------------------------------------------------
 
@@ -241,7 +270,7 @@ class Supervisor:
         retrying = AsyncRetrying(
             # Any failure of a connection, expected (DeliveryError) or not, reconnects with backoff.
             retry=retry_if_exception_type(Exception),
-            wait=tenacity_wait(initial_s=self.reconnect_initial_s, max_s=self.reconnect_max_s),
+            wait=lambda _state: self._reconnect_delay(server),
             stop=stop_never,
             sleep=self.sleep,
             before_sleep=note,
@@ -256,6 +285,24 @@ class Supervisor:
                 # The connection ended without an error (the server closed its side): reconnect.
                 raise ConnectionLost(f"server {server!r}: connection ended", server=server)
 
+    def _reconnect_delay(self, server: str) -> float:
+        """How long to wait before connecting to ``server`` again, after a failure.
+
+        The first failure after a connection that stayed up for HEALTHY_AFTER_S waits only
+        a short jitter: a crashed stdio server is back within a couple of seconds. Failures
+        in a row, and connections that die as soon as they are made, back off exponentially.
+        """
+        connected_at = self._connected_at.pop(server, None)
+        if connected_at is not None and anyio.current_time() - connected_at >= HEALTHY_AFTER_S:
+            self._failures[server] = 0
+        failures = self._failures.get(server, 0) + 1
+        self._failures[server] = failures
+        if failures == 1:
+            return backoff_s(
+                0, initial_s=self.reconnect_initial_s, max_s=0, jitter_s=self.reconnect_initial_s / 2
+            )
+        return backoff_s(failures - 1, initial_s=self.reconnect_initial_s, max_s=self.reconnect_max_s)
+
     async def _serve_connection(self, server: str) -> None:
         signals = ServerSignals()
         async with ServerConnection(
@@ -265,6 +312,7 @@ class Supervisor:
             on_tools_changed=signals.on_tools_changed,
             limits=self.config.limits,
         ) as conn:
+            self._connected_at[server] = anyio.current_time()
             if self.pool is not None:
                 await self.pool.attach(conn)
             try:
@@ -275,7 +323,12 @@ class Supervisor:
 
     async def _serve_subscriptions(self, server: str, conn: ServerConnection, signals: ServerSignals) -> None:
         try:
-            await self._serve_listing(server, conn, signals)
+            async with anyio.create_task_group() as tg:
+                # Nothing else may talk on this connection for a long while (webhook delivery, a
+                # server without events): the watch notices it die within one ping interval.
+                tg.start_soon(conn.watch, self.config.servers[server].ping_interval_s, name=f"watch:{server}")
+                await self._serve_listing(server, conn, signals)
+                tg.cancel_scope.cancel()
         except BaseExceptionGroup as group:
             # A loop's ConnectionLost comes out of the task group wrapped; unwrapped, the reconnect
             # retry (which matches DeliveryError) sees it. Anything else propagates as it is.
@@ -284,24 +337,60 @@ class Supervisor:
                 raise
             raise _first_leaf(delivery) from None
 
+    async def _without_events(self, server: str, conn: ServerConnection, signals: ServerSignals) -> None:
+        """A server that declares no MCP Events: no events/* request goes to it, its tools stay usable.
+
+        Its subscriptions show ``unsupported``. Capabilities are read again on the next
+        connection; this one is given up for that when the server announces event types
+        (list_changed) or, on 2026-era connections, the liveness probe sees it declare them.
+        """
+        reason = f"server {server!r} does not implement MCP Events (no events extension in its capabilities)"
+        first = server not in self._unsupported
+        self._unsupported.add(server)
+        (logger.error if first else logger.debug)(
+            "%s; its subscriptions cannot run (%s)",
+            reason,
+            ", ".join(s.name for s in self.subscriptions_of(server)),
+        )
+        for sub in self.subscriptions_of(server):
+            await self.store.set_state(sub.name, status="unsupported", error=reason)
+        async with anyio.create_task_group() as tg:
+            if self.pool is not None:
+                tg.start_soon(self._watch_tools, conn, signals, name=f"tools:{server}")
+            await signals.next_events_change()
+            tg.cancel_scope.cancel()
+        raise ConnectionLost(
+            f"server {server!r} announced event types; reconnecting to read its capabilities again",
+            server=server,
+        )
+
     async def _serve_listing(self, server: str, conn: ServerConnection, signals: ServerSignals) -> None:
+        if not conn.advertises_events:
+            await self._without_events(server, conn, signals)
+            return
+        self._unsupported.discard(server)
         while True:
             descriptors = {d.name: d for d in await conn.list_events()}
             async with anyio.create_task_group() as tg:
                 if self.pool is not None:
                     tg.start_soon(self._watch_tools, conn, signals, name=f"tools:{server}")
                 plans: list[SubscriptionPlan] = []
+                invalid = 0
                 for sub in self.subscriptions_of(server):
                     try:
                         plans.append(
                             plan_subscription(sub, descriptors, receiver=self.config.webhook is not None)
                         )
                     except ConfigError as exc:
-                        await self._end(sub, str(exc))
+                        # Checked again when the server's event types change, and at the next connection.
+                        await self._invalid(sub, str(exc))
+                        invalid += 1
                 await self._unsubscribe_stale(server, conn, plans)
                 running = 0
                 for plan in plans:
                     sub = plan.subscription
+                    if self._invalid_reasons.pop(sub.name, None) is not None:
+                        logger.info("subscription %s: the server's event types now let it run", sub.name)
                     loop: PollLoop | PushLoop | WebhookLoop
                     if plan.mode == "webhook":
                         assert self.config.webhook is not None
@@ -333,7 +422,7 @@ class Supervisor:
                         )
                     tg.start_soon(self._run_loop, loop, plan.mode, name=f"{plan.mode}:{sub.name}")
                     running += 1
-                if not running:
+                if not running and not invalid:
                     tg.cancel_scope.cancel()
                     return
                 await signals.next_events_change()
@@ -418,9 +507,19 @@ class Supervisor:
         ended, self._ends = self._ends, anyio.Event()
         ended.set()
 
+    async def _invalid(self, sub: SubscriptionConfig, reason: str) -> None:
+        """The server's event list does not let ``sub`` run (no such event, no common mode, bad arguments)."""
+        if self._invalid_reasons.get(sub.name) != reason:
+            logger.error("subscription %s cannot run: %s", sub.name, reason)
+        self._invalid_reasons[sub.name] = reason
+        await self.store.set_state(sub.name, status="invalid", error=reason)
+        ends, self._ends = self._ends, anyio.Event()
+        ends.set()
+
     async def wait_ended(self, name: str) -> None:
-        """Return once subscription ``name`` has stopped for good (refused, terminated, invalid)."""
-        while name not in self._ended:
+        """Return once subscription ``name`` has stopped: for good (refused, terminated), or until the
+        server's event list changes (invalid against it)."""
+        while name not in self._ended and name not in self._invalid_reasons:
             await self._ends.wait()
 
     def _notify_new(self, count: int) -> None:

@@ -257,7 +257,7 @@ def test_status_on_a_narrow_terminal_prints_a_block_per_subscription_with_nothin
     lines = rendered_status(status_rows_with_a_webhook(tmp_path), 100)
     assert max(len(line) for line in lines) <= 100
     assert lines[2] == "tickets       demo · ticket.created · webhook · failed"
-    assert "  cursor      1 (last poll " in lines[3]
+    assert "  cursor      1 (last activity " in lines[3]
     assert lines[4] == "  events      1 received, 1 duplicates, 0 gaps; 0 done, 0 failed"
     assert lines[5] == (
         "  webhook     sub_a3f1c8e2b0d49f7e · refresh by 2026-12-02T13:00:00.000Z · suspended, http_4xx"

@@ -383,12 +383,13 @@ SCHEMA_ERROR = re.compile(r"input ?schema", re.IGNORECASE)
 
 
 async def assert_schema_refused(rig: Rig, *, ended_within: float = 8.0) -> None:
-    """The subscription ends, with a message about its inputSchema, and the other one flows."""
+    """The subscription stops as invalid (until the server's event list changes), with a message about
+    its inputSchema, and the other one flows."""
     await rig.acted("events/list", 1)
     listed = rig.requests("events/list")[0]["t"]
     await rig.until(
-        lambda: rig.row()["status"] == "ended",
-        f"the hostile subscription ended within {ended_within:g}s of its events/list",
+        lambda: rig.row()["status"] == "invalid",
+        f"the hostile subscription stopped within {ended_within:g}s of its events/list",
         within=max(0.5, listed + ended_within - time.time()),
     )
     await rig.good_keeps_flowing()

@@ -59,7 +59,7 @@ async def test_a_bad_subscription_and_a_dead_server_do_not_stop_the_good_one(
 
     assert {e.subscription for e in seen} == {"good"}
     status = {row["subscription"]: row for row in store.core.subscriptions()}
-    assert status["typo"]["status"] == "ended"
+    assert status["typo"]["status"] == "invalid"
     assert "no event 'ticket.craeted'" in status["typo"]["last_error"]
     assert "command not found" in (status["orphan"]["last_error"] or "")
     assert status["good"]["status"] == "active" and status["good"]["events_received"] >= 3

@@ -20,7 +20,7 @@ from agentwake.cli.common import (
     stdout,
     warn,
 )
-from agentwake.errors import AgentwakeError, ConfigError
+from agentwake.errors import AgentwakeError, ConfigError, EventsUnsupported
 
 if TYPE_CHECKING:
     from agentwake import protocol
@@ -95,8 +95,14 @@ async def _check(cfg: AgentwakeConfig) -> tuple[list[str], list[str], list[tuple
         subs = [s for s in cfg.subscriptions if s.server == server_name]
         try:
             async with ServerConnection(server_name, server) as conn:
+                conn.require_events()
                 descriptors = {d.name: d for d in await conn.list_events()}
                 tools = await conn.list_tools() if cfg.agent is not None else []
+        except EventsUnsupported as exc:
+            if subs:
+                problems.append(str(exc))
+            rows.extend((s.name, s.server, s.event, "-", "-", "unsupported") for s in subs)
+            continue
         except AgentwakeError as exc:
             problems.append(str(exc))
             rows.extend((s.name, s.server, s.event, "-", "-", "server unreachable") for s in subs)
@@ -195,6 +201,12 @@ async def _list_events(
     listing = []
     for name in names:
         async with ServerConnection(name, cfg.servers[name]) as conn:
+            if len(names) > 1 and not conn.advertises_events:
+                warn(
+                    f"server {name!r} does not implement MCP Events (no events extension in its capabilities)"
+                )
+                continue
+            conn.require_events()
             listing.append((name, await conn.list_events()))
     return listing
 

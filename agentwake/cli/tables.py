@@ -87,7 +87,7 @@ STATUS_COLUMNS: Final = (
     "mode",
     "status",
     "cursor",
-    "last poll",
+    "last activity",
     "received",
     "dups",
     "gaps",
@@ -121,16 +121,28 @@ def _status_table(rows: list[dict[str, Any]]) -> Table:
             r["mode"] or "-",
             r["status"],
             r["cursor"] or "-",
-            r["last_poll_at"] or "never",
+            r["last_activity_at"] or "never",
             str(r["events_received"]),
             str(r["duplicates"]),
             str(r["gaps"]) + (f" ({r['rejected']} rejected)" if r.get("rejected") else ""),
             str(r["events_done"]),
             str(r["events_failed"]),
             _describe_webhook(r["webhook"]),
-            r["last_error"] or r["last_failure"] or "",
+            _last_error(r),
         )
     return table
+
+
+def _last_error(r: dict[str, Any]) -> str:
+    """The current error; else the latest one a later success cleared, marked so (it may come back)."""
+    current = r["last_error"] or r["last_failure"]
+    if current:
+        return str(current)
+    recent = r.get("recent_errors") or []
+    if not recent:
+        return ""
+    latest = recent[-1]
+    return f"{latest['error']} (at {latest['at']}, since recovered)"
 
 
 def _status_block(r: dict[str, Any]) -> Table:
@@ -141,7 +153,7 @@ def _status_block(r: dict[str, Any]) -> Table:
         Text(_subscription_label(r), style="bold"),
         " · ".join((r["server"], r["event"], r["mode"] or "-", r["status"])),
     )
-    block.add_row("  cursor", f"{r['cursor'] or '-'} (last poll {r['last_poll_at'] or 'never'})")
+    block.add_row("  cursor", f"{r['cursor'] or '-'} (last activity {r['last_activity_at'] or 'never'})")
     block.add_row(
         "  events",
         f"{r['events_received']} received, {r['duplicates']} duplicates, {r['gaps']} gaps;"
@@ -150,7 +162,7 @@ def _status_block(r: dict[str, Any]) -> Table:
     )
     if r["webhook"] is not None:
         block.add_row("  webhook", _describe_webhook(r["webhook"]).replace("\n", " · "))
-    last_error = r["last_error"] or r["last_failure"]
+    last_error = _last_error(r)
     if last_error:
         block.add_row("  last error", Text(last_error, style="red"))
     return block

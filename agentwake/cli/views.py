@@ -36,8 +36,9 @@ def print_json(value: object) -> None:
 
 @app.command()
 def status(config: ConfigOption = DEFAULT_CONFIG_PATH, as_json: JsonOption = False) -> None:
-    """Show each subscription: server, event, mode, cursor, last poll, counts, gaps, failed events, last error
-    and, for webhook delivery, the subscription id, when it is refreshed next and the delivery status.
+    """Show each subscription: server, event, mode, cursor, last activity, counts, gaps, failed events,
+    the last errors and, for webhook delivery, the subscription id, when it is refreshed next and the
+    delivery status. ``--json`` adds ``recent_errors``: the last few errors with their times.
     """
 
     def read(

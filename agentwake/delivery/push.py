@@ -11,6 +11,8 @@ counted and the stream goes on; a ``truncated`` active is a gap.
 from __future__ import annotations
 
 import logging
+import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -33,13 +35,17 @@ from agentwake.delivery.common import (
     subscription_key,
 )
 from agentwake.errors import DeliveryError, SubscriptionEnded, TransientEventsError
-from agentwake.mcp import LOST_NOTIFICATION, ServerConnection, StreamRoute
+from agentwake.mcp import LOST_NOTIFICATION, ServerConnection, StreamItem, StreamRoute
 from agentwake.store import IncomingEvent, RejectedEvent, Store, SubscriptionKey
 from agentwake.text import peer
 
 logger = logging.getLogger(__name__)
 
 BATCH: Final = 1000
+# A stream is never called dead sooner than this, however fast its server heartbeats.
+LIVENESS_FLOOR_S: Final = 1.0
+# How many recent heartbeat intervals the inferred one is the longest of.
+LIVENESS_SAMPLES: Final = 4
 
 
 class StreamInterrupted(DeliveryError):
@@ -86,6 +92,46 @@ def error_of(params: dict[str, Any]) -> tuple[int, str, Any]:
 
 
 @dataclass
+class Liveness:
+    """How long one stream may stay silent before it is dead: the spec's "more than twice the
+    heartbeat interval", with the interval inferred from the stream itself.
+
+    A server need not say how often it heartbeats. The silence before each heartbeat (since the
+    notification before it: a server heartbeats after a quiet spell) is what the interval is;
+    once two heartbeats were seen, the stream is dead after twice the longest recent one, but
+    never sooner than ``floor_s`` and never later than ``ceiling_s`` (twice the configured
+    ``heartbeat_s``, which alone applies until then).
+    """
+
+    ceiling_s: float
+    floor_s: float = LIVENESS_FLOOR_S
+    clock: Callable[[], float] = time.monotonic
+    gaps: deque[float] = field(default_factory=lambda: deque(maxlen=LIVENESS_SAMPLES))
+    last_at: float | None = None
+
+    def __post_init__(self) -> None:
+        self.last_at = self.clock()
+
+    def saw(self, at: float, *, heartbeat: bool) -> None:
+        """A notification read (off the wire) at ``at``, on ``clock``'s scale."""
+        if heartbeat and self.last_at is not None:
+            self.gaps.append(max(0.0, at - self.last_at))
+        self.last_at = at
+
+    @property
+    def dead_after_s(self) -> float:
+        if len(self.gaps) < 2:
+            return self.ceiling_s
+        return min(self.ceiling_s, max(self.floor_s, 2 * max(self.gaps)))
+
+    @property
+    def basis(self) -> str:
+        if len(self.gaps) < 2:
+            return "twice heartbeat_s: the server has not shown its heartbeat interval yet"
+        return f"twice the heartbeat interval seen on this stream, about {max(self.gaps):.2g}s"
+
+
+@dataclass
 class PushLoop:
     subscription: SubscriptionConfig
     connection: ServerConnection
@@ -96,6 +142,7 @@ class PushLoop:
     retry_initial_s: float = RETRY_INITIAL_S
     retry_max_s: float = RETRY_MAX_S
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    clock: Callable[[], float] = time.monotonic
     streams: int = field(default=0, init=False)
     errors: int = field(default=0, init=False)
     received: int = field(default=0, init=False)
@@ -105,6 +152,7 @@ class PushLoop:
 
     @property
     def dead_after_s(self) -> float:
+        """The longest silence a stream may keep: twice ``heartbeat_s``, the upper bound."""
         return 2 * self.subscription.heartbeat_s
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -185,8 +233,9 @@ class PushLoop:
     async def _consume(self, route: StreamRoute, key: SubscriptionKey, cursor: str | None) -> None:
         sub = self.subscription
         stored = cursor
+        liveness = Liveness(ceiling_s=self.dead_after_s, clock=self.clock)
         while True:
-            batch: list[tuple[str, dict[str, Any]]] = []
+            batch: list[StreamItem] = []
             if route.overflowed:
                 # What is still queued is the gap-free prefix before the loss: store it all first.
                 while len(batch) < BATCH:
@@ -200,15 +249,16 @@ class PushLoop:
                         f" reconnecting from cursor {peer(stored, CURSOR_SHOWN)}"
                     )
             else:
-                with anyio.move_on_after(self.dead_after_s) as waited:
+                silence_s = liveness.dead_after_s
+                with anyio.move_on_after(silence_s) as waited:
                     try:
                         batch.append(await route.receive.receive())
                     except anyio.EndOfStream:
                         return
                 if waited.cancelled_caught:
                     raise StreamInterrupted(
-                        f"no event or heartbeat for {self.dead_after_s:g}s; the stream is dead, reconnecting"
-                        f" from cursor {peer(stored, CURSOR_SHOWN)}"
+                        f"no event or heartbeat for {silence_s:g}s ({liveness.basis}); the stream is dead,"
+                        f" reconnecting from cursor {peer(stored, CURSOR_SHOWN)}"
                     )
             while len(batch) < BATCH:
                 try:
@@ -216,7 +266,8 @@ class PushLoop:
                 except (anyio.WouldBlock, anyio.EndOfStream):
                     break
             pending = _Pending()
-            for method, params in batch:
+            for method, params, read_at in batch:
+                liveness.saw(read_at, heartbeat=method == protocol.NOTIFICATION_HEARTBEAT)
                 if method == LOST_NOTIFICATION:
                     # A notification the transport could not parse: whatever it was, record the gap.
                     pending.truncated = True
@@ -241,9 +292,14 @@ class PushLoop:
                     self._since_quiet += 1
                 elif method in (protocol.NOTIFICATION_ACTIVE, protocol.NOTIFICATION_HEARTBEAT):
                     if method == protocol.NOTIFICATION_HEARTBEAT and self._since_quiet:
-                        # A heartbeat comes after a quiet spell: whatever was owed has arrived.
-                        logger.info(
-                            "subscription %s: stream caught up after %d events", sub.name, self._since_quiet
+                        # A heartbeat comes after a quiet spell: whatever was owed has arrived. Worth
+                        # an INFO line only after a backlog, not after every few events of steady traffic.
+                        level = logging.INFO if self._since_quiet >= PROGRESS_EVERY else logging.DEBUG
+                        logger.log(
+                            level,
+                            "subscription %s: stream caught up after %d events",
+                            sub.name,
+                            self._since_quiet,
                         )
                         self._since_quiet = 0
                     if method == protocol.NOTIFICATION_ACTIVE and params.get("truncated"):

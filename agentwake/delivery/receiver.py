@@ -90,6 +90,12 @@ _JSON_TYPES: Final = frozenset({"application/json"})
 _SURROGATE_ESCAPE: Final = re.compile(rb"\\u[dD][89abcdefABCDEF]")
 
 
+def listen_url(scheme: str, host: str, port: int) -> str:
+    """``scheme://host:port``, an IPv6 host in brackets (``https://[::1]:8791``)."""
+    shown = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    return f"{scheme}://{shown}:{port}"
+
+
 class BadBody(ValueError):
     """A signed body that is not a JSON object in UTF-8 made of valid Unicode."""
 
@@ -306,10 +312,8 @@ class Receiver:
                 # Requests that come before the committer runs are answered 503 and retried.
                 await tg.start(self._commit.run)
                 logger.info(
-                    "webhook receiver listening on %s://%s:%s (servers deliver to %s/<subscription>)",
-                    "https" if context else "http",
-                    host,
-                    self.port,
+                    "webhook receiver listening on %s (servers deliver to %s/<subscription>)",
+                    listen_url("https" if context else "http", host, self.port),
                     self.config.public_url,
                 )
                 task_status.started()

@@ -230,3 +230,9 @@ def _fair_claims(db: sqlite_utils.Database) -> None:
     # one index walk per subscription (the index's order is the claim order within one).
     db.execute("CREATE INDEX events_claim ON events (subscription, state, priority DESC, id)")
     db.execute("ALTER TABLE subscriptions ADD COLUMN claimed_seq INTEGER NOT NULL DEFAULT 0")
+
+
+@migrations(name="0010_recent_errors")
+def _recent_errors(db: sqlite_utils.Database) -> None:
+    # The last few errors of a subscription with their times (JSON), kept after a success clears last_error.
+    db.execute("ALTER TABLE subscriptions ADD COLUMN recent_errors TEXT")

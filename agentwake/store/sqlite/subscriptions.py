@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from typing import Final
 
 from agentwake.clock import now_iso
 from agentwake.store.records import SubscriptionKey
 from agentwake.store.sqlite.base import SqliteBase, redacted
 
 logger = logging.getLogger(__name__)
+
+# Errors kept per subscription for `status`: a transient one cleared by the next success stays visible.
+RECENT_ERRORS: Final = 5
 
 
 class Subscriptions(SqliteBase):
@@ -47,25 +52,52 @@ class Subscriptions(SqliteBase):
         row = self.conn.execute("SELECT cursor FROM subscriptions WHERE name = ?", [name]).fetchone()
         return None if row is None or row[0] is None else str(row[0])
 
+    def _remember_error(self, name: str, error: str, at: str) -> None:
+        """Append to the subscription's recent errors (inside the caller's transaction); the oldest go."""
+        row = self.conn.execute("SELECT recent_errors FROM subscriptions WHERE name = ?", [name]).fetchone()
+        if row is None:
+            return
+        recent = json.loads(row[0]) if row[0] else []
+        if recent and recent[-1]["error"] == error:
+            # The same failure again (a reconnect loop): one entry, its time and count updated.
+            recent[-1] = {**recent[-1], "at": at, "count": recent[-1].get("count", 1) + 1}
+        else:
+            recent.append({"at": at, "error": error})
+        self.conn.execute(
+            "UPDATE subscriptions SET recent_errors = ? WHERE name = ?",
+            [json.dumps(recent[-RECENT_ERRORS:]), name],
+        )
+
     def set_state(self, name: str, *, status: str, mode: str | None = None, error: str | None = None) -> None:
+        now = now_iso()
+        stored = redacted(error)
         with self.transaction():
             self.conn.execute(
                 "UPDATE subscriptions SET status = ?, mode = coalesce(?, mode), last_error = ?, updated_at = ?"
                 " WHERE name = ?",
-                [status, mode, redacted(error), now_iso(), name],
+                [status, mode, stored, now, name],
             )
+            if stored is not None:
+                self._remember_error(name, stored, now)
 
     def record_error(self, name: str, error: str) -> None:
+        now = now_iso()
+        stored = redacted(error)
+        assert stored is not None
         with self.transaction():
             self.conn.execute(
-                "UPDATE subscriptions SET last_error = ?, updated_at = ? WHERE name = ?",
-                [redacted(error), now_iso(), name],
+                "UPDATE subscriptions SET last_error = ?, updated_at = ? WHERE name = ?", [stored, now, name]
             )
+            self._remember_error(name, stored, now)
 
     def count_stream_error(self, name: str, error: str) -> None:
+        now = now_iso()
+        stored = redacted(error)
+        assert stored is not None
         with self.transaction():
             self.conn.execute(
                 "UPDATE subscriptions SET stream_errors = stream_errors + 1, last_error = ?, updated_at = ?"
                 " WHERE name = ?",
-                [redacted(error), now_iso(), name],
+                [stored, now, name],
             )
+            self._remember_error(name, stored, now)

@@ -20,4 +20,5 @@ MIGRATION_NAMES: Final = (
     "0007_gap_deliveries",
     "0008_rejected_events",
     "0009_fair_claims",
+    "0010_recent_errors",
 )

@@ -15,7 +15,7 @@ class Views(SqliteBase):
             "SELECT s.name, s.server, s.event, s.arguments, s.mode, s.cursor, s.last_poll_at, s.events_received,"
             " s.duplicates, s.gaps, s.status, s.last_error, s.cursor_updated_at, s.stream_errors,"
             " w.webhook_id, w.url, w.refresh_before, w.no_expiry, w.delivery_status, w.refreshes,"
-            " w.last_refresh_at, w.pending_secret IS NOT NULL, w.previous_until, s.rejected"
+            " w.last_refresh_at, w.pending_secret IS NOT NULL, w.previous_until, s.rejected, s.recent_errors"
             " FROM subscriptions s LEFT JOIN webhooks w ON w.subscription = s.name ORDER BY s.name"
         ).fetchall()
         return [
@@ -26,6 +26,8 @@ class Views(SqliteBase):
                 "arguments": json.loads(r[3]),
                 "mode": r[4],
                 "cursor": r[5],
+                # The last poll, stream frame or webhook delivery that stored something.
+                "last_activity_at": r[6],
                 "last_poll_at": r[6],
                 "events_received": r[7],
                 "duplicates": r[8],
@@ -35,6 +37,7 @@ class Views(SqliteBase):
                 "cursor_updated_at": r[12],
                 "stream_errors": r[13],
                 "rejected": r[23],
+                "recent_errors": json.loads(r[24]) if r[24] else [],
                 # No secret here: this is what `status --json` prints.
                 "webhook": None
                 if r[15] is None
