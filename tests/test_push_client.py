@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -286,3 +287,18 @@ def test_forcing_push_on_a_type_that_does_not_offer_it_is_a_clear_error() -> Non
         choose_mode(sub, ["poll"])
     assert choose_mode(feed(delivery="auto"), ["poll", "push"]) == "push"
     assert choose_mode(feed(delivery="auto"), ["poll"]) == "poll"
+
+
+async def test_catching_up_after_a_few_events_is_not_worth_an_info_line(
+    tmp_path: Path, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="agentwake.delivery.push")
+    sub = feed()
+    await set_cursor(store, subscription_key(sub), "0")
+    progress = Progress()
+    async with ServerConnection("push", push_server(tmp_path, PUSH_SKIPPED="10")) as conn:
+        loop = PushLoop(sub, conn, store, on_stored=progress, sleep=SteppedSleep())
+        await run_loop(loop, progress, lambda: "15" in progress.cursors)
+    caught_up = [r for r in caplog.records if "stream caught up" in r.getMessage()]
+    assert caught_up, "the catch-up is still logged, at DEBUG"
+    assert all(r.levelno == logging.DEBUG for r in caught_up)

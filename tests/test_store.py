@@ -238,3 +238,42 @@ def test_claims_take_each_subscriptions_next_event_in_turn_so_a_flood_starves_no
         assert one_by_one in (["flood", "quiet"] * 2, ["quiet", "flood"] * 2)
     finally:
         core.close()
+
+
+async def test_recent_errors_outlive_the_success_that_clears_last_error(tmp_path: Path) -> None:
+    store = await SqliteStore.open(tmp_path / "aw.db")
+    try:
+        await store.register(KEY)
+        await store.record_error("tickets", "server 'demo': connection closed: exited with code 1")
+        await store.record_error("tickets", "server 'demo': connection closed: exited with code 1")
+        for n in range(7):
+            await store.set_state("tickets", status="stalled", error=f"events/poll failed ({n})")
+        await store.count_stream_error("tickets", "stream error: token=hunter2-secret-value")
+        await store.ingest(KEY, [IncomingEvent("E-1", "ticket.created", now_iso(), {"n": 1})], "c1")
+        [row] = await store.subscriptions()
+    finally:
+        await store.close()
+    assert (row["status"], row["last_error"]) == ("active", None)
+    recent = row["recent_errors"]
+    # The last five, oldest first, each with its time; the same error twice in a row is one entry.
+    assert [entry["error"] for entry in recent] == [
+        "events/poll failed (3)",
+        "events/poll failed (4)",
+        "events/poll failed (5)",
+        "events/poll failed (6)",
+        "stream error: token=[REDACTED]",
+    ]
+    assert all(entry["at"] for entry in recent)
+
+
+async def test_the_same_error_again_is_counted_not_repeated(tmp_path: Path) -> None:
+    store = await SqliteStore.open(tmp_path / "aw.db")
+    try:
+        await store.register(KEY)
+        for _ in range(3):
+            await store.record_error("tickets", "server 'demo': connection closed")
+        [row] = await store.subscriptions()
+    finally:
+        await store.close()
+    [entry] = row["recent_errors"]
+    assert (entry["error"], entry["count"]) == ("server 'demo': connection closed", 3)

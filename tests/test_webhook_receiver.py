@@ -981,3 +981,28 @@ async def test_serve_raises_config_error_when_the_tls_files_cannot_be_loaded(
         with anyio.fail_after(10):
             await receiver.serve()
     assert receiver.port is None  # it never listened
+
+
+def test_listen_urls_put_an_ipv6_host_in_brackets() -> None:
+    assert receiver_module.listen_url("https", "::1", 8791) == "https://[::1]:8791"
+    assert receiver_module.listen_url("http", "127.0.0.1", 8787) == "http://127.0.0.1:8787"
+    assert receiver_module.listen_url("https", "localhost", 1) == "https://localhost:1"
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback")
+async def test_a_receiver_on_ipv6_logs_a_url_that_can_be_pasted(
+    tls: TLS, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="agentwake.delivery.receiver")
+    async with running_hook(tls, store, listen="[::1]:0") as hook:
+        port = hook.receiver.port
+    assert f"webhook receiver listening on https://[::1]:{port} " in caplog.text
