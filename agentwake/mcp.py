@@ -7,8 +7,10 @@ server's name attached.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
+import math
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -362,8 +364,30 @@ class ServerConnection:
             # Not shielded here: the SDK's task groups must exit in the scope they were entered in.
             try:
                 await stack.__aexit__(exc_type, exc, tb)
+            except anyio.get_cancelled_exc_class():
+                if self._cancelled_by_owner():
+                    raise
+                exc = exc or anyio.get_cancelled_exc_class()()
             except Exception as close_exc:  # a dead peer may fail its own shutdown
                 logger.debug("closing %s: %s", self.name, close_exc)
+        # The SDK's HTTP transport ends a dead server's connection by cancelling the task it
+        # runs in; that cancellation is not our owner's and must not pass for it.
+        if isinstance(exc, anyio.get_cancelled_exc_class()) and not self._cancelled_by_owner():
+            raise ConnectionLost(
+                f"{self._closed_message()} (the transport shut down)", server=self.name
+            ) from None
+
+    @staticmethod
+    def _cancelled_by_owner() -> bool:
+        """Whether whoever runs this connection is stopping it: a cancelled scope around it (the
+        SDK's own scopes are gone by now) or a plain asyncio cancel, such as the runner's on Ctrl-C."""
+        if anyio.current_effective_deadline() == -math.inf:
+            return True
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:  # not on asyncio
+            return False
+        return task is not None and task.cancelling() > 0
 
     @property
     def client(self) -> Client:
