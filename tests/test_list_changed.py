@@ -28,11 +28,11 @@ pytestmark = pytest.mark.anyio
 
 
 @asynccontextmanager
-async def http_server(list_log: Path) -> AsyncIterator[str]:
+async def http_server(list_log: Path, change_on: str = "poll") -> AsyncIterator[str]:
     process = await anyio.open_process(
         [sys.executable, "tests/list_changed_server.py", "--http"],
         cwd=REPO,
-        env={**os.environ, "LIST_LOG": str(list_log)},
+        env={**os.environ, "LIST_LOG": str(list_log), "LIST_CHANGE_ON": change_on},
     )
     try:
         assert process.stderr is not None
@@ -61,12 +61,20 @@ async def until(condition: Any, what: str, within: float = 10.0) -> None:
             await anyio.sleep(0.02)
 
 
-async def run_until_the_new_type_flows(server: ServerConfig, store: Store, list_log: Path) -> None:
+async def run_until_the_new_type_flows(
+    server: ServerConfig, store: Store, list_log: Path, first_delivery: str = "poll"
+) -> None:
     config = parse_config(
         {
             "servers": {"lc": server.model_dump(exclude_defaults=True, mode="json")},
             "subscriptions": [
-                {"name": "one", "server": "lc", "event": "a.one", "delivery": "poll", "poll_floor_ms": 50},
+                {
+                    "name": "one",
+                    "server": "lc",
+                    "event": "a.one",
+                    "delivery": first_delivery,
+                    "poll_floor_ms": 50,
+                },
                 {"name": "two", "server": "lc", "event": "b.two", "delivery": "poll", "poll_floor_ms": 50},
             ],
         }
@@ -113,3 +121,15 @@ async def test_a_changed_list_over_http_is_noticed_on_every_protocol_era(
         # A 2026-era HTTP connection has no channel for the notification: the probe sees the change.
         server = ServerConfig(url=url, protocol=protocol, ping_interval_s=0.3)  # type: ignore[arg-type]
         await run_until_the_new_type_flows(server, store, list_log)
+
+
+@pytest.mark.parametrize("protocol", ["auto", "legacy"])
+async def test_over_http_the_server_announces_a_changed_list_on_an_open_stream(
+    tmp_path: Path, store: Store, protocol: str
+) -> None:
+    list_log = tmp_path / "lists"
+    async with http_server(list_log, change_on="stream") as url:
+        # No probe in time: only the notification (on the events/stream response, on a 2026-era
+        # connection, which has no other channel) can explain a prompt relist.
+        server = ServerConfig(url=url, protocol=protocol, ping_interval_s=300)  # type: ignore[arg-type]
+        await run_until_the_new_type_flows(server, store, list_log, first_delivery="push")

@@ -327,12 +327,27 @@ class EventsExtension(Extension):
         return register
 
     async def notify_list_changed(self) -> None:
-        """Tell every connected client that has used events/* to re-list."""
+        """Tell every connected client that has used events/* to re-list.
+
+        On its connection's channel and, for a 2026-era connection (whose Streamable HTTP has
+        no channel outside a request's own response), on one of its open events/streams.
+        """
         for connection in list(self._connections):
             try:
                 await connection.notify(protocol.NOTIFICATION_LIST_CHANGED, None)
             except Exception as exc:  # a closed connection must not stop the others
                 logger.debug("list_changed not delivered: %s", exc)
+        told: set[int] = set()
+        for streams in list(self._streams.values()):
+            for stream in list(streams):
+                session = stream.request.session
+                if id(session) in told or not stream.modern:
+                    continue
+                told.add(id(session))
+                try:
+                    await stream.notify_list_changed()
+                except Exception as exc:
+                    logger.debug("list_changed not delivered on a stream: %s", exc)
 
     def _remember_connection(self, ctx: ServerRequestContext[Any, Any]) -> None:
         if self._loop_token is None:

@@ -157,6 +157,14 @@ class PushStream:
         """Read again now: an emit happened, or the author says the upstream changed."""
         self._wake.set()
 
+    @property
+    def modern(self) -> bool:
+        """On a 2026-era connection, where this stream's response is the only way to the client."""
+        return self.request.session.protocol_version in MODERN_PROTOCOL_VERSIONS
+
+    async def notify_list_changed(self) -> None:
+        await self._send(protocol.NOTIFICATION_LIST_CHANGED, {})
+
     def close(self, error: MCPError | None) -> None:
         """End the stream from the server side: ``terminated`` (if ``error``), then the result."""
         self._close_requested = True
@@ -287,7 +295,7 @@ class PushStream:
         ``notifications/cancelled``). Handshake-era HTTP only drops what is written to a
         closed response, so the heartbeat asks the HTTP request.
         """
-        if self.request.session.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        if self.modern:
             return False
         is_disconnected = cast(
             "Callable[[], Awaitable[bool]] | None", getattr(self.request.request, "is_disconnected", None)
