@@ -141,7 +141,7 @@ class PollLoop:
         sub = self.subscription
         return protocol.PollParams(
             name=sub.event,
-            arguments=sub.arguments or None,
+            arguments=dict(sub.arguments),
             cursor=cursor,
             max_events=sub.max_events,
             max_age_ms=sub.max_age_ms if resuming else None,
