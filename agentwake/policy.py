@@ -239,6 +239,13 @@ class Policy:
         """Names, sizes and modification times of the files it came from: a changed file changes it."""
         return policy_fingerprint(self.files)
 
+    def who_decides_the_rest(self) -> str:
+        """In words, what decides an event no earlier rule matches: a catch-all rule, or ``default``."""
+        for loaded in self.rules:
+            if not loaded.rule.match.conditions():
+                return f"catch-all rule {loaded.rule.name!r} ({loaded.where}) decides the rest: {loaded.rule.action}"
+        return f"no catch-all rule: the rest get the default action {self.default!r} ([policy] default)"
+
     def decide(self, event: Mapping[str, Any]) -> Decision:
         """First matching rule, in file then rule order; else the default rule."""
         for loaded in self.rules:

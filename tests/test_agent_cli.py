@@ -411,6 +411,9 @@ def test_show_json_has_the_event_and_every_run(shared_run: AgentRun) -> None:
         "done",
     )
     assert event["data"]["ticketId"] == shared_run.ticket_id and event["data"]["title"] == shared_run.title
+    assert (
+        isinstance(event["decision"], dict) and event["decision"]["action"] == "agent"
+    )  # an object, as each run's
     [run] = event["runs"]
     assert run["decision"]["tools"] == ["demo__add_comment"]
     assert run["decision"]["allowlist"] == ["demo__add_comment"]

@@ -815,7 +815,19 @@ def test_policy_check_lists_the_rules_in_evaluation_order(tmp_path: Path) -> Non
     assert "demo__get_ticket, demo__add_comment" in rows["hold-odd"]
     assert "injection_score ge 0.5" in rows["hold-odd"]
     assert "20-rest.toml:1" in rows["rest"] and "(every event)" in rows["rest"]
-    assert "policy OK: 4 rule(s) in 2 file(s); default action 'log'" in out
+    # The catch-all rule, not [policy] default, decides what no other rule matches: say so.
+    assert (
+        "policy OK: 4 rule(s) in 2 file(s); catch-all rule 'rest' (20-rest.toml:1) decides the rest: log"
+        in out
+    )
+
+
+@pytest.mark.usefixtures("wide_console")
+def test_policy_check_without_a_catch_all_rule_names_the_default_action(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"10-triage.toml": TRIAGE}, default="ignore")
+    result = cli_runner.invoke(cli.app, ["policy", "check", "-c", str(config)])
+    assert result.exit_code == 0, result.output
+    assert "no catch-all rule: the rest get the default action 'ignore' ([policy] default)" in result.output
 
 
 def test_policy_check_without_files_says_every_event_gets_the_default(tmp_path: Path) -> None:

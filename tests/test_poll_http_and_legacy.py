@@ -48,7 +48,7 @@ async def test_headers_reach_the_server(demo_http_factory: Any, store: Store) ->
 
 
 async def test_emit_only_server_restart_gives_truncated_and_a_fresh_cursor(
-    demo_http_factory: Any, store: Store
+    demo_http_factory: Any, store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:
     sub = SubscriptionConfig(name="alerts", server="demo", event="alert.fired")
     async with demo_http_factory() as demo:
@@ -63,6 +63,9 @@ async def test_emit_only_server_restart_gives_truncated_and_a_fresh_cursor(
     assert before is not None and after is not None and before != after
     [gap] = store.core.gaps("alerts")
     assert gap["cursor_before"] == before and gap["cursor_after"] == after
+    # The warning says why, not only that: the server kept no history past the stored cursor.
+    assert f"the server kept no history back to cursor {before}" in caplog.text
+    assert f"resumed at cursor {after}" in caplog.text
 
 
 async def test_an_unreachable_http_server_is_one_clear_error() -> None:

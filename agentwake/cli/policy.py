@@ -69,7 +69,9 @@ def policy_check(config: ConfigOption = DEFAULT_CONFIG_PATH) -> None:
         )
     print_table(table, out)
     out.print(
-        f"policy OK: {len(policy.rules)} rule(s) in {len(policy.files)} file(s); default action {policy.default!r}"
+        f"policy OK: {len(policy.rules)} rule(s) in {len(policy.files)} file(s); {policy.who_decides_the_rest()}",
+        markup=False,
+        highlight=False,
     )
 
 

@@ -167,7 +167,9 @@ class PollLoop:
         if page.truncated:
             self._gaps.note(
                 logger,
-                f"subscription {sub.name}: gap: the server skipped events (truncated); now at cursor"
+                f"subscription {sub.name}: gap: the server kept no history back to cursor"
+                f" {peer(cursor, self.limits.max_peer_text_chars)} (it restarted without a durable log,"
+                " or the events aged out), so events in between may be missing; resumed at cursor"
                 f" {peer(page.cursor, self.limits.max_peer_text_chars)}",
             )
         for refused in admitted.rejected:

@@ -184,6 +184,7 @@ class Views(SqliteBase):
                 json.loads(event["sanitize_report"]) if event["sanitize_report"] else None
             )
             event["meta"] = json.loads(event["meta"]) if event["meta"] else None
+            event["decision"] = json.loads(event["decision"]) if event["decision"] else None
             event["runs"] = self._runs_of(event["id"])
         return events
 
