@@ -2,9 +2,15 @@
 
 ``agentwake run`` is ``serve(config)``. A program that embeds agentwake calls
 ``run_service(config)`` inside its own anyio event loop instead, and stops it by
-cancelling its scope; ``handle_signals=False`` leaves SIGINT, SIGTERM and SIGHUP to it.
+cancelling its scope; ``handle_signals=False`` leaves SIGINT, SIGTERM and SIGHUP to it. To stop
+as gracefully as the signals do, it first awaits ``supervisor.stop_delivery()`` under a timeout
+(the supervisor is what ``run_service`` reports when started).
 
-    SIGINT, SIGTERM   stop: in-flight writes finish, cursors stay, runs cut short go again
+    SIGINT, SIGTERM   stop: in-flight writes finish, cursors stay, runs cut short go again.
+                      First the delivery loops end while their connections are open (open push
+                      streams are cancelled on their servers) and the connections close, for
+                      at most STOP_GRACE_S; then everything else is cancelled. A second signal
+                      skips what is left of the grace.
     SIGHUP            load the policy files again (also when one changes on disk)
 """
 
@@ -35,6 +41,9 @@ logger = logging.getLogger("agentwake")
 
 # How often the policy folder is looked at for changed files.
 POLICY_POLL_S: Final = 2.0
+# After a stop signal, how long the delivery loops get to end cleanly (push streams cancelled on
+# their servers, connections closed) before everything is cancelled.
+STOP_GRACE_S: Final = 2.0
 
 
 def config_dir(config: AgentwakeConfig) -> Path:
@@ -92,9 +101,10 @@ async def run_service(
     _log_start(config, runner)
     try:
         async with anyio.create_task_group() as tg:
-            if handle_signals:
-                tg.start_soon(_stop_on_signal, tg.cancel_scope)
             worker = Worker(config, store, policy=policy, agent=runner, pool=pool)
+            supervisor = Supervisor(config, store, worker=worker, pool=pool)
+            if handle_signals:
+                await tg.start(_stop_on_signal, tg.cancel_scope, supervisor)
             await tg.start(watch_policy, config, worker, runner.renderer if runner else None, handle_signals)
             # Only now, with SIGHUP handled: a reader of this line may send one.
             logger.info(
@@ -104,7 +114,6 @@ async def run_service(
                 config.policy.dir,
                 policy.default,
             )
-            supervisor = Supervisor(config, store, worker=worker, pool=pool)
             await tg.start(supervisor.run)
             task_status.started(supervisor)
     finally:
@@ -144,12 +153,35 @@ def _log_start(config: AgentwakeConfig, runner: AgentRunner | None) -> None:
         )
 
 
-async def _stop_on_signal(scope: anyio.CancelScope) -> None:
+async def _stop_on_signal(
+    scope: anyio.CancelScope,
+    supervisor: Supervisor,
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """On SIGINT or SIGTERM, stop the supervisor's delivery gracefully, then cancel ``scope``."""
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for signum in signals:
-            logger.info("received %s: stopping", signal.Signals(signum).name)
-            scope.cancel()
-            return
+        task_status.started()
+        signum = await anext(signals)
+        logger.info("received %s: stopping", signal.Signals(signum).name)
+        async with anyio.create_task_group() as grace:
+
+            async def on_second_signal() -> None:
+                signum = await anext(signals)
+                logger.info(
+                    "received %s during the graceful stop: stopping at once", signal.Signals(signum).name
+                )
+                grace.cancel_scope.cancel()
+
+            grace.start_soon(on_second_signal)
+            with anyio.move_on_after(STOP_GRACE_S) as waited:
+                await supervisor.stop_delivery()
+            if waited.cancelled_caught:
+                logger.warning(
+                    "delivery did not stop within %gs; stopping the rest without waiting", STOP_GRACE_S
+                )
+            grace.cancel_scope.cancel()
+        scope.cancel()
 
 
 async def watch_policy(

@@ -1,11 +1,12 @@
 """Wiring: one task per server (connect, discover, run its subscriptions' delivery loops), and the worker.
 
 Everything runs in one anyio task group; cancelling it is the only way anything
-stops. A server that cannot be reached, or whose connection breaks, is retried
-with exponential backoff and jitter; it never takes the others down. A
-subscription the server refuses (unknown event, Forbidden) ends alone. What
-happens to a stored event is the worker's business (``agentwake.worker``), not
-this module's: the loops only wake it.
+stops (``stop_delivery`` first ends the delivery loops on their open connections, so
+that a stop cancels open push streams on their servers). A server that cannot be
+reached, or whose connection breaks, is retried with exponential backoff and
+jitter; it never takes the others down. A subscription the server refuses
+(unknown event, Forbidden) ends alone. What happens to a stored event is the
+worker's business (``agentwake.worker``), not this module's: the loops only wake it.
 """
 
 from __future__ import annotations
@@ -99,6 +100,11 @@ class Supervisor:
     _failures: dict[str, int] = field(default_factory=dict, init=False)
     _unsupported: set[str] = field(default_factory=set, init=False)
     _invalid_reasons: dict[str, str] = field(default_factory=dict, init=False)
+    # A graceful stop: the scopes of the delivery running on open connections, and how many are open.
+    _stopping: bool = field(default=False, init=False)
+    _delivery: set[anyio.CancelScope] = field(default_factory=set, init=False)
+    _open: int = field(default=0, init=False)
+    _closed: anyio.Event = field(default_factory=anyio.Event, init=False)
 
     def subscriptions_of(self, server: str) -> list[SubscriptionConfig]:
         return [s for s in self.config.subscriptions if s.server == server and s.name not in self._ended]
@@ -279,6 +285,8 @@ class Supervisor:
         async for attempt in retrying:
             with attempt:
                 await self._serve_connection(server)
+                if self._stopping:
+                    return
                 if not self.subscriptions_of(server):
                     logger.warning("server %s: no subscription left running", server)
                     return
@@ -303,23 +311,52 @@ class Supervisor:
             )
         return backoff_s(failures - 1, initial_s=self.reconnect_initial_s, max_s=self.reconnect_max_s)
 
+    async def stop_delivery(self) -> None:
+        """The graceful half of a stop: end every delivery loop while its connection is still open
+        (an open push stream is cancelled on its server, notifications/cancelled), then close the
+        connections as usual. Returns once every open connection has closed; nothing reconnects
+        after this. Bound it with a timeout, then cancel ``run`` as always.
+        """
+        self._stopping = True
+        for scope in self._delivery:
+            scope.cancel()
+        while self._open:
+            await self._closed.wait()
+
     async def _serve_connection(self, server: str) -> None:
+        if self._stopping:
+            return
         signals = ServerSignals()
-        async with ServerConnection(
-            server,
-            self.config.servers[server],
-            on_list_changed=signals.on_events_changed,
-            on_tools_changed=signals.on_tools_changed,
-            limits=self.config.limits,
-        ) as conn:
-            self._connected_at[server] = anyio.current_time()
-            if self.pool is not None:
-                await self.pool.attach(conn)
-            try:
-                await self._serve_subscriptions(server, conn, signals)
-            finally:
+        opened = False
+        try:
+            async with ServerConnection(
+                server,
+                self.config.servers[server],
+                on_list_changed=signals.on_events_changed,
+                on_tools_changed=signals.on_tools_changed,
+                limits=self.config.limits,
+            ) as conn:
+                opened = True
+                self._open += 1
+                self._connected_at[server] = anyio.current_time()
                 if self.pool is not None:
-                    self.pool.detach(server)
+                    await self.pool.attach(conn)
+                delivery = anyio.CancelScope()
+                self._delivery.add(delivery)
+                try:
+                    with delivery:
+                        if self._stopping:
+                            delivery.cancel()
+                        await self._serve_subscriptions(server, conn, signals)
+                finally:
+                    self._delivery.discard(delivery)
+                    if self.pool is not None:
+                        self.pool.detach(server)
+        finally:
+            if opened:
+                self._open -= 1
+                closed, self._closed = self._closed, anyio.Event()
+                closed.set()
 
     async def _serve_subscriptions(self, server: str, conn: ServerConnection, signals: ServerSignals) -> None:
         try:

@@ -14,7 +14,14 @@ items c+1..PUSH_ITEMS, then a heartbeat every PUSH_HEARTBEAT_MS with the current
   PUSH_SKIPPED        heartbeats report this many more items checked (filtered out) than sent
   PUSH_CRASH_AT       after this item, the process dies (once per marker file)
   PUSH_MARKER         a file: conditions marked "once" fire only while it does not exist
+  PUSH_SILENT_AFTER_BEATS  after this many heartbeats on a stream, go silent, once per marker file
+  PUSH_EVENTS_BETWEEN_BEATS  heartbeats keep a fixed clock; an event (the next item) goes out
+                      PUSH_EVENT_LEAD_MS (default 50) before each of the first this many heartbeats
+  PUSH_NULL_HEARTBEAT  while a stream has sent no event, its active and heartbeats carry a null cursor
   PUSH_LOG            a file: one line per stream opened ("open <cursor>") and cancelled ("cancel <id>")
+  PUSH_TRACE          a file: "<monotonic seconds> <kind> <request id> [<cursor>]" per stream opened
+                      ("open"), heartbeat sent ("heartbeat"), silence begun ("silent") and
+                      cancel received ("cancel"); time.monotonic is one clock for every process
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import json
 import os
 import sys
 import threading
+import time
 from typing import Any
 
 ITEMS = int(os.environ.get("PUSH_ITEMS", "5"))
@@ -33,8 +41,13 @@ GAP_AT = int(os.environ.get("PUSH_GAP_AT", "0")) or None
 TERMINATE_AT = int(os.environ.get("PUSH_TERMINATE_AT", "0")) or None
 SKIPPED = int(os.environ.get("PUSH_SKIPPED", "0"))
 CRASH_AT = int(os.environ.get("PUSH_CRASH_AT", "0")) or None
+SILENT_AFTER_BEATS = int(os.environ.get("PUSH_SILENT_AFTER_BEATS", "0")) or None
+EVENTS_BETWEEN_BEATS = int(os.environ.get("PUSH_EVENTS_BETWEEN_BEATS", "0"))
+EVENT_LEAD_S = int(os.environ.get("PUSH_EVENT_LEAD_MS", "50")) / 1000
+NULL_HEARTBEAT = os.environ.get("PUSH_NULL_HEARTBEAT") == "1"
 MARKER = os.environ.get("PUSH_MARKER")
 LOG = os.environ.get("PUSH_LOG")
+TRACE = os.environ.get("PUSH_TRACE")
 META = "io.modelcontextprotocol/subscriptionId"
 
 write_lock = threading.Lock()
@@ -53,6 +66,12 @@ def note(line: str) -> None:
             log.write(line + "\n")
 
 
+def trace(kind: str, request_id: Any, *rest: Any) -> None:
+    if TRACE:
+        with write_lock, open(TRACE, "a") as log:
+            log.write(" ".join([f"{time.monotonic():.6f}", kind, str(request_id), *map(str, rest)]) + "\n")
+
+
 def once() -> bool:
     """True the first time (per marker file)."""
     if not MARKER or os.path.exists(MARKER):
@@ -65,15 +84,14 @@ def stream(request_id: Any, cursor: str | None, prefix: str) -> None:
     stop = cancelled[request_id]
     position = 0 if cursor is None else int(cursor)
     note(f"open {cursor}")
+    trace("open", request_id, cursor)
+    sent_event = False
 
     def notify(kind: str, params: dict[str, Any]) -> None:
         send({"method": f"notifications/events/{kind}", "params": {**params, "_meta": {META: request_id}}})
 
-    notify("active", {"cursor": str(position), "truncated": False})
-    silent = False
-    for n in range(position + 1, ITEMS + 1):
-        if stop.is_set():
-            return
+    def item(n: int) -> None:
+        nonlocal position, sent_event
         notify(
             "event",
             {
@@ -85,6 +103,17 @@ def stream(request_id: Any, cursor: str | None, prefix: str) -> None:
             },
         )
         position = n
+        sent_event = True
+
+    def current(at: int) -> str | None:
+        return None if NULL_HEARTBEAT and not sent_event else str(at)
+
+    notify("active", {"cursor": current(position), "truncated": False})
+    silent = False
+    for n in range(position + 1, ITEMS + 1):
+        if stop.is_set():
+            return
+        item(n)
         if n == ERROR_AT:
             notify(
                 "error", {"error": {"code": -32603, "message": "UpstreamError", "data": {"reason": "503"}}}
@@ -105,9 +134,27 @@ def stream(request_id: Any, cursor: str | None, prefix: str) -> None:
             break
         if n == CRASH_AT and once():
             os._exit(3)
-    while not stop.wait(HEARTBEAT_S):
-        if not silent:
-            notify("heartbeat", {"cursor": str(position + SKIPPED)})
+    beats = 0
+    while True:
+        if beats < EVENTS_BETWEEN_BEATS and not silent:
+            if stop.wait(HEARTBEAT_S - EVENT_LEAD_S):
+                break
+            item(position + 1)
+            trace("event", request_id, position)
+            if stop.wait(EVENT_LEAD_S):
+                break
+        elif stop.wait(HEARTBEAT_S):
+            break
+        if silent:
+            continue
+        cursor_now = current(position + SKIPPED)
+        notify("heartbeat", {"cursor": cursor_now})
+        trace("heartbeat", request_id, cursor_now)
+        beats += 1
+        if beats == SILENT_AFTER_BEATS and once():
+            silent = True
+            trace("silent", request_id)
+    trace("closed", request_id)
 
 
 def main() -> None:
@@ -118,6 +165,7 @@ def main() -> None:
         if method == "notifications/cancelled":
             request_id = params.get("requestId")
             note(f"cancel {request_id}")
+            trace("cancel", request_id)
             if request_id in cancelled:
                 cancelled[request_id].set()
             continue

@@ -236,6 +236,7 @@ async def test_the_supervisor_reconnects_a_crashed_server_and_one_terminated_sub
                 # The supervisor says when a commit stored new events.
                 while len(store.core.event_ids("crashy")) < 20:
                     await supervisor.next_stored()
+                await supervisor.wait_ended("revoked")
             tg.cancel_scope.cancel()
         assert store.core.event_ids("crashy") == [f"item-{n}" for n in range(1, 21)]
         rows = {r["subscription"]: r for r in store.core.subscriptions()}
