@@ -108,11 +108,11 @@ async def run_service(
             await tg.start(watch_policy, config, worker, runner.renderer if runner else None, handle_signals)
             # Only now, with SIGHUP handled: a reader of this line may send one.
             logger.info(
-                "policy: %d rule(s) from %d file(s) in %s; default %s",
+                "policy: %d rule(s) from %d file(s) in %s; %s",
                 len(policy.rules),
                 len(policy.files),
                 config.policy.dir,
-                policy.default,
+                policy.who_decides_the_rest(),
             )
             await tg.start(supervisor.run)
             task_status.started(supervisor)
