@@ -25,7 +25,7 @@ def write_config(tmp_path: Path, delivery: str) -> Path:
         f'{k} = "{v}"'
         for k, v in {
             **QUIET_DEMO,
-            "DEMO_DB": "demo.db",
+            "DEMO_DB": str(tmp_path / "demo.db"),  # the server runs in the repo: never its demo.db
             "DEMO_BACKLOG": str(BACKLOG),
             "DEMO_HEARTBEAT_MS": "300",
         }.items()
