@@ -620,11 +620,11 @@ def test_a_missing_template_is_a_prompt_error(tmp_path: Path) -> None:
         render_with(renderer, "missing.md.j2")
     with pytest.raises(PromptError, match="not found"):
         renderer.check(["missing.md.j2"])
-    # No event.md.j2 in this folder: the fallback is missing too.
-    with pytest.raises(PromptError, match=r"'event\.md\.j2' not found"):
-        renderer.render(
-            fence=Fence(), event=inbox_event("x.y", {}), subscription=None, server="demo", tools=[]
-        )
+    # No event.md.j2 in this folder: agentwake's packaged one is used.
+    rendered = renderer.render(
+        fence=Fence(), event=inbox_event("x.y", {}), subscription=None, server="demo", tools=[]
+    )
+    assert rendered.template == "event.md.j2" and 'Event "x.y"' in rendered.user
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,8 @@ The order, as a newcomer reads it (README, "Architecture"):
 
 The store comes before delivery here although an event reaches it after: delivery writes
 through the store's interface, so it must know it, and the store knows nothing of delivery.
-The server toolkit (agentwake.server) is a separate branch on the foundations only.
+The server toolkit (agentwake.server) is a separate branch on the foundations only, and the
+demo server built on it (agentwake.demo, the agentwake-demo program) belongs to that branch.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
             "agentwake.backoff",
             "agentwake.clock",
             "agentwake.codes",
+            "agentwake.commands",
             "agentwake.config",
             "agentwake.configfile",
             "agentwake.errors",
@@ -53,6 +55,7 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
     ("cli", ("agentwake.cli",)),
 ]
 SERVER = "agentwake.server"
+DEMO = "agentwake.demo"
 LONG_MODULE_LINES = 700
 
 
@@ -64,7 +67,7 @@ def module_name(path: Path) -> str:
 
 
 def stage_of(module: str) -> str | None:
-    if module == SERVER or module.startswith(SERVER + "."):
+    if any(module == branch or module.startswith(branch + ".") for branch in (SERVER, DEMO)):
         return "server"
     for stage, prefixes in STAGES:
         if any(module == p or module.startswith(p + ".") for p in prefixes):

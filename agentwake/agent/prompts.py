@@ -4,12 +4,17 @@ Templates are user files but what they render is not: event data reaches them
 only already fenced (``event.data_block``) or through the ``fenced`` function.
 Lookup for the user prompt: the subscription's ``prompt``, else
 ``<event name>.md.j2``, else ``event.md.j2``.
+
+The folder overrides the packaged defaults (``agentwake/defaults/prompts``) file by file:
+a template it lacks is taken from the package, so a config in a new folder runs with no
+prompts of its own, and a ``system.md.j2`` next to it replaces only the system prompt.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 import jinja2
@@ -21,6 +26,8 @@ from agentwake.errors import ConfigError
 from agentwake.sanitize import Sanitized, clean_text, sanitize_with
 
 DEFAULT_EVENT_TEMPLATE: Final = "event.md.j2"
+# The templates shipped in the wheel: the fallback for any the prompts folder does not have.
+PACKAGED_PROMPTS: Final = Path(__file__).resolve().parent.parent / "defaults" / "prompts"
 
 
 _INLINE_UNSAFE: Final = re.compile(r"[^A-Za-z0-9._:+@/#-]")
@@ -55,7 +62,9 @@ class PromptRenderer:
         self.sanitize = sanitize or SanitizeConfig()
         self.folder = agent.prompts
         self._env = SandboxedEnvironment(
-            loader=jinja2.FileSystemLoader(str(self.folder)),
+            loader=jinja2.ChoiceLoader(
+                [jinja2.FileSystemLoader(str(self.folder)), jinja2.FileSystemLoader(str(PACKAGED_PROMPTS))]
+            ),
             undefined=jinja2.StrictUndefined,
             autoescape=False,
             keep_trailing_newline=False,
@@ -71,13 +80,19 @@ class PromptRenderer:
         if subscription is not None and subscription.prompt:
             return subscription.prompt
         specific = f"{event_name}.md.j2"
-        return specific if (self.folder / specific).is_file() else DEFAULT_EVENT_TEMPLATE
+        return specific if self.has_template(specific) else DEFAULT_EVENT_TEMPLATE
+
+    def has_template(self, name: str) -> bool:
+        """In the prompts folder, or else among the packaged defaults."""
+        return any((folder / name).is_file() for folder in (self.folder, PACKAGED_PROMPTS))
 
     def _template(self, name: str) -> jinja2.Template:
         try:
             return self._env.get_template(name)
         except jinja2.TemplateNotFound:
-            raise PromptError(f"prompt template {name!r} not found in {self.folder}") from None
+            raise PromptError(
+                f"prompt template {name!r} not found in {self.folder} (nor among agentwake's packaged prompts)"
+            ) from None
         except jinja2.TemplateSyntaxError as exc:
             raise PromptError(
                 f"prompt template {exc.filename or name} line {exc.lineno}: {exc.message}"

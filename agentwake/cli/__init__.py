@@ -1,6 +1,7 @@
 """The agentwake command line: parse, load config, call the library.
 
     common      the typer app, shared options, config, store and error helpers
+    init        init: a new project from the packaged defaults (agentwake/defaults/)
     service     run, check, events
     views       status, inbox, actions, show
     replay      replay
@@ -16,11 +17,13 @@ and pydantic, the store backend, rich, the MCP SDK, aiohttp and litellm only whe
 from __future__ import annotations
 
 import gc
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
 
 # The command modules register their commands on import, in the order --help lists them.
 # isort: off
-from agentwake.cli import service, views, replay, approvals, policy  # noqa: F401
+from agentwake.cli import init, service, views, replay, approvals, policy  # noqa: F401
 from agentwake.cli.common import app
 
 # isort: on
@@ -43,6 +46,34 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def version() -> str:
+    """The installed distribution's version (importlib.metadata), or "unknown" when not installed."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("agentwake")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"agentwake {version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    # The top-level help is the app's (agentwake.cli.common), not this docstring-less callback's.
+    pass
+
+
 def main() -> None:
     """The ``agentwake`` program."""
     try:
@@ -53,4 +84,4 @@ def main() -> None:
         gc.freeze()
 
 
-__all__ = ["PlainTable", "app", "err", "main", "out", "print_status", "print_table"]
+__all__ = ["PlainTable", "app", "err", "main", "out", "print_status", "print_table", "version"]

@@ -1,0 +1,193 @@
+"""agentwake installed from its wheel, used from a folder far from the checkout, with no venv activated.
+
+The slow test builds the wheel offline from a copy of the sources, installs it into a fresh
+virtualenv outside the repository, and runs what a newcomer types: `agentwake init`, `check`,
+`run` (stopped after the first agent action) and `actions`. The fresh venv sees the main venv's
+site-packages (the dependencies) through a .pth file, but not the checkout: `agentwake` there must
+be the installed wheel, packaged defaults and `agentwake-demo` program included.
+
+The quick tests pin the rule a stdio server's bare `command` is resolved by (agentwake.commands).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO
+
+from agentwake.commands import resolve_command, script_dirs
+
+# ---- the command rule (quick) ------------------------------------------------------------------
+
+
+def test_python_means_the_interpreter_that_runs_agentwake() -> None:
+    major, minor = sys.version_info[:2]
+    for name in ("python", f"python{major}", f"python{major}.{minor}"):
+        assert resolve_command(name) == sys.executable
+
+
+def test_a_name_on_path_is_left_to_path(tmp_path: Path) -> None:
+    program = tmp_path / "my-server"
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    assert resolve_command("my-server", {"PATH": str(tmp_path)}) == "my-server"
+
+
+def test_a_name_not_on_path_is_found_next_to_the_interpreter(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    found = resolve_command("agentwake-demo", {"PATH": str(empty)})
+    assert Path(found).parent in script_dirs() and Path(found).name.startswith("agentwake-demo")
+    assert Path(found).parent == Path(sysconfig.get_path("scripts"))
+
+
+def test_paths_and_unknown_names_are_left_as_written(tmp_path: Path) -> None:
+    assert resolve_command("/nonexistent/server") == "/nonexistent/server"
+    assert resolve_command("./server") == "./server"
+    assert resolve_command("no-such-program-anywhere", {"PATH": str(tmp_path)}) == "no-such-program-anywhere"
+
+
+def test_the_servers_own_path_is_the_one_searched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`env = { PATH = ... }` on the server decides where a bare name is found, as for the child."""
+    program = tmp_path / "only-here"
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert resolve_command("only-here", {"PATH": str(tmp_path)}) == "only-here"
+    assert resolve_command("only-here") == "only-here"  # not found anywhere: unchanged, fails to start
+
+
+# ---- the wheel, installed elsewhere (slow) -----------------------------------------------------
+
+SOURCES = ("pyproject.toml", "README.md", "agentwake")
+RUN_TIMEOUT_S = 60
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """No venv activated, nothing of the checkout on sys.path, the fresh venv's bin not on PATH."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSAFEPATH") and not k.startswith("PIP_")
+    }
+    env.update(PATH="/usr/bin:/bin", PYTHONDONTWRITEBYTECODE="1", **extra)
+    return env
+
+
+def run(args: list[str | Path], cwd: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(a) for a in args], cwd=cwd, env=clean_env(**extra), capture_output=True, text=True, timeout=180
+    )
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, f"{result.args}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The bin folder of a fresh venv, outside the repository, with agentwake's wheel installed."""
+    import setuptools
+
+    major = int(setuptools.__version__.split(".")[0])
+    assert major >= 77, (
+        f"setuptools {setuptools.__version__} cannot build this pyproject (PEP 639 license):"
+        " pip install -e '.[dev]' brings setuptools>=77"
+    )
+    root = tmp_path_factory.mktemp("install-anywhere")
+    source = root / "src"
+    source.mkdir()
+    for name in SOURCES:
+        path = REPO / name
+        if path.is_dir():
+            shutil.copytree(path, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(path, source / name)
+    # Built from a copy: a build in the checkout would leave build/ and *.egg-info in it.
+    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index"]
+    ok(run([*build, "--wheel-dir", root / "dist", source], cwd=root))
+    [wheel] = sorted((root / "dist").glob("agentwake-*.whl"))
+    venv = root / "venv"
+    ok(run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=root))
+    python = venv / "bin" / "python"
+    ok(
+        run(
+            [sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", wheel],
+            cwd=root,
+        )
+    )
+    # The dependencies, from the main venv's site-packages: a path line, so that folder's own .pth
+    # files (the editable install's finder, which maps `agentwake` to the checkout) are not run.
+    purelib = Path(sysconfig.get_path("purelib"))
+    fresh = Path(
+        ok(run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], cwd=root)).strip()
+    )
+    (fresh / "zz-main-venv-deps.pth").write_text(f"{purelib}\n")
+    yield venv / "bin"
+
+
+def actions(agentwake: Path, project: Path) -> list[dict[str, Any]]:
+    result = run([agentwake, "actions", "--json"], cwd=project)
+    return json.loads(result.stdout) if result.returncode == 0 else []
+
+
+@pytest.mark.slow
+def test_the_wheel_installed_elsewhere_inits_checks_and_runs_a_project(
+    installed: Path, tmp_path: Path
+) -> None:
+    python, agentwake = installed / "python", installed / "agentwake"
+    assert (installed / "agentwake-demo").is_file()
+    probe = (
+        "import agentwake, json, importlib.metadata as m;"
+        "print(json.dumps([agentwake.__file__, str(m.distribution('agentwake').locate_file('')),"
+        " m.version('agentwake')]))"
+    )
+    module, dist, version = json.loads(ok(run([python, "-c", probe], cwd=tmp_path)))
+    for path in (module, dist):  # the wheel in the fresh venv, not the checkout nor its editable install
+        assert Path(path).resolve().is_relative_to(installed.parent.resolve()), (module, dist)
+    assert ok(run([agentwake, "--version"], cwd=tmp_path)).strip() == f"agentwake {version}"
+
+    project = tmp_path / "my-agent"
+    project.mkdir()
+    said = ok(run([agentwake, "init"], cwd=project))
+    assert "agentwake check" in said and (project / "agentwake.toml").is_file()
+    assert "config OK" in " ".join(ok(run([agentwake, "check"], cwd=project)).split())
+
+    service = subprocess.Popen(
+        [str(agentwake), "run"],
+        cwd=project,
+        env=clean_env(DEMO_RATE="5"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        done: list[dict[str, Any]] = []
+        while not done:
+            assert service.poll() is None, f"agentwake run ended early:\n{service.communicate()[0]}"
+            assert time.monotonic() < deadline, "no agent action within the timeout"
+            done = [r for r in actions(agentwake, project) if r["status"] == "completed" and r["tools"]]
+        service.send_signal(signal.SIGINT)
+        output, _ = service.communicate(timeout=30)
+    finally:
+        if service.poll() is None:
+            service.kill()
+            service.communicate()
+    assert service.returncode == 0, output
+    runs = [r for r in actions(agentwake, project) if r["status"] == "completed" and r["tools"]]
+    assert runs and runs[0]["tools"][0].startswith("demo__"), runs
+    assert "comment added" in output or "acknowledged" in output, output
+    assert (project / "agentwake.db").is_file() and (project / "demo.db").is_file()
