@@ -6,8 +6,11 @@ Reading the file, ``${ENV}`` interpolation and path resolution are in
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
+import types
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -18,6 +21,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -25,9 +29,13 @@ from pydantic import (
 from agentwake.configfile import (
     DEFAULT_CONFIG_PATH,
     DEFAULT_STORE_PATH,
+    Location,
     config_base,
     interpolate,
-    read_config_file,
+    key_lines,
+    line_of,
+    read_config_source,
+    table_label,
     under,
     with_default_name,
 )
@@ -103,11 +111,13 @@ class ServerConfig(_Model):
     )
 
     @model_validator(mode="after")
-    def _one_transport(self) -> ServerConfig:
+    def _one_transport(self, info: ValidationInfo) -> ServerConfig:
         if (self.command is None) == (self.url is None):
             raise ValueError("set exactly one of 'command' (stdio) or 'url' (Streamable HTTP)")
         if self.url is not None:
-            if not re.match(r"^https?://[^/\s]+", self.url):
+            # Loaded without secrets (a read-only command): an unset ${VAR} in the url stays as written.
+            unresolved = bool(info.context and info.context.get("keep_unset")) and "${" in self.url
+            if not unresolved and not re.match(r"^https?://[^/\s]+", self.url):
                 raise ValueError(f"url must be an http:// or https:// URL, got {self.url!r}")
             if self.args or self.env or self.cwd:
                 raise ValueError("'args', 'env' and 'cwd' only apply to a stdio server ('command')")
@@ -451,29 +461,108 @@ class AgentwakeConfig(_Model):
         raise ConfigError(f"no subscription named {name!r}")
 
 
-def _location(loc: tuple[int | str, ...]) -> str:
+def _location(loc: Location) -> str:
     text = ""
     for part in loc:
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text or "(top level)"
+    return text
+
+
+def _unwrap(annotation: Any) -> Any:
+    """``X | None`` as ``X``."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return annotation
+
+
+def known_keys(loc: Location) -> list[str]:
+    """The keys the table at ``loc`` may hold (``("servers", "x")``: ServerConfig's), or none."""
+    annotation: Any = AgentwakeConfig
+    for part in loc:
+        annotation = _unwrap(annotation)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            field = annotation.model_fields.get(part) if isinstance(part, str) else None
+            if field is None:
+                return []
+            annotation = field.annotation
+        elif typing.get_origin(annotation) is dict:
+            annotation = typing.get_args(annotation)[1]
+        elif typing.get_origin(annotation) is list:
+            annotation = typing.get_args(annotation)[0]
+        else:
+            return []
+    annotation = _unwrap(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return list(annotation.model_fields)
+    return []
+
+
+def describe_error(error: Mapping[str, Any], lines: Mapping[Location, int] | None = None) -> str:
+    """One pydantic error as one line: where (dotted key, table, line), what, and for an unknown
+    key the nearest known one: "unknown key 'tool' in [[subscriptions]] #1 at line 31; did you
+    mean 'tools'?"."""
+    loc: Location = tuple(error["loc"])
+    line = line_of(lines, loc) if lines is not None and loc else None
+    at = f" at line {line}" if line is not None else ""
+    prefix = f"{_location(loc)}: " if len(loc) > 1 else ""
+    if error["type"] == "extra_forbidden" and loc and isinstance(loc[-1], str):
+        key, table = loc[-1], loc[:-1]
+        where = f"in {table_label(table)}" if table else "at the top level"
+        message = f"{prefix}unknown key {key!r} {where}{at}"
+        close = difflib.get_close_matches(key, known_keys(table), n=1, cutoff=0.6)
+        if close:
+            return f"{message}; did you mean {close[0]!r}?"
+        return f"{message} (check the spelling; see the README for every key)"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if error["type"] not in ("value_error", "assertion_error") and isinstance(
+        error.get("input"), str | int | float | bool
+    ):
+        given = repr(error["input"])
+        message += f", got {given if len(given) <= 60 else given[:59] + '…'}"
+    if not loc:
+        return message
+    if len(loc) == 1 and not at:
+        return f"{loc[0]}: {message}"
+    # The error is about a table itself ([servers.x]), or about a key in one.
+    table = loc if isinstance(loc[-1], int) or known_keys(loc) else loc[:-1]
+    where = f" (in {table_label(table)}{at})" if table else f" ({at.strip()})" if at else ""
+    return f"{_location(loc)}: {message}{where}"
 
 
 def parse_config(
-    data: dict[str, Any], *, source: Path | None = None, env: Mapping[str, str] | None = None
+    data: dict[str, Any],
+    *,
+    source: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    text: str | None = None,
+    secrets: bool = True,
 ) -> AgentwakeConfig:
-    """Validate already-parsed TOML data; paths resolve against ``source``'s folder."""
+    """Validate already-parsed TOML data; paths resolve against ``source``'s folder.
+
+    ``text`` (the file's source) lets every error name its line. ``secrets=False`` is for the
+    commands that never talk to a server (``status``, ``policy check``, ...): a ``${VAR}`` in
+    ``[servers.*]`` whose variable is not set stays as written instead of failing the load, so
+    those commands need no secrets. Everything else is interpolated as usual.
+    """
     label = str(source) if source else "config"
-    data = interpolate(data, os.environ if env is None else env)
+    environ = os.environ if env is None else env
+    if secrets:
+        data = interpolate(data, environ)
+    else:
+        data = {
+            key: interpolate(value, environ, key, keep_unset=key == "servers") for key, value in data.items()
+        }
     try:
-        config = AgentwakeConfig.model_validate(data)
+        config = AgentwakeConfig.model_validate(data, context={"keep_unset": not secrets})
     except ValidationError as exc:
-        lines = []
-        for error in exc.errors():
-            message = error["msg"].removeprefix("Value error, ")
-            if error["type"] == "extra_forbidden":
-                message = "unknown key (check the spelling; see the README for every key)"
-            lines.append(f"  {_location(error['loc'])}: {message}")
-        raise ConfigError(f"{label} is invalid:\n" + "\n".join(lines)) from None
+        lines = key_lines(text) if text is not None else None
+        errors = exc.errors()
+        if lines is not None:  # in the file's order
+            errors.sort(key=lambda e: line_of(lines, tuple(e["loc"])) or len(text or ""))
+        problems = [f"  {describe_error(error, lines)}" for error in errors]
+        raise ConfigError(f"{label} is invalid:\n" + "\n".join(problems)) from None
     config = _resolve_paths(config, config_base(source))
     config._source = source
     return config
@@ -502,8 +591,12 @@ def _resolve_paths(config: AgentwakeConfig, base: Path) -> AgentwakeConfig:
 
 
 def load_config(
-    path: Path | str = DEFAULT_CONFIG_PATH, *, env: Mapping[str, str] | None = None
+    path: Path | str = DEFAULT_CONFIG_PATH, *, env: Mapping[str, str] | None = None, secrets: bool = True
 ) -> AgentwakeConfig:
-    """Read, interpolate and validate a config file. Every failure is a ConfigError."""
+    """Read, interpolate and validate a config file. Every failure is a ConfigError.
+
+    ``secrets=False``: unset variables in ``[servers.*]`` values are left as written (see ``parse_config``).
+    """
     path = Path(path)
-    return parse_config(read_config_file(path), source=path, env=env)
+    text, data = read_config_source(path)
+    return parse_config(data, source=path, env=env, text=text, secrets=secrets)

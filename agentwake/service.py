@@ -74,6 +74,9 @@ def build_agent(config: AgentwakeConfig, store: Store) -> tuple[AgentRunner | No
 
     renderer = PromptRenderer(config.agent, config.sanitize)
     renderer.check([renderer.template_for(s, s.event) for s in config.subscriptions if s.agent])
+    from agentwake.agent.llm import require_api_keys
+
+    require_api_keys(config)  # a ConfigError naming the unset variable; agentwake/offline needs none
     pool = ConnectionPool(call_timeout_s=config.agent.request_timeout_s)
     return AgentRunner(config, config.agent, store, pool, renderer), pool
 

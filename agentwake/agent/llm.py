@@ -10,10 +10,12 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import re
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 from tenacity import (
@@ -25,6 +27,10 @@ from tenacity import (
 
 from agentwake.backoff import tenacity_wait
 from agentwake.config import OFFLINE_MODEL
+from agentwake.errors import ConfigError
+
+if TYPE_CHECKING:
+    from agentwake.config import AgentConfig, AgentwakeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +44,14 @@ _TRANSIENT_NAMES: Final = (
     "BadGatewayError",
 )
 _TRANSIENT_STATUS: Final = frozenset({408, 409, 425, 429})
+# What provider clients say when no key reached them; litellm wraps some of these in a 500.
+_NO_KEY: Final = re.compile(
+    r"missing credentials|api_key client option must be set|no api key|"
+    r"api[ _]key (?:is )?(?:missing|not set|not provided|not found|required)",
+    re.IGNORECASE,
+)
+# validate_environment also lists settings such as AZURE_API_BASE; only these are keys.
+_SECRET_WORDS: Final = ("KEY", "TOKEN", "SECRET", "PASSWORD")
 
 _lock = threading.Lock()
 _litellm: ModuleType | None = None
@@ -92,9 +106,20 @@ class LLMError(Exception):
         self.transient = transient
 
 
+def is_auth_error(exc: BaseException) -> bool:
+    """The provider refused the request for its credentials (401), or no key reached the client."""
+    litellm = _litellm
+    auth = getattr(litellm, "AuthenticationError", None) if litellm is not None else None
+    if isinstance(auth, type) and isinstance(exc, auth):
+        return True
+    if getattr(exc, "status_code", None) == 401:
+        return True
+    return bool(_NO_KEY.search(str(exc)))
+
+
 def is_transient(exc: BaseException) -> bool:
     litellm = _litellm
-    if litellm is None:
+    if litellm is None or is_auth_error(exc):
         return False
     transient = tuple(getattr(litellm, name) for name in _TRANSIENT_NAMES if hasattr(litellm, name))
     if isinstance(exc, transient):
@@ -132,6 +157,7 @@ class LLMSettings:
     retries: int
     retry_initial_s: float
     retry_max_s: float
+    api_key_env: str | None = None  # where api_key came from, named in an authentication error
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +203,11 @@ async def complete(
         delay = state.next_action.sleep if state.next_action else 0.0
         logger.warning("LLM %s: %s; retrying in %.1fs", settings.model, describe(exc) if exc else "?", delay)
 
+    if settings.api_key_env and not settings.api_key and settings.model != OFFLINE_MODEL:
+        # Not worth a request: the provider would refuse it, and the client's message names its
+        # own default variable, not the one the config names.
+        raise LLMError(_no_key_reason(settings), transient=False)
+
     retrying = AsyncRetrying(
         retry=retry_if_exception(is_transient),
         wait=tenacity_wait(initial_s=settings.retry_initial_s, max_s=settings.retry_max_s),
@@ -189,6 +220,8 @@ async def complete(
             with attempt:
                 response = await litellm.acompletion(**kwargs)
     except Exception as exc:
+        if is_auth_error(exc):
+            raise LLMError(_auth_reason(litellm, settings, exc), transient=False) from exc
         raise LLMError(describe(exc), transient=is_transient(exc)) from exc
     choice = response.choices[0]
     message = choice.message.model_dump(exclude_none=True)
@@ -203,3 +236,113 @@ async def complete(
         cost_usd=_cost(litellm, response),
         attempts=attempt.retry_state.attempt_number,
     )
+
+
+# ---- API keys ------------------------------------------------------------------------------------
+
+
+def _no_key_reason(settings: LLMSettings, variables: Iterable[str] = ()) -> str:
+    if settings.api_key_env:
+        return (
+            f"AuthenticationError: no API key for {settings.model}: {settings.api_key_env} is not set"
+            " ([agent] api_key_env); export it and restart agentwake"
+        )
+    named = ", ".join(variables) or "the provider's API key variable"
+    return (
+        f"AuthenticationError: no API key for {settings.model}: {named} is not set; export it,"
+        " or name the variable that holds the key with api_key_env in [agent]"
+    )
+
+
+def _auth_reason(litellm: ModuleType, settings: LLMSettings, exc: BaseException) -> str:
+    """An authentication failure in words that name the variable the key comes from."""
+    if not settings.api_key:
+        missing = _missing_variables(litellm, settings.model, settings.api_base)
+        if settings.api_key_env or missing:
+            return _no_key_reason(settings, missing)
+    reason = describe(exc)
+    if not reason.startswith("AuthenticationError"):
+        reason = f"AuthenticationError: {reason}"
+    source = (
+        f"the API key in {settings.api_key_env} ([agent] api_key_env)"
+        if settings.api_key_env
+        else "the provider's API key from the environment (set api_key_env in [agent] to choose the variable)"
+    )
+    return f"{reason} ({source} was refused)"
+
+
+def _missing_variables(litellm: ModuleType, model: str, api_base: str | None) -> list[str]:
+    """The key variables litellm wants for ``model`` and does not find (never fetches anything)."""
+    try:
+        found = litellm.validate_environment(model=model, api_base=api_base)
+    except Exception:  # an unknown provider: litellm cannot say
+        return []
+    return [str(name) for name in found.get("missing_keys") or [] if _is_secret(str(name))]
+
+
+def _is_secret(name: str) -> bool:
+    return any(word in name.upper() for word in _SECRET_WORDS)
+
+
+@dataclass(frozen=True, slots=True)
+class MissingKey:
+    """A model that cannot run: the variables its API key should come from are not set."""
+
+    model: str
+    variables: tuple[str, ...]
+    named: bool  # the variable is the one [agent] api_key_env names
+
+    def __str__(self) -> str:
+        if self.named:
+            name = self.variables[0]
+            return (
+                f"[agent] api_key_env names {name}, but {name} is not set: the agent could not call"
+                f" {self.model}; export {name} (or use model = {OFFLINE_MODEL!r} to run without a key)"
+            )
+        names = " and ".join(self.variables)
+        return (
+            f"model {self.model!r} needs {names}, which is not set; export it, or name the variable"
+            " that holds the key with api_key_env in [agent]"
+        )
+
+
+def models_in_use(config: AgentwakeConfig, extra: Iterable[str | None] = ()) -> list[str]:
+    """Every model the agent may call: [agent] model, the subscriptions' and ``extra`` (the rules')."""
+    if config.agent is None:
+        return []
+    models = [config.agent.model]
+    models += [s.model for s in config.subscriptions if s.agent and s.model]
+    models += [m for m in extra if m]
+    return list(dict.fromkeys(models))
+
+
+def missing_api_keys(agent: AgentConfig, models: Iterable[str]) -> list[MissingKey]:
+    """The models whose API key is not in the environment. ``agentwake/offline`` needs none.
+
+    With ``api_key_env`` the key is that variable, for every model. Without it, litellm's
+    ``validate_environment`` says which variable the provider reads (OPENAI_API_KEY for
+    ``openai/...``); litellm is imported for that (offline price map), and only then.
+    """
+    online = [m for m in dict.fromkeys(models) if m != OFFLINE_MODEL]
+    if not online:
+        return []
+    if agent.api_key_env:
+        if os.environ.get(agent.api_key_env):
+            return []
+        return [MissingKey(", ".join(online), (agent.api_key_env,), named=True)]
+    litellm = load_litellm()
+    problems = []
+    for model in online:
+        missing = _missing_variables(litellm, model, agent.api_base)
+        if missing:
+            problems.append(MissingKey(model, tuple(missing), named=False))
+    return problems
+
+
+def require_api_keys(config: AgentwakeConfig, extra_models: Iterable[str | None] = ()) -> None:
+    """Refuse to start the agent stage without its API key: a ConfigError naming the variable."""
+    if config.agent is None:
+        return
+    problems = missing_api_keys(config.agent, models_in_use(config, extra_models))
+    if problems:
+        raise ConfigError("; ".join(map(str, problems)))

@@ -130,6 +130,7 @@ class AgentRunner:
             retries=agent.llm_retries,
             retry_initial_s=agent.retry_initial_s,
             retry_max_s=agent.retry_max_s,
+            api_key_env=agent.api_key_env,
         )
 
     def prepare(self, outcome: Outcome, *, batch: Sequence[InboxEvent] = ()) -> RunPlan:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Annotated, Any
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
@@ -23,8 +25,11 @@ from agentwake.cli.common import (
 from agentwake.errors import AgentwakeError, ConfigError, EventsUnsupported
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from agentwake import protocol
     from agentwake.config import AgentwakeConfig, SubscriptionConfig
+    from agentwake.mcp import ServerConnection
 
 CHECK_COLUMNS = ("subscription", "server", "event", "mode", "agent tools", "status")
 EVENTS_COLUMNS = ("server", "event", "delivery", "arguments", "description")
@@ -37,110 +42,395 @@ def run(config: ConfigOption = DEFAULT_CONFIG_PATH) -> None:
     Connects to every configured server, polls each subscription into the SQLite
     inbox (cursor and events in one transaction) and hands new events to the
     processing stage. Stopping is clean: in-flight writes finish, cursors stay.
+    Refuses to start (exit 2) when the agent's API key is not in the environment.
     """
     from agentwake.service import serve
 
     cfg = load(config)
     setup_logging(cfg.log.level)
+    if cfg.agent is not None:
+        from agentwake.agent.llm import require_api_keys
+
+        try:
+            require_api_keys(cfg)
+        except ConfigError as exc:
+            raise fail(exc, 2) from None
     try:
         serve(cfg)
     except AgentwakeError as exc:
         raise fail(exc) from None
 
 
+Severity = Literal["error", "warning"]
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing ``check`` found: ``kind`` (config, store, api_key, prompt, policy, server,
+    subscription, tool), ``what`` (the file, variable, server, subscription or rule) and why."""
+
+    kind: str
+    what: str
+    message: str
+    severity: Severity = "error"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "what": self.what,
+            "message": self.message,
+            "severity": self.severity,
+            **self.extra,
+        }
+
+
+@dataclass
+class CheckReport:
+    findings: list[Finding] = field(default_factory=list)
+    subscriptions: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not any(f.severity == "error" for f in self.findings)
+
+    def add(self, kind: str, what: str, message: str, severity: Severity = "error", **extra: Any) -> None:
+        self.findings.append(Finding(kind, what, message, severity, extra))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "findings": [f.to_json() for f in self.findings],
+            "subscriptions": self.subscriptions,
+        }
+
+
 @app.command()
-def check(config: ConfigOption = DEFAULT_CONFIG_PATH) -> None:
+def check(
+    config: ConfigOption = DEFAULT_CONFIG_PATH,
+    as_json: Annotated[
+        bool, typer.Option("--json", help='Print one JSON object: {"ok", "findings", "subscriptions"}.')
+    ] = False,
+) -> None:
     """Validate the config, connect to every server and show each subscription's delivery mode and tools.
 
-    Exits non-zero, with one message per problem, if the config is invalid, a
-    prompt template is broken, a server cannot be reached, or a subscription
-    cannot run. A tool glob that matches no tool is reported as a warning.
+    Exits non-zero, with one message per problem, if the config is invalid or
+    empty, the store cannot be created or written, the agent's API key is not
+    set, a prompt template or policy file is broken, a rule names a tool no
+    server has, a server cannot be reached or does not implement MCP Events, or
+    a subscription cannot run. A subscription's tool glob that matches no tool
+    is a warning.
     """
+    from agentwake.config import load_config
+
+    try:
+        cfg = load_config(config)
+    except ConfigError as exc:
+        if not as_json:
+            raise fail(exc, 2) from None
+        report = CheckReport()
+        report.add("config", str(config), str(exc))
+        _print_json(report)
+        raise typer.Exit(2) from None
+    setup_logging("WARNING")
+    report = run_async(lambda: _check(cfg))
+    if as_json:
+        _print_json(report)
+    else:
+        _print_report(config, cfg, report)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def _print_json(report: CheckReport) -> None:
+    sys.stdout.write(json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n")
+
+
+def _print_report(path: Path, cfg: AgentwakeConfig, report: CheckReport) -> None:
     from agentwake.cli.tables import print_table, table_of
 
-    cfg = load(config)
-    setup_logging("WARNING")
-    problems, warnings, rows = run_async(lambda: _check(cfg))
-    table = table_of(f"Subscriptions in {config}", CHECK_COLUMNS)
-    for row in rows:
-        table.add_row(*row)
     out = stdout()
-    print_table(table, out)
-    for warning in warnings:
-        warn(warning)
-    for problem in problems:
-        error(problem)
-    if problems:
-        raise typer.Exit(1)
-    model = f", agent model {cfg.agent.model}" if cfg.agent else ", no [agent]: events are only logged"
-    out.print(f"config OK: {len(cfg.servers)} server(s), {len(cfg.subscriptions)} subscription(s){model}")
+    if report.subscriptions:
+        table = table_of(f"Subscriptions in {path}", CHECK_COLUMNS)
+        for sub in report.subscriptions:
+            tools = sub["tools"]
+            shown = "(no agent)" if tools is None else "\n".join(tools) if tools else "none"
+            table.add_row(sub["name"], sub["server"], sub["event"], sub["mode"] or "-", shown, sub["status"])
+        print_table(table, out)
+    for finding in report.findings:
+        if finding.severity == "warning":
+            warn(finding.message)
+    for finding in report.findings:
+        if finding.severity == "error":
+            error(finding.message)
+    if report.ok:
+        model = f", agent model {cfg.agent.model}" if cfg.agent else ", no [agent]: events are only logged"
+        out.print(
+            f"config OK: {len(cfg.servers)} server(s), {len(cfg.subscriptions)} subscription(s){model}",
+            highlight=False,
+        )
 
 
-async def _check(cfg: AgentwakeConfig) -> tuple[list[str], list[str], list[tuple[str, ...]]]:
-    from agentwake.delivery.select import plan_subscription
-    from agentwake.mcp import ServerConnection
+async def _check(cfg: AgentwakeConfig) -> CheckReport:
+    """Everything ``run`` needs, checked without starting it (or changing an existing store)."""
+    import anyio
 
-    problems: list[str] = []
-    warnings: list[str] = []
-    rows: list[tuple[str, ...]] = []
+    report = CheckReport()
+    _check_not_empty(cfg, report)
+    await anyio.to_thread.run_sync(_check_store, cfg, report)
+    rules = _check_prompts_and_policy(cfg, report)
+    if cfg.agent is not None:
+        # Without api_key_env, litellm says which variable a provider reads: a slow import.
+        await anyio.to_thread.run_sync(_check_api_keys, cfg, [r.rule.model for r in rules], report)
+    catalogs = await _check_servers(cfg, report)
+    if cfg.agent is not None:
+        _check_tools(cfg, rules, catalogs, report)
+    return report
+
+
+def _check_not_empty(cfg: AgentwakeConfig, report: CheckReport) -> None:
+    if not cfg.servers:
+        report.add(
+            "config",
+            "servers",
+            "no servers are configured: add a [servers.NAME] table with 'command' (stdio) or 'url'"
+            " (Streamable HTTP); 'run' would have nothing to connect to",
+        )
+    if not cfg.subscriptions:
+        report.add(
+            "config",
+            "subscriptions",
+            "no subscriptions are configured: add a [[subscriptions]] table with 'server' and 'event'"
+            " ('agentwake events' lists what the servers offer); 'run' would receive nothing",
+        )
+
+
+def _check_store(cfg: AgentwakeConfig, report: CheckReport) -> None:
+    """The store can be opened and written; a missing one can be created. An existing store is
+    opened and a write transaction begun and rolled back; for a new one, its folder is made and a
+    scratch file written next to where it will be, then removed."""
+    import os
+    import sqlite3
+    import tempfile
+
+    path = cfg.store.path
+    what = str(path)
+    if path.exists():
+        if path.is_dir():
+            report.add("store", what, f"store path {path} is a folder; set [store] path to a file")
+            return
+        from agentwake.errors import StoreError
+        from agentwake.store.sqlite import SqliteCore
+
+        try:
+            core = SqliteCore.open(path, create=False)
+        except StoreError as exc:
+            report.add("store", what, f"store {path} cannot be opened: {exc}")
+            return
+        try:
+            core.conn.execute("BEGIN IMMEDIATE")
+            core.conn.rollback()
+        except sqlite3.Error as exc:
+            report.add("store", what, f"store {path} cannot be written: {exc}")
+        finally:
+            core.close()
+        if not os.access(path.parent, os.W_OK):
+            report.add(
+                "store",
+                what,
+                f"store {path}: its folder is not writable (SQLite keeps its -wal and -shm files there)",
+            )
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, scratch = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".check", dir=path.parent)
+        try:
+            os.write(fd, b"agentwake check\n")
+        finally:
+            os.close(fd)
+            os.unlink(scratch)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        report.add("store", what, f"store {path} cannot be created: {reason} ({exc.filename or path.parent})")
+
+
+def _check_api_keys(cfg: AgentwakeConfig, rule_models: list[str | None], report: CheckReport) -> None:
+    from agentwake.agent.llm import missing_api_keys, models_in_use
+
+    assert cfg.agent is not None
+    for missing in missing_api_keys(cfg.agent, models_in_use(cfg, rule_models)):
+        report.add("api_key", ", ".join(missing.variables), str(missing), model=missing.model)
+
+
+def _check_prompts_and_policy(cfg: AgentwakeConfig, report: CheckReport) -> list[Any]:
+    """The prompt templates and policy files; the rules loaded (none when a file is broken)."""
+    from agentwake.policy import load_policy
+
+    renderer = None
     if cfg.agent is not None:
         from agentwake.agent.prompts import PromptRenderer
 
-        renderer = PromptRenderer(cfg.agent)
+        renderer = PromptRenderer(cfg.agent, cfg.sanitize)
         try:
             renderer.check([renderer.template_for(s, s.event) for s in cfg.subscriptions if s.agent])
         except AgentwakeError as exc:
-            problems.append(str(exc))
+            report.add("prompt", str(cfg.agent.prompts), str(exc))
+    from agentwake.service import config_dir
+
+    try:
+        policy = load_policy(cfg.policy.dir, cfg.policy.default, base=config_dir(cfg))
+    except AgentwakeError as exc:
+        for line in str(exc).splitlines():
+            file = line.split(":", 1)[0]
+            report.add("policy", file if file.endswith(".toml") else str(cfg.policy.dir), line)
+        return []
+    if renderer is not None:
+        prompts = [(r, r.rule.prompt) for r in policy.rules if r.rule.prompt]
+        for loaded, prompt in prompts:
+            try:
+                renderer.check([prompt])
+            except AgentwakeError as exc:
+                report.add(
+                    "policy",
+                    loaded.rule.name,
+                    f"{loaded.file}:{loaded.line}: rule {loaded.rule.name!r}: {exc}",
+                    file=str(loaded.file),
+                    line=loaded.line,
+                )
+    return list(policy.rules)
+
+
+async def _check_servers(cfg: AgentwakeConfig, report: CheckReport) -> dict[str, list[str]]:
+    """Connect to each server: its event types against its subscriptions, and its tools (the
+    catalog of exposed names, by server; a server not reached has none)."""
+    from agentwake.delivery.select import plan_subscription
+    from agentwake.mcp import ServerConnection
+
+    catalogs: dict[str, list[str]] = {}
     for server_name, server in cfg.servers.items():
         subs = [s for s in cfg.subscriptions if s.server == server_name]
+
+        def row(sub: SubscriptionConfig, mode: str | None, status: str, message: str | None = None) -> None:
+            tools: list[str] | None = None if cfg.agent is None or not sub.agent else []
+            report.subscriptions.append(
+                {
+                    "name": sub.name,
+                    "server": sub.server,
+                    "event": sub.event,
+                    "mode": mode,
+                    "tools": tools,
+                    "status": status,
+                    **({"message": message} if message else {}),
+                }
+            )
+
         try:
             async with ServerConnection(server_name, server) as conn:
+                # Its tools stay usable by the agent even when it offers no events.
+                catalogs[server_name] = await _list_tools(conn, report) if cfg.agent is not None else []
                 conn.require_events()
                 descriptors = {d.name: d for d in await conn.list_events()}
-                tools = await conn.list_tools() if cfg.agent is not None else []
         except EventsUnsupported as exc:
             if subs:
-                problems.append(str(exc))
-            rows.extend((s.name, s.server, s.event, "-", "-", "unsupported") for s in subs)
+                report.add("server", server_name, str(exc))
+            for sub in subs:
+                row(sub, None, "unsupported", str(exc))
             continue
         except AgentwakeError as exc:
-            problems.append(str(exc))
-            rows.extend((s.name, s.server, s.event, "-", "-", "server unreachable") for s in subs)
+            report.add("server", server_name, str(exc))
+            for sub in subs:
+                row(sub, None, "server unreachable", str(exc))
             continue
-        catalog = _tool_catalog(server_name, tools)
         for sub in subs:
-            allowed = _allowed_tools(sub, catalog, cfg, warnings)
             try:
                 plan = plan_subscription(sub, descriptors, receiver=cfg.webhook is not None)
             except ConfigError as exc:
-                problems.append(str(exc))
-                rows.append((sub.name, sub.server, sub.event, "-", allowed, "invalid"))
+                report.add("subscription", sub.name, str(exc), server=server_name)
+                row(sub, None, "invalid", str(exc))
                 continue
-            rows.append((sub.name, sub.server, sub.event, plan.mode, allowed, "ok"))
-    return problems, warnings, rows
+            row(sub, plan.mode, "ok")
+    return catalogs
 
 
-def _tool_catalog(server: str, tools: list[Any]) -> list[str]:
+async def _list_tools(conn: ServerConnection, report: CheckReport) -> list[str]:
+    """The server's tools as the agent sees them; a server that offers none (tools/list refused) has none."""
     from agentwake.agent.tools import exposed_name
+    from agentwake.errors import ConnectionLost, DeliveryError
 
-    return [exposed_name(server, tool.name) for tool in tools]
+    try:
+        tools = await conn.list_tools()
+    except ConnectionLost:
+        raise
+    except DeliveryError as exc:
+        report.add("server", conn.name, f"{exc}; its tools are not available to the agent", "warning")
+        return []
+    return [exposed_name(conn.name, tool.name) for tool in tools]
 
 
-def _allowed_tools(
-    sub: SubscriptionConfig, catalog: list[str], cfg: AgentwakeConfig, warnings: list[str]
-) -> str:
-    if cfg.agent is None or not sub.agent:
-        return "(no agent)"
+def _unmatched(glob: str, cfg: AgentwakeConfig, catalogs: dict[str, list[str]]) -> tuple[str, str] | None:
+    """Why ``glob`` matches no tool (and the server it is aimed at), or None when it matches one
+    or cannot be judged (its server was not reached)."""
+    import difflib
     import fnmatch
 
-    # Tools may live on other servers too; this checks the globs aimed at this one.
-    for glob in sub.tools:
-        if glob.split("__", 1)[0] in (sub.server, "*") and not fnmatch.filter(catalog, glob):
-            warnings.append(
-                f"subscription {sub.name!r}: tool glob {glob!r} matches no tool on {sub.server!r}"
-            )
-    allowed = [name for name in catalog if any(fnmatch.fnmatchcase(name, g) for g in sub.tools)]
-    return "\n".join(allowed) if allowed else "none"
+    aimed = glob.split("__", 1)[0] if "__" in glob else "*"
+    servers = [name for name in cfg.servers if fnmatch.fnmatchcase(name, aimed)]
+    if not servers:
+        known = ", ".join(cfg.servers) or "none are configured"
+        return aimed, f"names server {aimed!r}, which is not in [servers] ({known})"
+    reached = [name for name in servers if name in catalogs]
+    if any(fnmatch.filter(catalogs[name], glob) for name in reached):
+        return None
+    if len(reached) < len(servers):
+        return None  # the tool may be on a server not reached (reported on its own)
+    where = servers[0] if len(servers) == 1 else "any server"
+    names = sorted(n for name in reached for n in catalogs[name])
+    close = difflib.get_close_matches(glob, names, n=1, cutoff=0.6)
+    if close:
+        return where, f"matches no tool on {where!r}; did you mean {close[0]!r}?"
+    return where, f"matches no tool on {where!r} (its tools: {', '.join(names[:8]) or 'none'})"
+
+
+def _check_tools(
+    cfg: AgentwakeConfig, rules: list[Any], catalogs: dict[str, list[str]], report: CheckReport
+) -> None:
+    """Each rule's tool globs must name tools that exist; a subscription's that match nothing warn."""
+    import fnmatch
+
+    for loaded in rules:
+        for glob in loaded.rule.tools or []:
+            unmatched = _unmatched(glob, cfg, catalogs)
+            if unmatched is not None:
+                server, why = unmatched
+                report.add(
+                    "tool",
+                    glob,
+                    f"{loaded.where}: rule {loaded.rule.name!r}: tool glob {glob!r} {why}",
+                    rule=loaded.rule.name,
+                    file=str(loaded.file),
+                    line=loaded.line,
+                    server=server,
+                )
+    by_name = {s["name"]: s for s in report.subscriptions}
+    for sub in cfg.subscriptions:
+        if not sub.agent:
+            continue
+        for glob in sub.tools:
+            unmatched = _unmatched(glob, cfg, catalogs)
+            if unmatched is not None:
+                server, why = unmatched
+                report.add(
+                    "tool",
+                    glob,
+                    f"subscription {sub.name!r}: tool glob {glob!r} {why}",
+                    "warning",
+                    subscription=sub.name,
+                    server=server,
+                )
+        shown = by_name.get(sub.name)
+        if shown is not None:
+            everything = [name for names in catalogs.values() for name in names]
+            shown["tools"] = [n for n in everything if any(fnmatch.fnmatchcase(n, g) for g in sub.tools)]
 
 
 @app.command()
@@ -211,4 +501,4 @@ async def _list_events(
     return listing
 
 
-__all__ = ["check", "events", "run"]
+__all__ = ["CheckReport", "Finding", "check", "events", "run"]

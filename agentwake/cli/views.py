@@ -15,6 +15,7 @@ from agentwake.cli.common import (
     ServerOption,
     app,
     clip,
+    fail,
     one_event,
     read_store,
     stdout,
@@ -73,6 +74,11 @@ def inbox(
     as_json: JsonOption = False,
 ) -> None:
     """Show the most recent events in the inbox, newest first."""
+    if state is not None:
+        from agentwake.store.records import EVENT_STATES
+
+        if state not in EVENT_STATES:
+            raise fail(f"unknown state {state!r} for --state; the states are: {', '.join(EVENT_STATES)}", 2)
     rows = read_store(config, lambda location, store: store.inbox(limit, state=state))
     if as_json:
         print_json(rows)
