@@ -15,9 +15,9 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# The venv goes first on PATH so the bundled config's `command = "python"` finds the installed demo server.
+# No PATH set-up: the bundled config's `command = "agentwake-demo"` is found next to .venv's Python.
 run: $(STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH" LITELLM_LOCAL_MODEL_COST_MAP=True $(BIN)/agentwake run -c $(CONFIG)
+	LITELLM_LOCAL_MODEL_COST_MAP=True $(BIN)/agentwake run -c $(CONFIG)
 
 # Webhook delivery on this machine: the demo server over HTTPS callbacks to agentwake's receiver.
 run-webhook: $(STAMP)
@@ -37,6 +37,7 @@ test: lint typecheck unit
 
 bench: $(STAMP)
 	$(BIN)/python bench/poll_drain.py
+	$(BIN)/python bench/push_latency.py
 	$(BIN)/python bench/pipeline_overhead.py
 	$(BIN)/python bench/webhook_ingest.py
 	$(BIN)/python bench/cli_startup.py

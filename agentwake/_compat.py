@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 from mcp import Client, ClientSession
 from mcp.shared._httpx_utils import create_mcp_http_client
@@ -47,6 +47,16 @@ if TYPE_CHECKING:
     from mcp.shared.dispatcher import CallOptions
 
 Intercept = Callable[[str, Mapping[str, Any] | None], bool]
+
+
+@runtime_checkable
+class ClaimingTransport(Protocol):
+    """A transport that shows notifications to ``claim`` as it reads them (agentwake.stdio's)."""
+
+    claim: Intercept | None
+    pace: Callable[[], Awaitable[None]] | None
+
+
 HANDSHAKE_METHODS: Final = frozenset({"initialize", "server/discover"})
 
 
@@ -112,14 +122,23 @@ class InterceptingClient(Client):
     """A Client whose session shows every notification to ``intercept`` first, on the receive path.
 
     ``intercept`` returns True to consume the notification (the SDK never sees it),
-    False to hand it on to the SDK's own handling.
+    False to hand it on to the SDK's own handling. Over agentwake's own stdio transport it is
+    also the transport's ``claim``: a notification is then shown to it as the line is read,
+    before the SDK parses it (most of a fast stream's cost), in the same wire order; what it
+    declines is shown to it once more on the session's path, so declining must have no effect.
+    ``pace``, if given, is awaited by such a transport between reads, so the streams it feeds
+    can hold the reader back (``StreamRoutes.pace``).
     """
 
     intercept: Intercept | None = None
+    pace: Callable[[], Awaitable[None]] | None = None
     handshake_result: dict[str, Any] | None = None
     """The last ``initialize`` or ``server/discover`` result, as the server sent it."""
 
     async def _build_session(self, exit_stack: AsyncExitStack) -> ClientSession:
+        if self.intercept is not None and isinstance(self.server, ClaimingTransport):
+            self.server.claim = self.intercept
+            self.server.pace = self.pace
         session = await super()._build_session(exit_stack)
         dispatcher = session._dispatcher
         send_raw = dispatcher.send_raw_request

@@ -12,16 +12,13 @@ import itertools
 import logging
 import math
 import sys
-import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from types import TracebackType
 from typing import Any, Final, Literal, TypeVar
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp import Client, StdioServerParameters
 from mcp.client.extension import ClientExtension, NotificationBinding
 from mcp.client.stdio import get_default_environment
@@ -57,6 +54,12 @@ from agentwake.stdio import (
     StdioLimits,
     UnparsableMessage,
     bounded_stdio_client,
+)
+from agentwake.streams import (
+    STREAM_BUFFER,
+    StreamItem,
+    StreamRoute,
+    StreamRoutes,
 )
 from agentwake.text import peer
 
@@ -158,87 +161,7 @@ def describe_connect_failure(
     return f"{where}: cannot connect: {type(exc).__name__}: {exc}"
 
 
-STREAM_NOTIFICATIONS: Final = (
-    protocol.NOTIFICATION_ACTIVE,
-    protocol.NOTIFICATION_EVENT,
-    protocol.NOTIFICATION_HEARTBEAT,
-    protocol.NOTIFICATION_ERROR,
-    protocol.NOTIFICATION_TERMINATED,
-)
-STREAM_BUFFER: Final = 50_000
-# One stream notification: its method, its params, and when it was read (time.monotonic()).
-StreamItem = tuple[str, dict[str, Any], float]
-# Handed to every open stream, in wire order, when the transport could not parse a message:
-# whatever it was may have been one of the stream's events, so the stream records a gap.
-LOST_NOTIFICATION: Final = "agentwake/transport/unparsable"
 _stream_ids = itertools.count(1)
-
-
-@dataclass
-class StreamRoute:
-    """One events/stream's notifications, in wire order; ``overflowed`` says one was lost."""
-
-    request_id: str
-    send: MemoryObjectSendStream[StreamItem]
-    receive: MemoryObjectReceiveStream[StreamItem]
-    overflowed: bool = False
-
-    def offer(self, method: str, params: dict[str, Any]) -> None:
-        if self.overflowed:
-            # Keep what is queued a gap-free prefix: nothing after a lost notification is taken.
-            return
-        try:
-            # Stamped as it comes off the wire: liveness measures the server's silences, not ours.
-            self.send.send_nowait((method, params, time.monotonic()))
-        except anyio.WouldBlock:
-            # The loop fell this far behind: it stores the prefix and reconnects from its cursor.
-            self.overflowed = True
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            pass
-
-    def close(self) -> None:
-        self.send.close()
-        self.receive.close()
-
-
-class StreamRoutes:
-    """Open events/stream requests by id; their notifications are taken off the receive path here.
-
-    The SDK's own notification bindings go through a per-method queue that drops the
-    oldest on overflow and may reorder across methods; a stream's cursor must never get
-    ahead of an event not yet stored, so stream notifications are routed here instead,
-    in wire order, the way the SDK routes its own subscriptions/listen streams.
-    """
-
-    def __init__(self, on_list_changed: Callable[[], None] | None = None) -> None:
-        self.routes: dict[Any, StreamRoute] = {}
-        self.on_list_changed = on_list_changed
-
-    def intercept(self, method: str, params: Mapping[str, Any] | None) -> bool:
-        if method == protocol.NOTIFICATION_LIST_CHANGED:
-            # Taken here on every protocol era and whichever channel carried it (the connection's,
-            # or an events/stream response on 2026-era HTTP, where no other channel exists).
-            if self.on_list_changed is not None:
-                self.on_list_changed()
-            return True
-        if method == LOST_NOTIFICATION:
-            self.lost(dict(params or {}))
-            return True
-        if method not in STREAM_NOTIFICATIONS or not isinstance(params, Mapping):
-            return False
-        meta = params.get("_meta")
-        request_id = meta.get(protocol.SUBSCRIPTION_ID_META) if isinstance(meta, Mapping) else None
-        route = self.routes.get(request_id)
-        if route is not None:
-            route.offer(method, dict(params))
-        else:
-            logger.debug("%s for no open stream (%r): dropped", method, request_id)
-        return True
-
-    def lost(self, params: dict[str, Any]) -> None:
-        """A message the transport could not parse may have been any stream's: every one records a gap."""
-        for route in list(self.routes.values()):
-            route.offer(LOST_NOTIFICATION, params)
 
 
 class ServerConnection:
@@ -300,8 +223,10 @@ class ServerConnection:
         config = self.config
         if config.transport == "stdio":
             assert config.command is not None
+            from agentwake.commands import resolve_command  # PATH, then this interpreter's scripts
+
             params = StdioServerParameters(
-                command=config.command,
+                command=resolve_command(config.command, config.env),
                 args=list(config.args),
                 env={**get_default_environment(), **config.env} if config.env else None,
                 cwd=config.cwd,
@@ -333,6 +258,7 @@ class ServerConnection:
                 extensions=[_EventsClientExtension()],
                 message_handler=self._on_message,
                 intercept=self._streams.intercept,
+                pace=self._streams.pace,
             )
             self._client = await stack.enter_async_context(client)
         except BaseException as exc:

@@ -17,12 +17,19 @@ async context manager yielding ``(read_stream, write_stream)`` for ``mcp.Client`
 * the server's stderr is copied to ``errlog`` line by line, prefixed with the server's name,
   cleaned of control characters, truncated and rate-limited, so a server can neither flood our
   stderr nor print lines that pass for ours;
-* how the server ended (exit code or signal) is logged once and kept in ``.exit``.
+* how the server ended (exit code or signal) is logged once and kept in ``.exit``;
+* ``claim``, when set, sees each well-formed JSON-RPC notification on the reader's own path,
+  synchronously and in wire order, and may consume it: a stream's notification then costs one
+  JSON parse (by pydantic-core's parser, the one the SDK's own validation uses, so what parses is
+  the same) and no hand-off to the session (whose pydantic models and per-message task switch are
+  most of the cost of a fast stream). What it declines goes to the session as before;
+* ``pace``, when set, is awaited between reads of stdout: the owner of what ``claim`` consumed
+  may hold the reader back, a bounded while, when it is far behind storing it.
 
 Shutdown is the SDK's: close stdin, wait, SIGTERM the process group, wait, SIGKILL, every wait
 bounded and shielded from cancellation so no server process outlives the context.
 
-The module runs a little over 700 lines: the reader, the writer, the stderr copier and the bounded
+The module runs about 800 lines: the reader, the writer, the stderr copier and the bounded
 shutdown share one process's lifecycle and are easier to check side by side than split up.
 
 Limits (``StdioLimits`` fields; the defaults are the DEFAULT_* constants):
@@ -49,7 +56,7 @@ import logging
 import re
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from dataclasses import dataclass, fields
 from types import TracebackType
@@ -68,6 +75,7 @@ from mcp.client.stdio import (
 from mcp.os.posix.utilities import terminate_posix_process_tree
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
+from pydantic_core import from_json
 
 from agentwake.redaction import redact
 
@@ -93,6 +101,12 @@ _UTF8_MAX_BYTES: Final = 4
 # Control characters (C0 but tab, DEL, C1), Unicode line/paragraph separators and bidi overrides:
 # what could move the cursor, start a new log line or disguise one.
 _UNSAFE: Final = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+# The transport's look at a notification before the session gets it: True consumes it.
+Claim = Callable[[str, Mapping[str, Any] | None], bool]
+# Only lines holding this are worth parsing on the claim path: every MCP notification method has it.
+_NOTIFICATION_MARK: Final = '"notifications/'
+_NOTIFICATION_KEYS: Final = frozenset({"jsonrpc", "method", "params"})
 
 StdioStreams = tuple[
     MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]
@@ -335,6 +349,8 @@ class BoundedStdioClient:
         errlog: TextIO | None = None,
         on_exit: Callable[[ServerExit], None] | None = None,
         on_lost: Callable[[Exception], None] | None = None,
+        claim: Claim | None = None,
+        pace: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.params = params
         self.name = name
@@ -342,6 +358,8 @@ class BoundedStdioClient:
         self.errlog = errlog if errlog is not None else sys.stderr
         self.on_exit = on_exit
         self.on_lost = on_lost
+        self.claim = claim
+        self.pace = pace
         self.pid: int | None = None
         self.exit: ServerExit | None = None
         self._prefix = f"[{clean_line(name)}] "
@@ -442,6 +460,11 @@ class BoundedStdioClient:
                                 await read_send.send(item)
                             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                                 return  # the session is gone; only the drain below remains
+                        # A chunk of claimed lines sends nothing, and a read of buffered bytes does
+                        # not yield: let the tasks consuming them run between chunks.
+                        await anyio.lowlevel.checkpoint()
+                        if self.pace is not None:
+                            await self.pace()
                     # Whatever follows the last newline is dropped, as the SDK does.
                     # stdout ended: give the exit a moment to be seen, so the session learns of the
                     # closure with .exit already set.
@@ -494,6 +517,10 @@ class BoundedStdioClient:
         except UnicodeDecodeError:
             text = data.decode(self.params.encoding, errors=self._errors)
             replaced = True
+        if self.claim is not None and _NOTIFICATION_MARK in text and self._claimed(text):
+            if replaced:
+                self._report_bad_line("invalid UTF-8 (replaced with U+FFFD, message kept)", data)
+            return None
         try:
             message = mcp_types.jsonrpc_message_adapter.validate_json(text, by_name=False)
         except ValueError as exc:
@@ -503,6 +530,37 @@ class BoundedStdioClient:
         if replaced:
             self._report_bad_line("invalid UTF-8 (replaced with U+FFFD, message kept)", data)
         return SessionMessage(message)
+
+    def _claimed(self, text: str) -> bool:
+        """Whether ``claim`` consumed the line, read as a notification exactly when the session would.
+
+        The line is parsed by the JSON parser the SDK's validation uses (pydantic-core's), and only
+        a plain notification is offered (an object of ``jsonrpc`` "2.0", a string ``method``,
+        ``params`` an object, null or absent, no other member): the SDK reads one the very same way,
+        so what ``claim`` sees is what the session's own intercept would have. Anything else,
+        unparsable lines included, is left to the session's path, unchanged.
+        """
+        try:
+            message = from_json(text)
+        except ValueError:
+            return False
+        if (
+            type(message) is not dict
+            or message.get("jsonrpc") != "2.0"
+            or not message.keys() <= _NOTIFICATION_KEYS
+        ):
+            return False
+        method = message.get("method")
+        params = message.get("params")
+        if type(method) is not str or not (params is None or type(params) is dict):
+            return False
+        assert self.claim is not None
+        try:
+            return bool(self.claim(method, params))
+        except Exception:
+            # As the SDK contains its own intercept's failure: this notification goes on to the session.
+            logger.exception("server %r: the notification claim raised; passing %r on", self.name, method)
+            return False
 
     def _report_bad_line(self, what: str, data: bytes) -> None:
         """Logs a bad stdout line without a traceback, at most ``bad_line_logs`` per window."""
@@ -677,6 +735,8 @@ def bounded_stdio_client(
     errlog: TextIO | None = None,
     on_exit: Callable[[ServerExit], None] | None = None,
     on_lost: Callable[[Exception], None] | None = None,
+    claim: Claim | None = None,
+    pace: Callable[[], Awaitable[None]] | None = None,
 ) -> BoundedStdioClient:
     """Spawns an MCP server and connects over stdio within ``limits``: a drop-in for ``stdio_client``.
 
@@ -684,11 +744,21 @@ def bounded_stdio_client(
     text stream; ``on_exit`` is called once with how the process ended; ``on_lost`` with each line lost
     (``OversizedMessage``, ``UnparsableMessage``), synchronously and in wire order: before any later
     message reaches the session, which the exception values on the read stream do not promise (the
-    session hands them to ``message_handler`` in a task of their own). Entering raises OSError when the
-    server cannot be spawned, as ``stdio_client`` does.
+    session hands them to ``message_handler`` in a task of their own); ``claim`` with each well-formed
+    notification, in wire order on the same path, consuming it when it returns True (it may be asked
+    again by the session when it returns False: declining must have no side effect); ``pace`` is
+    awaited between reads of stdout. Entering raises OSError when the server cannot be spawned, as
+    ``stdio_client`` does.
     """
     return BoundedStdioClient(
-        params, name=name, limits=limits, errlog=errlog, on_exit=on_exit, on_lost=on_lost
+        params,
+        name=name,
+        limits=limits,
+        errlog=errlog,
+        on_exit=on_exit,
+        on_lost=on_lost,
+        claim=claim,
+        pace=pace,
     )
 
 

@@ -22,6 +22,19 @@ pytestmark = pytest.mark.slow
         ),
         ("bench/cli_startup.py", ["--repeat", "1"], {"commands", "slowest_median_s", "within_target"}),
         (
+            "bench/push_latency.py",
+            ["--events", "2000", "--seconds", "1", "--repeat", "1", "--no-poll-latency"],
+            {
+                "push_events_per_s",
+                "poll_events_per_s",
+                "ratio",
+                "latency_p50_ms",
+                "latency_p99_ms",
+                "duplicates",
+                "missing",
+            },
+        ),
+        (
             "bench/pipeline_overhead.py",
             ["--events", "20", "--warmup", "2"],
             {"overhead_p50_ms", "litellm_p50_ms"},

@@ -46,7 +46,7 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
             "agentwake.text",
         ),
     ),
-    ("mcp", ("agentwake.mcp", "agentwake.stdio")),
+    ("mcp", ("agentwake.mcp", "agentwake.streams", "agentwake.stdio")),
     ("store", ("agentwake.store",)),
     ("delivery", ("agentwake.delivery",)),
     ("decide", ("agentwake.sanitize", "agentwake.policy", "agentwake.decide")),

@@ -161,11 +161,6 @@ async def test_a_stream_that_keeps_heartbeating_is_never_declared_dead(tmp_path:
     assert await store.cursor("feed") == "0"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Liveness measures each heartbeat's interval from the notification before it, not from the"
-    " heartbeat before it; remove this mark with the fix to agentwake/delivery/push.py",
-)
 async def test_events_just_before_fixed_clock_heartbeats_do_not_shorten_the_inferred_interval(
     tmp_path: Path, store: Store
 ) -> None:

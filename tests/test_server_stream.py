@@ -111,6 +111,13 @@ class Router:
             return self.intercept(method, params) or bool(original and original(method, params))
 
         dispatcher._on_notify_intercept = intercept
+        # agentwake's stdio transport shows notifications to its claim before the dispatcher.
+        transport: Any = getattr(client, "server", None)
+        claim = getattr(transport, "claim", None)
+        if claim is not None:
+            transport.claim = lambda method, params: (
+                self.intercept(method, params) or bool(claim(method, params))
+            )
 
     def close(self) -> None:
         for send, receive in self._routes.values():

@@ -4,8 +4,11 @@ Each event and each heartbeat carries a cursor; it is stored in the same transac
 as the events before it, so the stored cursor never gets ahead of a stored event and
 never moves back. A stream that goes silent for more than twice the heartbeat
 interval is dead; it is cancelled and opened again from the stored cursor, with
-backoff and jitter. ``terminated`` ends the subscription; ``error`` is logged and
-counted and the stream goes on; a ``truncated`` active is a gap.
+backoff and jitter. Notifications are stored in batches of what has queued up (at most
+``BATCH`` a transaction). When they come faster than they are stored, past the route's
+bound, the rest is lost: what came before is stored and the stream is opened again from
+its cursor at once. ``terminated`` ends the subscription; ``error`` is logged and counted
+and the stream goes on; a ``truncated`` active is a gap.
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ from agentwake.delivery.common import (
     subscription_key,
 )
 from agentwake.errors import DeliveryError, SubscriptionEnded, TransientEventsError
-from agentwake.mcp import LOST_NOTIFICATION, ServerConnection, StreamItem, StreamRoute
+from agentwake.mcp import ServerConnection
 from agentwake.store import IncomingEvent, RejectedEvent, Store, SubscriptionKey
+from agentwake.streams import LOST_NOTIFICATION, StreamItem, StreamRoute
 from agentwake.text import peer
 
 logger = logging.getLogger(__name__)
@@ -50,6 +54,14 @@ LIVENESS_SAMPLES: Final = 4
 
 class StreamInterrupted(DeliveryError):
     """The stream stopped delivering (silence, lost notifications, a transient failure); open it again."""
+
+
+class StreamOverrun(StreamInterrupted):
+    """Notifications came faster than they were stored and some were lost; all before them is stored.
+
+    Our own lag, not the server's fault: once what was queued is stored, the stream is opened
+    again from the cursor at once, without the backoff a failing server gets.
+    """
 
 
 @dataclass
@@ -67,8 +79,13 @@ def _without_route(params: dict[str, Any]) -> dict[str, Any]:
     """An event notification's params as the event: the routing id is ours, not the event's."""
     meta = params.get("_meta")
     if isinstance(meta, dict) and protocol.SUBSCRIPTION_ID_META in meta:
-        rest = {k: v for k, v in meta.items() if k != protocol.SUBSCRIPTION_ID_META}
-        return {**params, "_meta": rest or None}
+        event = params.copy()
+        if len(meta) == 1:  # the usual case: the routing id is all there is
+            event["_meta"] = None
+        else:
+            rest = {k: v for k, v in meta.items() if k != protocol.SUBSCRIPTION_ID_META}
+            event["_meta"] = rest or None
+        return event
     return params
 
 
@@ -96,27 +113,28 @@ class Liveness:
     """How long one stream may stay silent before it is dead: the spec's "more than twice the
     heartbeat interval", with the interval inferred from the stream itself.
 
-    A server need not say how often it heartbeats. The silence before each heartbeat (since the
-    notification before it: a server heartbeats after a quiet spell) is what the interval is;
-    once two heartbeats were seen, the stream is dead after twice the longest recent one, but
-    never sooner than ``floor_s`` and never later than ``ceiling_s`` (twice the configured
-    ``heartbeat_s``, which alone applies until then).
+    A server need not say how often it heartbeats. The time from one heartbeat to the next (from
+    the stream's start, for the first) is never shorter than its interval, whether the server
+    heartbeats on a fixed clock or only after a quiet spell; once two were seen, the stream is
+    dead after twice the longest recent one, but never sooner than ``floor_s`` and never later
+    than ``ceiling_s`` (twice the configured ``heartbeat_s``, which alone applies until then).
     """
 
     ceiling_s: float
     floor_s: float = LIVENESS_FLOOR_S
     clock: Callable[[], float] = time.monotonic
     gaps: deque[float] = field(default_factory=lambda: deque(maxlen=LIVENESS_SAMPLES))
-    last_at: float | None = None
+    last_beat_at: float | None = None
 
     def __post_init__(self) -> None:
-        self.last_at = self.clock()
+        self.last_beat_at = self.clock()
 
     def saw(self, at: float, *, heartbeat: bool) -> None:
         """A notification read (off the wire) at ``at``, on ``clock``'s scale."""
-        if heartbeat and self.last_at is not None:
-            self.gaps.append(max(0.0, at - self.last_at))
-        self.last_at = at
+        if heartbeat:
+            if self.last_beat_at is not None:
+                self.gaps.append(max(0.0, at - self.last_beat_at))
+            self.last_beat_at = at
 
     @property
     def dead_after_s(self) -> float:
@@ -172,6 +190,7 @@ class PushLoop:
         resuming = cursor is not None
         failures = 0
         while True:
+            at_once = False
             try:
                 await self._one_stream(key, cursor, resuming=resuming)
                 failures = 0
@@ -179,14 +198,18 @@ class PushLoop:
             except StreamInterrupted as exc:
                 self._errors.note(logger, f"subscription {sub.name}: {exc}")
                 # Backoff grows only while streams deliver nothing; one that made progress starts it over.
-                failures = 1 if await self.store.cursor(sub.name) != cursor else failures + 1
+                progressed = await self.store.cursor(sub.name) != cursor
+                failures = 1 if progressed else failures + 1
+                # An overrun that stored its prefix is our lag, not the server failing: no wait.
+                at_once = progressed and isinstance(exc, StreamOverrun)
                 if failures >= STALLED_AFTER_FAILURES:
                     await self.store.set_state(sub.name, status="stalled", error=str(exc))
                 else:
                     await self.store.record_error(sub.name, str(exc))
             cursor = await self.store.cursor(sub.name)
             resuming = cursor is not None
-            await self.sleep(self._backoff(failures))
+            if not at_once:
+                await self.sleep(self._backoff(failures))
 
     def _backoff(self, failures: int) -> float:
         return backoff_s(failures, initial_s=self.retry_initial_s, max_s=self.retry_max_s)
@@ -208,7 +231,11 @@ class PushLoop:
                 async def request() -> None:
                     nonlocal request_error
                     try:
-                        await self.connection.stream(route, params, subscription=sub.name)
+                        with anyio.CancelScope() as overrun:
+                            # Notifications are being lost: the server is told to stop at once (the
+                            # request is cancelled) rather than send what would be dropped.
+                            route.on_overflow = overrun.cancel
+                            await self.connection.stream(route, params, subscription=sub.name)
                     except TransientEventsError as exc:
                         request_error = StreamInterrupted(str(exc), server=sub.server)
                     except Exception as exc:  # handed over below, after what came before it is stored
@@ -244,7 +271,7 @@ class PushLoop:
                     except (anyio.WouldBlock, anyio.EndOfStream):
                         break
                 if not batch:
-                    raise StreamInterrupted(
+                    raise StreamOverrun(
                         f"stream notifications arrived faster than they were stored and some were lost;"
                         f" reconnecting from cursor {peer(stored, CURSOR_SHOWN)}"
                     )
@@ -287,8 +314,9 @@ class PushLoop:
                             f"subscription {sub.name}: event {peer(admitted.event_id, 80)} rejected"
                             f" ({admitted.reason}); stored as a 'rejected' summary, with a gap",
                         )
-                    if usable_cursor(params.get("cursor")):
-                        pending.cursor = params["cursor"]
+                    cursor_sent = params.get("cursor")
+                    if usable_cursor(cursor_sent):
+                        pending.cursor = cursor_sent
                     self._since_quiet += 1
                 elif method in (protocol.NOTIFICATION_ACTIVE, protocol.NOTIFICATION_HEARTBEAT):
                     if method == protocol.NOTIFICATION_HEARTBEAT and self._since_quiet:

@@ -1,0 +1,158 @@
+"""Open events/stream requests on one connection, and the routing of their notifications.
+
+A connection hands every notification to ``StreamRoutes.intercept`` before the SDK sees it
+(on agentwake's stdio transport, as the line is read). Stream notifications go to their
+stream's ``StreamRoute`` in wire order; ``list_changed`` goes to the connection's callback.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from agentwake import protocol
+
+logger = logging.getLogger("agentwake.mcp")
+
+STREAM_NOTIFICATIONS: Final = (
+    protocol.NOTIFICATION_ACTIVE,
+    protocol.NOTIFICATION_EVENT,
+    protocol.NOTIFICATION_HEARTBEAT,
+    protocol.NOTIFICATION_ERROR,
+    protocol.NOTIFICATION_TERMINATED,
+)
+STREAM_BUFFER: Final = 50_000
+# Past this many queued notifications, a stream's reader waits for its loop to store some (pacing):
+# reading far ahead of the store only fills memory, then loses what comes after STREAM_BUFFER.
+PACE_ABOVE: Final = 5_000
+# How long the reader waits for that at most, each time, before it reads on regardless: the
+# connection's other messages queue up behind a stream's, and a stuck loop is met by the overflow.
+PACE_WAIT_S: Final = 0.25
+PACE_STEP_S: Final = 0.002
+# One stream notification: its method, its params, and when it was read (time.monotonic()).
+StreamItem = tuple[str, dict[str, Any], float]
+# Handed to every open stream, in wire order, when the transport could not parse a message:
+# whatever it was may have been one of the stream's events, so the stream records a gap.
+LOST_NOTIFICATION: Final = "agentwake/transport/unparsable"
+
+
+@dataclass
+class StreamRoute:
+    """One events/stream's notifications, in wire order; ``overflowed`` says one was lost.
+
+    ``on_overflow`` is called once, at the loss, so the stream can be stopped at once: the
+    server need not keep sending what would only be dropped until the queue is stored.
+    """
+
+    request_id: str
+    send: MemoryObjectSendStream[StreamItem]
+    receive: MemoryObjectReceiveStream[StreamItem]
+    overflowed: bool = False
+    on_overflow: Callable[[], None] | None = None
+
+    def offer(self, method: str, params: dict[str, Any]) -> None:
+        if self.overflowed:
+            # Keep what is queued a gap-free prefix: nothing after a lost notification is taken.
+            return
+        try:
+            # Stamped as it comes off the wire: liveness measures the server's silences, not ours.
+            self.send.send_nowait((method, params, time.monotonic()))
+        except anyio.WouldBlock:
+            # The loop fell this far behind: it stores the prefix and reconnects from its cursor.
+            self.overflowed = True
+            if self.on_overflow is not None:
+                self.on_overflow()
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass
+
+    @property
+    def queued(self) -> int:
+        """How many notifications wait for the loop."""
+        return self.send.statistics().current_buffer_used
+
+    def close(self) -> None:
+        self.send.close()
+        self.receive.close()
+
+
+class StreamRoutes:
+    """Open events/stream requests by id; their notifications are taken off the receive path here.
+
+    The SDK's own notification bindings go through a per-method queue that drops the
+    oldest on overflow and may reorder across methods; a stream's cursor must never get
+    ahead of an event not yet stored, so stream notifications are routed here instead,
+    in wire order, the way the SDK routes its own subscriptions/listen streams.
+    """
+
+    def __init__(self, on_list_changed: Callable[[], None] | None = None) -> None:
+        self.routes: dict[Any, StreamRoute] = {}
+        self.on_list_changed = on_list_changed
+
+    def intercept(self, method: str, params: Mapping[str, Any] | None) -> bool:
+        if method == protocol.NOTIFICATION_LIST_CHANGED:
+            # Taken here on every protocol era and whichever channel carried it (the connection's,
+            # or an events/stream response on 2026-era HTTP, where no other channel exists).
+            if self.on_list_changed is not None:
+                self.on_list_changed()
+            return True
+        if method == LOST_NOTIFICATION:
+            self.lost(dict(params or {}))
+            return True
+        # type() first: isinstance against an ABC costs more than the rest of this, once per event.
+        if method not in STREAM_NOTIFICATIONS or not (type(params) is dict or isinstance(params, Mapping)):
+            return False
+        meta = params.get("_meta")
+        if type(meta) is dict or isinstance(meta, Mapping):
+            request_id = meta.get(protocol.SUBSCRIPTION_ID_META)
+        else:
+            request_id = None
+        # Our ids are strings; a peer's id may be anything, even unhashable.
+        route = self.routes.get(request_id) if isinstance(request_id, str) else None
+        if route is not None:
+            # A plain dict is the parsed message's own, consumed here: no copy needed.
+            route.offer(method, params if type(params) is dict else dict(params))
+        else:
+            logger.debug("%s for no open stream (%r): dropped", method, request_id)
+        return True
+
+    async def pace(self) -> None:
+        """Wait, a bounded while, until no open stream has more than PACE_ABOVE notifications queued.
+
+        Called by the transport between reads: while a loop stores a backlog, the reader idles
+        instead of parsing far ahead (which only fills memory, takes the GIL from the store's
+        thread, and ends in an overflow). Past PACE_WAIT_S it reads on: overflow then bounds it.
+        """
+        behind = [r for r in self.routes.values() if self._behind(r)]
+        if not behind:
+            return
+        with anyio.move_on_after(PACE_WAIT_S):
+            # Polled: a receive sets off nothing, and the point is an idle loop (the store's thread runs).
+            while any(self._behind(r) for r in behind):  # noqa: ASYNC110
+                await anyio.sleep(PACE_STEP_S)
+
+    def _behind(self, route: StreamRoute) -> bool:
+        """Still open, nothing lost yet, and more than PACE_ABOVE notifications waiting for its loop."""
+        return (
+            self.routes.get(route.request_id) is route and not route.overflowed and route.queued > PACE_ABOVE
+        )
+
+    def lost(self, params: dict[str, Any]) -> None:
+        """A message the transport could not parse may have been any stream's: every one records a gap."""
+        for route in list(self.routes.values()):
+            route.offer(LOST_NOTIFICATION, params)
+
+
+__all__ = [
+    "LOST_NOTIFICATION",
+    "STREAM_BUFFER",
+    "STREAM_NOTIFICATIONS",
+    "StreamItem",
+    "StreamRoute",
+    "StreamRoutes",
+]
