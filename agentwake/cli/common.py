@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Final, TypeVar
 
 import typer
+from typer.core import TyperGroup
 
 from agentwake.configfile import CONFIG_ENV, DEFAULT_CONFIG_PATH
 from agentwake.errors import AgentwakeError, ConfigError, StoreError
@@ -32,15 +33,42 @@ T = TypeVar("T")
 # Longer JSON previews in tables are cut here.
 PREVIEW_CHARS: Final = 120
 
+# Help is plain text, as written: with typer's default rich markup, a bracketed word in a help
+# text ("a name from [servers]") is taken for a style and vanishes. Plain help also loads no rich:
+# `agentwake --help` stays quick. Help texts and command docstrings are what a person reads, so
+# they carry no reST (``literal``) markup either; tests/test_help_text.py checks both.
+HELP_MARKUP: Final = None
+
+
+class HelpGroup(TyperGroup):
+    """A command group whose help lists each command with its docstring's whole first sentence,
+    wrapped to the terminal, where click would cut it to one line with "..."."""
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit=sys.maxsize)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
 app = typer.Typer(
     name="agentwake",
     help="Wake an LLM agent when something happens upstream, through MCP Events.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=HELP_MARKUP,
+    cls=HelpGroup,
 )
 policy_app = typer.Typer(
-    help="Check policy files, and see what they decide for a sample event.", no_args_is_help=True
+    help="Check policy files, and see what they decide for a sample event.",
+    no_args_is_help=True,
+    rich_markup_mode=HELP_MARKUP,
+    cls=HelpGroup,
 )
 
 # The running command's path under `agentwake` ("status", "policy check"), noted by --config's callback.

@@ -90,7 +90,14 @@ def policy_test(
         ),
     ],
     config: ConfigOption = DEFAULT_CONFIG_PATH,
-    server: Annotated[str | None, typer.Option("--server", help="The server it came from.")] = None,
+    server: Annotated[
+        str | None,
+        typer.Option(
+            "--server",
+            help="The server it came from (a name from [servers]); needed unless --subscription,"
+            ' or "server" in the file, gives it.',
+        ),
+    ] = None,
     subscription: Annotated[
         str | None,
         typer.Option("--subscription", help="The subscription it came through (sets server and event)."),
@@ -101,7 +108,9 @@ def policy_test(
     offline: Annotated[
         bool,
         typer.Option(
-            "--offline", help="Do not ask the servers for their tools (the prompt then lists none)."
+            "--offline",
+            help="Do not ask the servers for their tools (the prompt then lists none);"
+            " their secrets ${VAR} need not be set.",
         ),
     ] = False,
 ) -> None:
@@ -113,7 +122,8 @@ def policy_test(
     from agentwake.clock import utc_now
     from agentwake.decide import NoHistory, decide
 
-    cfg = load(config)
+    # --offline talks to no server, so it needs none of their secrets (an unset ${VAR} stays as written).
+    cfg = load(config, secrets=False if offline else None)
     policy = load_rules(cfg)
     sub = None
     if subscription is not None:
@@ -122,6 +132,12 @@ def policy_test(
         except ConfigError as exc:
             raise fail(exc, 2) from None
     event = _sample_event(event_file, sub, server, event_name)
+    if event.server not in cfg.servers:
+        known = ", ".join(cfg.servers) or "none are configured"
+        raise fail(
+            ConfigError(f"no server named {event.server!r} in {config} (known: {known}); pass --server NAME"),
+            2,
+        )
 
     async def decided() -> Outcome:
         # NoHistory: the sample is the first event its rule's flow control has seen.
@@ -141,7 +157,7 @@ def policy_test(
 def _sample_event(
     path: Path, sub: SubscriptionConfig | None, server: str | None, event_name: str | None
 ) -> InboxEvent:
-    """The event in ``path`` as the inbox would hold it; a missing or bad file, or no name, exits 2."""
+    """The event in ``path`` as the inbox would hold it; a missing or bad file, no name or no server exits 2."""
     from agentwake.store import InboxEvent
 
     try:
@@ -162,9 +178,21 @@ def _sample_event(
             ),
             2,
         )
+    if not server and sub is not None:
+        server = sub.server
+    if not server and is_event and raw.get("server"):
+        server = str(raw["server"])
+    if not server:
+        raise fail(
+            AgentwakeError(
+                "the event has no server: pass --server NAME (the server it came from), or --subscription,"
+                ' or put "server" in the file'
+            ),
+            2,
+        )
     return InboxEvent(
         0,
-        server or (sub.server if sub else str(raw.get("server", "?"))),
+        server,
         sub.name if sub else str(raw.get("subscription", "?")),
         str(name),
         str(raw.get("eventId") or raw.get("event_id") or "sample"),
