@@ -18,6 +18,7 @@ items c+1..PUSH_ITEMS, then a heartbeat every PUSH_HEARTBEAT_MS with the current
   PUSH_EVENTS_BETWEEN_BEATS  heartbeats keep a fixed clock; an event (the next item) goes out
                       PUSH_EVENT_LEAD_MS (default 50) before each of the first this many heartbeats
   PUSH_NULL_HEARTBEAT  while a stream has sent no event, its active and heartbeats carry a null cursor
+  PUSH_STRICT         "1": events/stream without an ``arguments`` object is refused (-32602)
   PUSH_LOG            a file: one line per stream opened ("open <cursor>") and cancelled ("cancel <id>")
   PUSH_TRACE          a file: "<monotonic seconds> <kind> <request id> [<cursor>]" per stream opened
                       ("open"), heartbeat sent ("heartbeat"), silence begun ("silent") and
@@ -47,6 +48,7 @@ EVENT_LEAD_S = int(os.environ.get("PUSH_EVENT_LEAD_MS", "50")) / 1000
 NULL_HEARTBEAT = os.environ.get("PUSH_NULL_HEARTBEAT") == "1"
 MARKER = os.environ.get("PUSH_MARKER")
 LOG = os.environ.get("PUSH_LOG")
+STRICT = os.environ.get("PUSH_STRICT") == "1"
 TRACE = os.environ.get("PUSH_TRACE")
 META = "io.modelcontextprotocol/subscriptionId"
 
@@ -194,6 +196,9 @@ def main() -> None:
                 }
             )
         elif method == "events/stream":
+            if STRICT and not isinstance(params.get("arguments"), dict):
+                send({"id": message_id, "error": {"code": -32602, "message": "arguments is required"}})
+                continue
             if params.get("name") != "feed.item":
                 send(
                     {

@@ -95,6 +95,17 @@ async def test_events_arrive_in_order_and_heartbeats_advance_the_cursor(tmp_path
     assert (row["mode"], row["events_received"], row["gaps"]) == ("push", 5, 0)
 
 
+async def test_a_subscription_without_arguments_sends_an_empty_object(tmp_path: Path, store: Store) -> None:
+    sub = feed()
+    await set_cursor(store, subscription_key(sub), "0")
+    progress = Progress()
+    # This server refuses an events/stream that has no arguments object.
+    async with ServerConnection("push", push_server(tmp_path, PUSH_STRICT="1")) as conn:
+        loop = PushLoop(sub, conn, store, on_stored=progress, sleep=SteppedSleep())
+        await run_loop(loop, progress, lambda: len(store.core.event_ids("feed")) == 5)
+    assert store.core.event_ids("feed") == [f"item-{n}" for n in range(1, 6)]
+
+
 async def test_a_silent_stream_is_declared_dead_and_reopened_from_the_stored_cursor(
     tmp_path: Path, store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:

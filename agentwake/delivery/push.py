@@ -216,9 +216,8 @@ class PushLoop:
 
     async def _one_stream(self, key: SubscriptionKey, cursor: str | None, *, resuming: bool) -> None:
         sub = self.subscription
-        params: dict[str, Any] = {"name": sub.event, "cursor": cursor}
-        if sub.arguments:
-            params["arguments"] = dict(sub.arguments)
+        # arguments always, {} when none: the spec's request shape has it, and a server may require it.
+        params: dict[str, Any] = {"name": sub.event, "arguments": dict(sub.arguments), "cursor": cursor}
         if resuming and sub.max_age_ms is not None:
             params["maxAgeMs"] = sub.max_age_ms
         route = self.connection.open_stream_route()
