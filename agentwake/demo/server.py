@@ -22,7 +22,7 @@ from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-from agentwake.demo.store import PRIORITIES, QUEUES, SERVICES, TicketStore, random_ticket
+from agentwake.demo.store import FIRST_TICKET, PRIORITIES, QUEUES, SERVICES, TicketStore, random_ticket
 from agentwake.server import (
     MAX_HEARTBEAT_MS,
     EmitBuffer,
@@ -362,7 +362,7 @@ class DemoServer:
                 await result
 
     def new_ticket(self) -> None:
-        self.store.create([random_ticket(self.rng)])
+        self.store.create([FIRST_TICKET if self.store.head() == 0 else random_ticket(self.rng)])
         self.events.wake("ticket.created")
 
     async def _tickets_forever(self) -> None:

@@ -177,6 +177,17 @@ class TicketStore:
         self._db.close()
 
 
+# The first ticket of an empty store: support, from a person, so a fresh `make run` always wakes the
+# agent on T-000001 (the README's example id).
+FIRST_TICKET: tuple[str, str, str, str, str] = (
+    "support",
+    "P3",
+    "Cannot log in after password reset",
+    "Customer reports: cannot log in after password reset.",
+    "user1@example.com",
+)
+
+
 def random_ticket(rng: random.Random) -> tuple[str, str, str, str, str]:
     title = rng.choice(TITLES)
     return (
