@@ -6,6 +6,10 @@ cancelling its scope; ``handle_signals=False`` leaves SIGINT, SIGTERM and SIGHUP
 as gracefully as the signals do, it first awaits ``supervisor.stop_delivery()`` under a timeout
 (the supervisor is what ``run_service`` reports when started).
 
+While it runs, the service records itself in the store (pid, host, version, start time), writes a
+heartbeat there every HEARTBEAT_S and, on a clean stop, the time it stopped: ``agentwake status``
+tells a running service from a stopped one, or one that vanished without stopping, by that record.
+
     SIGINT, SIGTERM   stop: in-flight writes finish, cursors stay, runs cut short go again.
                       First the delivery loops end while their connections are open (open push
                       streams are cancelled on their servers) and the connections close, for
@@ -18,7 +22,9 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import signal
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -26,7 +32,7 @@ import anyio
 import anyio.abc
 
 from agentwake.config import AgentwakeConfig
-from agentwake.errors import AgentwakeError
+from agentwake.errors import AgentwakeError, StoreError
 from agentwake.policy import Policy, PolicyReloader, load_policy
 from agentwake.store import Store, open_store
 
@@ -44,6 +50,9 @@ POLICY_POLL_S: Final = 2.0
 # After a stop signal, how long the delivery loops get to end cleanly (push streams cancelled on
 # their servers, connections closed) before everything is cancelled.
 STOP_GRACE_S: Final = 2.0
+# How often the running service writes its heartbeat into the store; `status` counts a service
+# whose last heartbeat is older than three of these as not running.
+HEARTBEAT_S: Final = 5.0
 
 
 def config_dir(config: AgentwakeConfig) -> Path:
@@ -102,8 +111,13 @@ async def run_service(
     gc.collect()
     gc.freeze()
     _log_start(config, runner)
+    service_id: int | None = None
     try:
+        service_id = await store.service_started(
+            pid=os.getpid(), host=socket.gethostname(), version=_version(), heartbeat_s=HEARTBEAT_S
+        )
         async with anyio.create_task_group() as tg:
+            tg.start_soon(_heartbeat, store, service_id, HEARTBEAT_S, name="service-heartbeat")
             worker = Worker(config, store, policy=policy, agent=runner, pool=pool)
             supervisor = Supervisor(config, store, worker=worker, pool=pool)
             if handle_signals:
@@ -121,8 +135,37 @@ async def run_service(
             task_status.started(supervisor)
     finally:
         with anyio.CancelScope(shield=True):
+            if service_id is not None:
+                try:
+                    await store.service_stopped(service_id)
+                except StoreError as exc:
+                    logger.warning("could not record the stop in the store: %s", exc)
             await store.close()
         logger.info("agentwake stopped; cursors are saved in %s", config.store.path)
+
+
+async def _heartbeat(store: Store, service_id: int, interval_s: float) -> None:
+    """Tell the store this service is alive, every ``interval_s``, until cancelled."""
+    failing = False
+    while True:
+        await anyio.sleep(interval_s)
+        try:
+            await store.service_heartbeat(service_id)
+        except StoreError as exc:
+            if not failing:  # a locked store: said once, tried again at the next beat
+                logger.warning("could not write the service heartbeat: %s", exc)
+            failing = True
+        else:
+            failing = False
+
+
+def _version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("agentwake")
+    except PackageNotFoundError:
+        return None
 
 
 def serve(config: AgentwakeConfig) -> None:

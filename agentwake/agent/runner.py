@@ -13,6 +13,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Final
@@ -36,11 +37,31 @@ from agentwake.store import (
     RunStatus,
     Store,
     ToolCallRecord,
+    summary_line,
 )
 
 logger = logging.getLogger(__name__)
 
 RETRY_CAP_S: Final = 300.0
+
+# The eventId of the run in progress in this task (and its tool-call tasks): its warnings name it.
+_current_event: ContextVar[str | None] = ContextVar("agentwake_run_event", default=None)
+
+
+class _NameTheEvent(logging.Filter):
+    """Puts ``event <id>:`` before a line the LLM stage logs during a run (its retry warnings),
+    which does not know the event; the id is also the record's ``event_id`` attribute."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        event_id = _current_event.get()
+        if event_id is not None and not hasattr(record, "event_id"):
+            record.event_id = event_id
+            record.msg = f"event {event_id}: {record.getMessage()}"
+            record.args = None
+        return True
+
+
+logging.getLogger("agentwake.agent.llm").addFilter(_NameTheEvent())
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +225,16 @@ class AgentRunner:
         """
         event = outcome.event
         start = time.perf_counter()
+        token = _current_event.set(event.event_id)
+        try:
+            return await self._run(outcome, kind, batch, start)
+        finally:
+            _current_event.reset(token)
+
+    async def _run(
+        self, outcome: Outcome, kind: RunKind, batch: Sequence[InboxEvent], start: float
+    ) -> RunResult:
+        event = outcome.event
         plan = self.prepare(outcome, batch=batch)
         model, allowed, fence, cleaned, decision, prompt = (
             plan.model,
@@ -224,6 +255,17 @@ class AgentRunner:
             system_prompt=prompt.system if prompt else None,
             user_prompt=prompt.user if prompt else None,
             sanitize_report=cleaned.report(),
+        )
+        logger.info(
+            "agent: event %s (%s) run %d started%s: rule %s, model %s, attempt %d, %d tool(s) allowed",
+            event.event_id,
+            event.subscription,
+            run_id,
+            "" if kind == "agent" else f" ({kind})",
+            decision.get("rule"),
+            model,
+            event.attempts,
+            len(allowed),
         )
         transcript = _Transcript(
             [{"role": "system", "content": prompt.system}, {"role": "user", "content": prompt.user}]
@@ -269,7 +311,7 @@ class AgentRunner:
             duration_ms=elapsed_ms(start),
             verdict=verdict,
         )
-        self._log(event, run_id, status, reason, transcript, verdict, elapsed_ms(start))
+        self._log(event, run_id, status, reason, transcript, verdict, elapsed_ms(start), final_text)
         return RunResult(
             run_id,
             status,
@@ -375,7 +417,8 @@ class AgentRunner:
             cleaned = self.renderer.clean(result)
             if cleaned.injection_score >= 0.5:
                 logger.warning(
-                    "tool %s returned text that reads like a prompt injection (%s)",
+                    "event %s: tool %s returned text that reads like a prompt injection (%s)",
+                    _current_event.get(),
                     name,
                     ", ".join(cleaned.injection_signals),
                 )
@@ -399,7 +442,11 @@ class AgentRunner:
         except ValueError:
             return done("error", "error: the arguments are not valid JSON; nothing was called", raw_arguments)
         if name not in allowed:
-            logger.warning("agent asked for tool %s, which is not allowed for this event: refused", name)
+            logger.warning(
+                "event %s: agent asked for tool %s, which is not allowed for this event: refused",
+                _current_event.get(),
+                name,
+            )
             return done(
                 "refused",
                 f"refused: the tool {name!r} is not allowed for this event, and the call was not sent."
@@ -427,27 +474,37 @@ class AgentRunner:
         transcript: _Transcript,
         verdict: EventVerdict | None,
         duration_ms: int,
+        final_text: str | None = None,
     ) -> None:
-        calls = ", ".join(f"{c.tool} {c.status}" for c in transcript.calls) or "no tool calls"
+        """The line that ends a run: outcome, steps, tool calls, duration and the model's summary."""
+        calls = (
+            f"{len(transcript.calls)} tool call(s): "
+            + ", ".join(f"{c.tool} {c.status}" for c in transcript.calls)
+            if transcript.calls
+            else "no tool calls"
+        )
         if status == "completed":
             logger.info(
-                "agent: event %s (%s) run %d completed in %d ms, %d step(s): %s",
+                "agent: event %s (%s) run %d completed in %d ms, %d step(s), %s; summary: %s",
                 event.event_id,
                 event.subscription,
                 run_id,
                 duration_ms,
                 transcript.steps,
                 calls,
+                summary_line(final_text) or "(no final message)",
             )
             return
         then = f"; event {verdict.state}" if verdict else ""
         if verdict and verdict.retry_at:
             then += f", next attempt after {verdict.retry_at}"
         logger.error(
-            "agent: event %s (%s) run %d failed: %s (%s)%s",
+            "agent: event %s (%s) run %d failed after %d ms, %d step(s): %s (%s)%s",
             event.event_id,
             event.subscription,
             run_id,
+            duration_ms,
+            transcript.steps,
             reason,
             calls,
             then,

@@ -93,6 +93,7 @@ STATUS_COLUMNS: Final = (
     "gaps",
     "done",
     "failed",
+    "ignored",
     "webhook",
 )
 
@@ -119,7 +120,7 @@ def _status_table(rows: list[dict[str, Any]]) -> Table:
             r["server"],
             r["event"],
             r["mode"] or "-",
-            r["status"],
+            _status_of(r),
             r["cursor"] or "-",
             r["last_activity_at"] or "never",
             str(r["events_received"]),
@@ -127,6 +128,7 @@ def _status_table(rows: list[dict[str, Any]]) -> Table:
             str(r["gaps"]) + (f" ({r['rejected']} rejected)" if r.get("rejected") else ""),
             str(r["events_done"]),
             str(r["events_failed"]),
+            str(r.get("events_ignored", 0)),
             _describe_webhook(r["webhook"]),
             _last_error(r),
         )
@@ -151,13 +153,14 @@ def _status_block(r: dict[str, Any]) -> Table:
     block.add_column(overflow="fold")
     block.add_row(
         Text(_subscription_label(r), style="bold"),
-        " · ".join((r["server"], r["event"], r["mode"] or "-", r["status"])),
+        " · ".join((r["server"], r["event"], r["mode"] or "-", _status_of(r))),
     )
     block.add_row("  cursor", f"{r['cursor'] or '-'} (last activity {r['last_activity_at'] or 'never'})")
     block.add_row(
         "  events",
         f"{r['events_received']} received, {r['duplicates']} duplicates, {r['gaps']} gaps;"
         f" {r['events_done']} done, {r['events_failed']} failed"
+        + (f", {r['events_ignored']} ignored" if r.get("events_ignored") else "")
         + (f"; {r['rejected']} rejected" if r.get("rejected") else ""),
     )
     if r["webhook"] is not None:
@@ -166,6 +169,45 @@ def _status_block(r: dict[str, Any]) -> Table:
     if last_error:
         block.add_row("  last error", Text(last_error, style="red"))
     return block
+
+
+def _status_of(r: dict[str, Any]) -> str:
+    """The subscription's stored status; when the service is not running, said so: the status is
+    what it was when the service stopped, not something live."""
+    return str(r["status"]) + (" (service stopped)" if r.get("service_running") is False else "")
+
+
+def describe_service(service: dict[str, Any] | None) -> str:
+    """One line on the service (``views.service_state``): running, stopped, or gone without stopping."""
+    if service is None:
+        return "service: no record of 'agentwake run' in this store yet"
+    if service["state"] == "running":
+        return (
+            f"service: running (pid {service['pid']} on {service['host']}, since {service['started_at']},"
+            f" last heartbeat {_ago(service['heartbeat_age_s'])} ago)"
+        )
+    if service["state"] == "stopped":
+        return f"service: not running (stopped at {service['stopped_at']})"
+    line = f"service: not running (pid {service['pid']} on {service['host']}"
+    if service["heartbeat_age_s"] is not None:
+        line += f" last seen {_ago(service['heartbeat_age_s'])} ago"
+    line += "; it did not stop cleanly"
+    if service.get("pid_alive"):
+        line += f"; pid {service['pid']} is alive but writes no heartbeat: hung, or another process"
+    return line + ")"
+
+
+def _ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    whole = int(seconds)
+    if whole < 120:
+        return f"{whole}s"
+    if whole < 7200:
+        return f"{whole // 60}m"
+    if whole < 172800:
+        return f"{whole // 3600}h"
+    return f"{whole // 86400}d"
 
 
 def _subscription_label(r: dict[str, Any]) -> str:
@@ -190,4 +232,13 @@ def _describe_webhook(webhook: dict[str, Any] | None) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["PlainTable", "err", "fits", "out", "print_status", "print_table", "table_of"]
+__all__ = [
+    "PlainTable",
+    "describe_service",
+    "err",
+    "fits",
+    "out",
+    "print_status",
+    "print_table",
+    "table_of",
+]

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import sys
+from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -21,6 +24,7 @@ from agentwake.cli.common import (
     stdout,
     styled,
 )
+from agentwake.clock import parse_iso, utc_now
 
 if TYPE_CHECKING:
     from agentwake.configfile import StoreLocation
@@ -35,21 +39,44 @@ def print_json(value: object) -> None:
     sys.stdout.write(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
 
 
+WithServiceOption = Annotated[
+    bool,
+    typer.Option(
+        "--with-service",
+        help="With --json: print one object, {service, subscriptions}, instead of the array of"
+        " subscriptions; service is the running (or last) 'agentwake run': pid, host, times, state.",
+    ),
+]
+
+
 @app.command()
-def status(config: ConfigOption = DEFAULT_CONFIG_PATH, as_json: JsonOption = False) -> None:
-    """Show each subscription: server, event, mode, cursor, last activity, counts, gaps, failed events,
-    the last errors and, for webhook delivery, the subscription id, when it is refreshed next and the
-    delivery status. ``--json`` adds ``recent_errors``: the last few errors with their times.
+def status(
+    config: ConfigOption = DEFAULT_CONFIG_PATH,
+    as_json: JsonOption = False,
+    with_service: WithServiceOption = False,
+) -> None:
+    """Show each subscription: server, event, mode, cursor, counts, gaps and failed events.
+
+    Also its last activity, its last errors and, for webhook delivery, the subscription id,
+    when it is refreshed next and the delivery status. --json adds recent_errors: the last
+    few errors with their times.
+
+    First, whether the service runs: its pid and host, since when, its last heartbeat; or when it
+    stopped, or that it did not stop cleanly. While it is not running, a subscription's status is
+    the one it had (shown as, e.g., "active (service stopped)"; --json: service_running).
     """
 
     def read(
         location: StoreLocation, store: StoreReader
-    ) -> tuple[list[dict[str, Any]], dict[str, Any], set[str]]:
-        return store.subscriptions(), store.run_counts(), set(location.subscriptions)
+    ) -> tuple[list[dict[str, Any]], dict[str, Any], set[str], list[dict[str, Any]]]:
+        return store.subscriptions(), store.run_counts(), set(location.subscriptions), store.services()
 
-    rows, counts, configured = read_store(config, read)
+    rows, counts, configured, services = read_store(config, read)
+    service = service_state(services)
     for row in rows:
         row["configured"] = row["subscription"] in configured
+        # None: no service ever recorded itself in this store (one older than this field).
+        row["service_running"] = None if service is None else service["running"]
         mine = counts.get(row["subscription"], {})
         for state in EVENT_STATES_SHOWN:
             row[f"events_{state}"] = mine.get(f"events_{state}", 0)
@@ -57,11 +84,76 @@ def status(config: ConfigOption = DEFAULT_CONFIG_PATH, as_json: JsonOption = Fal
             row[f"runs_{run_status}"] = mine.get(f"runs_{run_status}", 0)
         row["last_failure"] = mine.get("last_failure")
     if as_json:
-        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        shown: object = {"service": service, "subscriptions": rows} if with_service else rows
+        sys.stdout.write(json.dumps(shown, indent=2) + "\n")
         return
-    from agentwake.cli.tables import print_status
+    from agentwake.cli.tables import describe_service, print_status
 
-    print_status(rows, stdout())
+    out = stdout()
+    out.print(describe_service(service), highlight=False)
+    out.print()
+    print_status(rows, out)
+
+
+# `status` counts a service whose last heartbeat is older than this many of its intervals as gone.
+STALE_HEARTBEATS = 3
+
+
+def service_state(
+    records: list[dict[str, Any]], *, now: datetime | None = None, host: str | None = None
+) -> dict[str, Any] | None:
+    """The service as `status` shows it, from its recorded starts (newest first): the newest one
+    still running, else the newest; None when no service ever recorded itself in the store.
+
+    Not running: stopped cleanly (``stopped_at``), or its heartbeat is older than STALE_HEARTBEATS
+    intervals, or it was on this host and its pid is gone ("unclean_stop").
+    """
+    if not records:
+        return None
+    now = now or utc_now()
+    host = host or socket.gethostname()
+    judged = [_judge_service(record, now, host) for record in records]
+    return next((j for j in judged if j["running"]), judged[0])
+
+
+def _judge_service(record: dict[str, Any], now: datetime, host: str) -> dict[str, Any]:
+    beat = parse_iso(record["heartbeat_at"])
+    age = max(0.0, (now - beat).total_seconds()) if beat else None
+    alive = _pid_alive(record["pid"]) if record["host"] == host else None
+    if record["stopped_at"]:
+        state = "stopped"
+    elif alive is False or age is None or age > STALE_HEARTBEATS * record["heartbeat_s"]:
+        state = "unclean_stop"
+    else:
+        state = "running"
+    return {
+        "running": state == "running",
+        "state": state,
+        "pid": record["pid"],
+        "host": record["host"],
+        "version": record["version"],
+        "started_at": record["started_at"],
+        "heartbeat_at": record["heartbeat_at"],
+        "heartbeat_age_s": None if age is None else round(age, 1),
+        "heartbeat_s": record["heartbeat_s"],
+        "stopped_at": record["stopped_at"],
+        # None on another host (or where we cannot tell).
+        "pid_alive": alive,
+    }
+
+
+def _pid_alive(pid: int) -> bool | None:
+    if os.name != "posix":
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    except OSError:
+        return None
+    return True
 
 
 @app.command()
@@ -129,6 +221,7 @@ def actions(
 
     table = table_of(f"Agent runs (newest {limit})", ACTIONS_COLUMNS)
     table.add_column("reason", overflow="fold", style="red")
+    table.add_column("summary", overflow="fold")
     for r in rows:
         tools = ", ".join(r["tools"]) or "-"
         if r["refused"]:
@@ -145,6 +238,7 @@ def actions(
             str(r["prompt_tokens"] + r["completion_tokens"]),
             str(r["duration_ms"] if r["duration_ms"] is not None else "-"),
             r["reason"] or "",
+            r.get("summary") or "",
         )
     print_table(table, stdout())
 
@@ -234,6 +328,8 @@ def print_run(run: dict[str, Any]) -> None:
                 str(call["duration_ms"] if call["duration_ms"] is not None else "-"),
             )
         print_table(table, out)
+    if run.get("summary"):  # the final answer, in one line, under its transcript
+        out.print(styled("summary:", "bold", run["summary"]), highlight=False)
 
 
 __all__ = ["actions", "inbox", "print_run", "show", "status"]

@@ -31,6 +31,8 @@ from agentwake.store.records import (
     ToolCallStatus,
     WebhookDelivery,
     WebhookRecord,
+    final_answer,
+    summary_line,
 )
 
 if TYPE_CHECKING:
@@ -75,6 +77,8 @@ __all__ = [
     "ToolCallStatus",
     "WebhookDelivery",
     "WebhookRecord",
+    "final_answer",
     "open_reader",
     "open_store",
+    "summary_line",
 ]

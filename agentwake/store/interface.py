@@ -199,6 +199,20 @@ class Store(Protocol):
         """Close a run and, in the same transaction, move its event (exactly once: done iff completed)."""
         ...
 
+    # ---- the service's own record (service) ------------------------------------------------------
+
+    async def service_started(self, *, pid: int, host: str, version: str | None, heartbeat_s: float) -> int:
+        """Record a start of ``agentwake run`` (its first heartbeat is now); an id for the calls below."""
+        ...
+
+    async def service_heartbeat(self, service_id: int) -> None:
+        """The service is alive now; it calls this every ``heartbeat_s``."""
+        ...
+
+    async def service_stopped(self, service_id: int) -> None:
+        """The service stopped cleanly."""
+        ...
+
     # ---- read-only views (CLI) ------------------------------------------------------------------------
 
     async def subscriptions(self) -> list[dict[str, Any]]:
@@ -227,6 +241,11 @@ class Store(Protocol):
 
     async def state_counts(self) -> dict[str, int]: ...
 
+    async def services(self, limit: int = 5) -> list[dict[str, Any]]:
+        """The most recent starts of the service, newest first: pid, host, version, started_at,
+        heartbeat_at, heartbeat_s, stopped_at (None until a clean stop)."""
+        ...
+
 
 class StoreReader(Protocol):
     """The read-only views, synchronous: for quick readers (the CLI's ``status``, ``inbox``, ...)
@@ -253,3 +272,5 @@ class StoreReader(Protocol):
     def event_ids(self, subscription: str | None = None) -> list[str]: ...
 
     def state_counts(self) -> dict[str, int]: ...
+
+    def services(self, limit: int = 5) -> list[dict[str, Any]]: ...

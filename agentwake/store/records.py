@@ -7,6 +7,8 @@ store backend takes and returns exactly these.
 from __future__ import annotations
 
 import json
+import re
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, NamedTuple
 
@@ -229,6 +231,36 @@ class RunProgress:
     prompt_tokens: int
     completion_tokens: int
     cost_usd: float | None
+
+
+# A run's summary (its final answer) as the action log and the service's log show it, at most.
+SUMMARY_CHARS: Final = 200
+_BLANKS: Final = re.compile(r"\s+")
+
+
+def final_answer(messages: list[dict[str, Any]]) -> str | None:
+    """The model's final answer in a run's transcript: the last message, if it is the assistant's
+    text with no tool call (a run cut short has none)."""
+    if not messages:
+        return None
+    last = messages[-1]
+    if last.get("role") != "assistant" or last.get("tool_calls"):
+        return None
+    content = last.get("content")
+    return content if isinstance(content, str) and content.strip() else None
+
+
+def summary_line(text: str | None, limit: int = SUMMARY_CHARS) -> str | None:
+    """A model's text as one printable line of at most ``limit`` characters: control, format
+    (bidi, zero-width) and other invisible characters and every run of whitespace become one space."""
+    if text is None:
+        return None
+    head = text[: 8 * limit]  # do not scan a long answer to show its start
+    visible = "".join(" " if unicodedata.category(ch)[0] == "C" else ch for ch in head)
+    line = _BLANKS.sub(" ", visible).strip()
+    if len(line) > limit or len(text) > len(head):
+        line = line[: limit - 1].rstrip() + "…"
+    return line
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,8 @@
 """The SQLite backend of the store: one synchronous core, and its async face.
 
 ``SqliteCore`` is the core, assembled from one class per concern (subscriptions,
-inbox, webhook secrets, work queue, action log, read-only views), each in its own
+inbox, webhook secrets, work queue, action log, the service's own record,
+read-only views), each in its own
 module over one connection. Every public method turns a sqlite3 error into a
 StoreError. ``SqliteStore`` is the async store the service uses: each method runs
 the core's in one worker thread at a time (one writer), see ``agentwake.store.threaded``.
@@ -14,6 +15,7 @@ from pathlib import Path
 from agentwake.store.sqlite.base import BUSY_TIMEOUT_MS, SqliteBase, StoreErrors
 from agentwake.store.sqlite.inbox import Inbox
 from agentwake.store.sqlite.runs import ActionLog
+from agentwake.store.sqlite.service import ServiceLog
 from agentwake.store.sqlite.subscriptions import Subscriptions
 from agentwake.store.sqlite.views import Views
 from agentwake.store.sqlite.webhooks import Webhooks
@@ -22,7 +24,7 @@ from agentwake.store.threaded import ThreadedStore, in_store_thread
 
 
 @StoreErrors.install
-class SqliteCore(Subscriptions, Inbox, Webhooks, WorkQueue, ActionLog, Views, SqliteBase):
+class SqliteCore(Subscriptions, Inbox, Webhooks, WorkQueue, ActionLog, ServiceLog, Views, SqliteBase):
     """The synchronous store over one SQLite file. ``SqliteCore.open(path)``; ``core.close()``."""
 
     @classmethod
@@ -102,6 +104,11 @@ class SqliteStore(ThreadedStore[SqliteCore]):
     start_run = in_store_thread(SqliteCore.start_run)
     record_progress = in_store_thread(SqliteCore.record_progress)
     finish_run = in_store_thread(SqliteCore.finish_run)
+
+    service_started = in_store_thread(SqliteCore.service_started)
+    service_heartbeat = in_store_thread(SqliteCore.service_heartbeat)
+    service_stopped = in_store_thread(SqliteCore.service_stopped)
+    services = in_store_thread(SqliteCore.services)
 
     subscriptions = in_store_thread(SqliteCore.subscriptions)
     run_counts = in_store_thread(SqliteCore.run_counts)

@@ -236,3 +236,24 @@ def _fair_claims(db: sqlite_utils.Database) -> None:
 def _recent_errors(db: sqlite_utils.Database) -> None:
     # The last few errors of a subscription with their times (JSON), kept after a success clears last_error.
     db.execute("ALTER TABLE subscriptions ADD COLUMN recent_errors TEXT")
+
+
+@migrations(name="0011_service")
+def _service(db: sqlite_utils.Database) -> None:
+    # One row per start of `agentwake run` on this store: who it is (pid, host, version), when it
+    # started, its last heartbeat (refreshed every heartbeat_s) and, after a clean stop, when it
+    # stopped. `status` tells a running service from a stopped or vanished one with it.
+    db.execute(
+        """
+        CREATE TABLE service (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            pid INTEGER NOT NULL,
+            host TEXT NOT NULL,
+            version TEXT,
+            started_at TEXT NOT NULL,
+            heartbeat_at TEXT NOT NULL,
+            heartbeat_s REAL NOT NULL,
+            stopped_at TEXT
+        )
+        """
+    )

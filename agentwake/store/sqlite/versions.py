@@ -21,4 +21,5 @@ MIGRATION_NAMES: Final = (
     "0008_rejected_events",
     "0009_fair_claims",
     "0010_recent_errors",
+    "0011_service",
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agentwake.store.records import EVENT_STATES
+from agentwake.store.records import EVENT_STATES, final_answer, summary_line
 from agentwake.store.sqlite.base import SqliteBase
 
 
@@ -109,7 +109,11 @@ class Views(SqliteBase):
             " (SELECT count(*) FROM tool_calls t WHERE t.run_id = r.id),"
             " (SELECT count(*) FROM tool_calls t WHERE t.run_id = r.id AND t.status = 'refused'),"
             " (SELECT json_group_array(tool) FROM (SELECT t.tool FROM tool_calls t WHERE t.run_id = r.id"
-            " ORDER BY t.id))"
+            " ORDER BY t.id)),"
+            # The final answer: the last message, if it is the assistant's text with no tool call.
+            " CASE WHEN json_extract(r.messages, '$[#-1].role') = 'assistant'"
+            " AND json_array_length(coalesce(json_extract(r.messages, '$[#-1].tool_calls'), '[]')) = 0"
+            " THEN json_extract(r.messages, '$[#-1].content') END"
             " FROM runs r JOIN events e ON e.id = r.event_row ORDER BY r.id DESC LIMIT ?",
             [limit],
         ).fetchall()
@@ -133,10 +137,16 @@ class Views(SqliteBase):
             "tool_calls",
             "refused",
             "tools",
+            "summary",
         )
         actions = [dict(zip(keys, r, strict=True)) for r in rows]
         for action in actions:
             action["tools"] = json.loads(action["tools"]) if action["tools"] else []
+            # One line of at most SUMMARY_CHARS; `show` has the whole answer.
+            summary = action["summary"]
+            action["summary"] = (
+                summary_line(summary) if isinstance(summary, str) and summary.strip() else None
+            )
         return actions
 
     def find_events(self, event_id: str, server: str | None = None) -> list[dict[str, Any]]:
@@ -229,6 +239,7 @@ class Views(SqliteBase):
         for run in runs:
             run["decision"] = json.loads(run["decision"])
             run["messages"] = json.loads(run["messages"])
+            run["summary"] = summary_line(final_answer(run["messages"]))
             calls = self.conn.execute(
                 "SELECT step, call_id, tool, server, name, arguments, status, result, duration_ms"
                 " FROM tool_calls WHERE run_id = ? ORDER BY id",
