@@ -129,7 +129,9 @@ async def test_a_silent_stream_is_declared_dead_and_reopened_from_the_stored_cur
     assert "the stream is dead, reconnecting from cursor 3" in caplog.text
 
 
-async def test_a_mid_stream_gap_is_recorded(tmp_path: Path, store: Store) -> None:
+async def test_a_mid_stream_gap_is_recorded(
+    tmp_path: Path, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
     sub = feed()
     await set_cursor(store, subscription_key(sub), "0")
     progress = Progress()
@@ -140,6 +142,9 @@ async def test_a_mid_stream_gap_is_recorded(tmp_path: Path, store: Store) -> Non
     [gap] = store.core.gaps("feed")
     assert (gap["cursor_before"], gap["cursor_after"]) == ("2", "102")
     assert store.core.subscriptions()[0]["gaps"] == 1
+    # The warning says why: the server kept no history back to the stored cursor.
+    assert "the server kept no history back to cursor 2" in caplog.text
+    assert "resumed at cursor 102" in caplog.text
 
 
 async def test_an_error_notification_is_counted_and_the_stream_goes_on(

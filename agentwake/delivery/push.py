@@ -333,7 +333,12 @@ class PushLoop:
                         stored = await self._store(key, pending, stored)
                         pending = _Pending(truncated=True)
                         logger.warning(
-                            "subscription %s: gap: the server skipped events (truncated)", sub.name
+                            "subscription %s: gap: the server kept no history back to cursor %s (it"
+                            " restarted without a durable log, or the events aged out), so events in"
+                            " between may be missing; resumed at cursor %s",
+                            sub.name,
+                            peer(stored, CURSOR_SHOWN),
+                            peer(params.get("cursor"), CURSOR_SHOWN),
                         )
                     if usable_cursor(params.get("cursor")):
                         pending.cursor = params["cursor"]
