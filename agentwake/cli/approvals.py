@@ -65,7 +65,7 @@ def approvals(
 
 
 def _answer(config: Path, event_id: str, server: str | None, *, approve: bool, note: str | None) -> None:
-    cfg = load(config)
+    cfg = load(config, secrets=False)
 
     async def answer(store: Store) -> None:
         row = await find_event(store, event_id, server)
@@ -119,7 +119,7 @@ def rotate_secret(
     """
     from agentwake.signing import generate_secret
 
-    cfg = load(config)
+    cfg = load(config, secrets=False)
     names = None if subscription is None else [subscription]
 
     async def rotate(store: Store) -> list[str]:

@@ -71,27 +71,6 @@ policy_app = typer.Typer(
     cls=HelpGroup,
 )
 
-# The running command's path under `agentwake` ("status", "policy check"), noted by --config's callback.
-_command: str | None = None
-
-
-def _note_command(ctx: typer.Context, value: Path) -> Path:
-    global _command
-    names: list[str] = []
-    current: Any = ctx
-    while current is not None and current.parent is not None:
-        names.append(current.info_name or "")
-        current = current.parent
-    _command = " ".join(reversed(names)) or None
-
-    def forget() -> None:
-        global _command
-        _command = None
-
-    ctx.call_on_close(forget)
-    return value
-
-
 ConfigOption = Annotated[
     Path,
     typer.Option(
@@ -99,15 +78,11 @@ ConfigOption = Annotated[
         "-c",
         envvar=CONFIG_ENV,
         show_envvar=True,
-        callback=_note_command,
         help="Config file; relative paths in it resolve against its folder.",
     ),
 ]
 # The commands that never talk to a server, by their path under `agentwake`: they load the config
 # without secrets (an unset ${VAR} in [servers.*] stays as written), so they work without them.
-SECRET_FREE_COMMANDS: Final = frozenset(
-    {"status", "inbox", "actions", "show", "approvals", "approve", "deny", "rotate-secret", "policy check"}
-)
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON array instead of a table.")]
 ServerOption = Annotated[
     str | None,
@@ -177,22 +152,14 @@ def setup_logging(level: str) -> None:
 # ---- config, policy and store ----------------------------------------------------------------------
 
 
-def current_command() -> str | None:
-    """The running command's path under ``agentwake`` ("check", "policy check"), or None outside one."""
-    return _command
-
-
-def load(path: Path, *, secrets: bool | None = None) -> AgentwakeConfig:
+def load(path: Path, *, secrets: bool = True) -> AgentwakeConfig:
     """The config at ``path``; an invalid one exits 2 with every problem listed.
 
-    ``secrets``: whether unset variables in ``[servers.*]`` are an error (they are for every
-    command that talks to a server). By default, the running command decides: the ones in
-    SECRET_FREE_COMMANDS leave such a ``${VAR}`` as written.
+    ``secrets``: whether an unset variable in ``[servers.*]`` is an error. It is for every command
+    that talks to a server; the read-only ones pass False and the ``${VAR}`` stays as written.
     """
     from agentwake.config import load_config
 
-    if secrets is None:
-        secrets = current_command() not in SECRET_FREE_COMMANDS
     try:
         return load_config(path, secrets=secrets)
     except ConfigError as exc:
@@ -286,13 +253,11 @@ async def find_event(store: Store, event_id: str, server: str | None) -> dict[st
 __all__ = [
     "CONFIG_ENV",
     "DEFAULT_CONFIG_PATH",
-    "SECRET_FREE_COMMANDS",
     "ConfigOption",
     "JsonOption",
     "ServerOption",
     "app",
     "clip",
-    "current_command",
     "error",
     "fail",
     "find_event",

@@ -45,7 +45,7 @@ VERDICT_NOTES = {
 @policy_app.command("check")
 def policy_check(config: ConfigOption = DEFAULT_CONFIG_PATH) -> None:
     """Validate every policy file; errors name the file, the line and the rule."""
-    cfg = load(config)
+    cfg = load(config, secrets=False)
     policy = load_rules(cfg)
     out = stdout()
     if not policy.files:
@@ -123,7 +123,7 @@ def policy_test(
     from agentwake.decide import NoHistory, decide
 
     # --offline talks to no server, so it needs none of their secrets (an unset ${VAR} stays as written).
-    cfg = load(config, secrets=False if offline else None)
+    cfg = load(config, secrets=not offline)
     policy = load_rules(cfg)
     sub = None
     if subscription is not None:
