@@ -63,11 +63,14 @@ class ServerSignals:
 
     events_changed: anyio.Event = field(default_factory=anyio.Event)
     tools_changed: anyio.Event = field(default_factory=anyio.Event)
+    # Set with tools_changed when nothing is known to have changed: a precautionary relist.
+    tools_recheck_only: bool = False
 
     def on_events_changed(self) -> None:
         self.events_changed.set()
 
     async def on_tools_changed(self) -> None:
+        self.tools_recheck_only = False
         self.tools_changed.set()
 
     async def next_events_change(self) -> None:
@@ -477,7 +480,13 @@ class Supervisor:
             tg.start_soon(self._listen_tools, conn, signals)
             while True:
                 await signals.next_tools_change()
-                logger.info("server %s: tools changed; listing them again", conn.name)
+                if signals.tools_recheck_only:
+                    signals.tools_recheck_only = False
+                    logger.debug(
+                        "server %s: listing tools once more, now that changes are watched", conn.name
+                    )
+                else:
+                    logger.info("server %s: tools changed; listing them again", conn.name)
                 await pool.refresh(conn.name)
 
     async def _listen_tools(self, conn: ServerConnection, signals: ServerSignals) -> None:
@@ -485,8 +494,10 @@ class Supervisor:
         try:
             async with conn.client.listen(tools_list_changed=True) as changes:
                 # A change between the first listing and this stream's start would be missed: list once more.
+                signals.tools_recheck_only = True
                 signals.tools_changed.set()
                 async for _change in changes:
+                    signals.tools_recheck_only = False
                     signals.tools_changed.set()
         except (
             Exception
