@@ -20,10 +20,12 @@ import anyio
 import anyio.abc
 import pytest
 from conftest import REPO
+from test_server_stream import Hooks, incident_extension, serving_http
 
 from agentwake import service as service_module
 from agentwake.config import parse_config
 from agentwake.service import run_service
+from agentwake.store import Store
 from agentwake.supervisor import Supervisor
 
 pytestmark = pytest.mark.anyio
@@ -200,3 +202,44 @@ async def test_delivery_that_does_not_stop_within_the_grace_is_cancelled_with_th
     stopped = await stop_in_process(tmp_path, monkeypatch, caplog, grace_s=0.3, signals=[signal.SIGINT])
     assert stopped < 2
     assert "delivery did not stop within 0.3s; stopping the rest without waiting" in caplog.text
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_over_http_stopping_delivery_ends_each_open_stream_on_the_server(
+    tmp_path: Path, store: Store, mode: str
+) -> None:
+    """On HTTP there is no notifications/cancelled on a 2026-era connection: the request is aborted.
+
+    Either way the server's stream must end (its on_unsubscribe hook runs) when delivery stops.
+    """
+    events = incident_extension(heartbeat_ms=50)
+    hooks = Hooks()
+    hooks.attach(events, "incident.created")
+    async with serving_http(events) as url:
+        config = parse_config(
+            {
+                "servers": {"inc": {"url": url, "protocol": mode}},
+                "subscriptions": [
+                    {
+                        "name": "p1",
+                        "server": "inc",
+                        "event": "incident.created",
+                        "delivery": "push",
+                        "arguments": {"severity": "P1"},
+                    }
+                ],
+            },
+            env={},
+        )
+        supervisor = Supervisor(config, store)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(supervisor.run)
+            with anyio.fail_after(10):
+                while not events.open_streams():  # noqa: ASYNC110 - the server signals nothing
+                    await anyio.sleep(0.02)
+                await supervisor.stop_delivery()
+                await hooks.wait_gone()
+            tg.cancel_scope.cancel()
+    assert events.open_streams() == 0
+    [(_, arguments, _)] = hooks.unsubscribed
+    assert arguments == {"severity": "P1"}
