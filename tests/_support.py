@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
 import anyio
+import anyio.abc
+from conftest import REPO, demo_stdio
 
 from agentwake.store import Store, SubscriptionKey
 
@@ -44,3 +55,94 @@ async def set_cursor(store: Store, key: SubscriptionKey, cursor: str) -> None:
     """Persist a cursor as if an earlier run had reached it."""
     await store.register(key)
     await store.ingest(key, [], cursor)
+
+
+def demo_server_toml(db: Path, name: str = "demo", **env: str) -> str:
+    """The TOML of a ``[servers.<name>]`` table that spawns the quiet demo server over stdio, as
+    ``demo_stdio`` configures it: run from the repo, its tickets file at ``db`` (under the test's
+    tmp_path: never the repo's own demo.db), ``env`` on top."""
+    server = demo_stdio(db, **env)
+    env_toml = ", ".join(f"{key} = {json.dumps(value)}" for key, value in server.env.items())
+    return (
+        f"[servers.{name}]\n"
+        f"command = {json.dumps(server.command)}\n"
+        f"args = {json.dumps(server.args)}\n"
+        f"cwd = {json.dumps(str(server.cwd))}\n"
+        f"env = {{ {env_toml} }}\n"
+    )
+
+
+@dataclass
+class RunningService:
+    """A real `agentwake run` subprocess, its stderr collected line by line."""
+
+    process: anyio.abc.Process
+    lines: list[str] = field(default_factory=list)
+    _changed: anyio.Event = field(default_factory=anyio.Event)
+
+    def log(self, last: int = 40) -> str:
+        return "\n".join(self.lines[-last:])
+
+    async def wait_for(self, *needles: str, after: int = 0, timeout: float = 60) -> int:  # noqa: ASYNC109
+        """Index of the first stderr line from ``after`` on that holds every needle; fails the test,
+        showing the log, if none comes in time or agentwake exits first."""
+        index = after
+        try:
+            with anyio.fail_after(timeout):
+                while True:
+                    while index < len(self.lines):
+                        if all(needle in self.lines[index] for needle in needles):
+                            return index
+                        index += 1
+                    if self.process.returncode is not None:
+                        raise AssertionError(f"agentwake exited ({self.process.returncode}):\n{self.log()}")
+                    await self._changed.wait()
+        except TimeoutError:
+            raise AssertionError(f"no log line with {needles!r} in {timeout:g}s:\n{self.log()}") from None
+
+    async def stop(self, signum: signal.Signals = signal.SIGTERM, timeout: float = 30) -> int:  # noqa: ASYNC109
+        """Send ``signum`` and wait for the exit; its return code."""
+        self.process.send_signal(signum)
+        with anyio.fail_after(timeout):
+            return await self.process.wait()
+
+    def _poke(self) -> None:
+        changed, self._changed = self._changed, anyio.Event()
+        changed.set()
+
+    async def _read(self) -> None:
+        assert self.process.stderr is not None
+        pending = b""
+        async for chunk in self.process.stderr:
+            pending += chunk
+            *complete, pending = pending.split(b"\n")
+            self.lines.extend(line.decode(errors="replace") for line in complete)
+            self._poke()
+        await self.process.wait()
+        self._poke()
+
+
+@asynccontextmanager
+async def agentwake_run(config: Path, **env: str) -> AsyncIterator[RunningService]:
+    """`agentwake run -c config` as a subprocess in the config's folder, ``env`` added to this one's;
+    killed on the way out if the test did not stop it."""
+    process = await anyio.open_process(
+        [sys.executable, "-m", "agentwake.cli", "run", "-c", str(config)],
+        cwd=config.parent,
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+    )
+    running = RunningService(process)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(running._read)
+            try:
+                yield running
+            finally:
+                if process.returncode is None:
+                    process.kill()
+                with anyio.CancelScope(shield=True), anyio.fail_after(30):
+                    await process.wait()
+                tg.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await process.aclose()

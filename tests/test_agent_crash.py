@@ -6,21 +6,17 @@ the fake LLM runs in the test process, so the test sees each request as it arriv
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import sqlite3
-import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-import anyio
-import anyio.abc
 import pytest
-from conftest import QUIET_DEMO, REPO
+from _support import RunningService, agentwake_run, demo_server_toml
+from conftest import REPO
 from fake_llm import FakeLLM, hold, text, tool_calls
 
 from agentwake.config import load_config
@@ -35,7 +31,6 @@ LATER_TICKET: Final = "T-000002"
 COMMENT: Final = "category: login, urgency: high"
 # litellm's import alone takes several seconds on a cold start.
 START_TIMEOUT_S: Final = 45.0
-STOP_TIMEOUT_S: Final = 20.0
 
 
 def run_line(ticket: str) -> str:
@@ -52,9 +47,6 @@ class Paths:
 
 def write_config(tmp_path: Path, llm_url: str) -> Paths:
     demo_db = tmp_path / "demo.db"
-    env = ", ".join(
-        f'{k} = "{v}"' for k, v in {**QUIET_DEMO, "DEMO_DB": str(demo_db), "DEMO_BACKLOG": "1"}.items()
-    )
     path = tmp_path / "agentwake.toml"
     # concurrency 1: runs happen one after another, oldest event first, so "a later event ran"
     # proves that anything claimed before it has finished.
@@ -76,12 +68,7 @@ concurrency = 1
 timeout_s = 30
 prompts = "{REPO / "prompts"}"
 
-[servers.demo]
-command = "{sys.executable}"
-args = ["-m", "examples.demo_server"]
-cwd = "{REPO}"
-env = {{ {env} }}
-
+{demo_server_toml(demo_db, DEMO_BACKLOG="1")}
 [[subscriptions]]
 name = "tickets"
 server = "demo"
@@ -101,75 +88,9 @@ tools = ["demo__add_comment"]
     return Paths(path, config.store.path, demo_db)
 
 
-@dataclass
-class Service:
-    """A running `agentwake run`, with its stderr collected line by line."""
-
-    process: anyio.abc.Process
-    lines: list[str] = field(default_factory=list)
-    _changed: anyio.Event = field(default_factory=anyio.Event)
-
-    def log(self) -> str:
-        return "\n".join(self.lines)
-
-    async def wait_for(self, *fragments: str, timeout: float = START_TIMEOUT_S) -> str:  # noqa: ASYNC109
-        """The first log line holding every fragment; fails the test, showing the log, if none comes."""
-        try:
-            with anyio.fail_after(timeout):
-                while True:
-                    for line in self.lines:
-                        if all(f in line for f in fragments):
-                            return line
-                    if self.process.returncode is not None:
-                        raise AssertionError(f"agentwake exited ({self.process.returncode}):\n{self.log()}")
-                    await self._changed.wait()
-        except TimeoutError:
-            raise AssertionError(f"no log line with {fragments} in {timeout:g}s:\n{self.log()}") from None
-
-    async def _read(self) -> None:
-        assert self.process.stderr is not None
-        pending = b""
-        async for chunk in self.process.stderr:
-            pending += chunk
-            *complete, pending = pending.split(b"\n")
-            self.lines.extend(line.decode(errors="replace") for line in complete)
-            self._poke()
-        await self.process.wait()
-        self._poke()
-
-    def _poke(self) -> None:
-        changed, self._changed = self._changed, anyio.Event()
-        changed.set()
-
-    async def stop(self, signum: signal.Signals) -> int:
-        self.process.send_signal(signum)
-        with anyio.fail_after(STOP_TIMEOUT_S):
-            return await self.process.wait()
-
-
-@asynccontextmanager
-async def service(paths: Paths) -> AsyncIterator[Service]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "FAKE_LLM_KEY": "sk-test"}
-    process = await anyio.open_process(
-        [sys.executable, "-m", "agentwake.cli", "run", "-c", str(paths.config)],
-        cwd=paths.config.parent,
-        env=env,
-    )
-    running = Service(process)
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(running._read)
-            try:
-                yield running
-            finally:
-                if process.returncode is None:
-                    process.kill()
-                with anyio.CancelScope(shield=True), anyio.fail_after(STOP_TIMEOUT_S):
-                    await process.wait()
-                tg.cancel_scope.cancel()
-    finally:
-        with anyio.CancelScope(shield=True):
-            await process.aclose()
+def service(paths: Paths) -> AbstractAsyncContextManager[RunningService]:
+    """A real `agentwake run` on the scenario's config, its stderr collected line by line."""
+    return agentwake_run(paths.config, FAKE_LLM_KEY="sk-test")
 
 
 def stored_event(paths: Paths, event_id: str) -> dict[str, Any]:
@@ -221,7 +142,7 @@ async def killed_mid_run(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
         paths = write_config(tmp_path_factory.mktemp("killed-mid-run"), fake.url)
         fake.script(hold())  # the first run's LLM call never answers: the kill lands mid-run
         async with service(paths) as first:
-            await fake.wait_for_requests(1, timeout=START_TIMEOUT_S)
+            await fake.wait_for_requests(1)
             assert await first.stop(signal.SIGKILL) == -signal.SIGKILL
         state_after_kill = stored_event(paths, TICKET)
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import QUIET_DEMO, REPO
+from _support import demo_server_toml
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -24,17 +24,11 @@ COMMANDS = ["run", "check", "events", "status", "inbox", "rotate-secret"]
 
 
 def demo_config(tmp_path: Path, subscriptions: str = "", **env: str) -> Path:
-    env_toml = ", ".join(f'{k} = "{v}"' for k, v in {**QUIET_DEMO, "DEMO_DB": "demo.db", **env}.items())
     text = f"""
 [store]
 path = "aw.db"
 
-[servers.demo]
-command = "{sys.executable}"
-args = ["-m", "examples.demo_server"]
-cwd = "{REPO}"
-env = {{ {env_toml} }}
-{subscriptions}
+{demo_server_toml(tmp_path / "demo.db", **env)}{subscriptions}
 """
     path = tmp_path / "agentwake.toml"
     path.write_text(text)

@@ -16,6 +16,7 @@ from typing import Any
 
 import anyio
 import pytest
+from _support import demo_server_toml
 from conftest import REPO
 
 from agentwake.cli.common import DEFAULT_CONFIG_PATH
@@ -54,7 +55,9 @@ with open(out, "w") as f:
     json.dump({"code": code, "modules": sorted(sys.modules)}, f)
 """
 
-CONFIG = f"""
+
+def config_text(folder: Path) -> str:
+    return f"""
 [store]
 path = "aw.db"
 
@@ -62,11 +65,7 @@ path = "aw.db"
 model = "agentwake/offline"
 prompts = {json.dumps(str(REPO / "prompts"))}
 
-[servers.demo]
-command = {json.dumps(sys.executable)}
-args = ["-m", "examples.demo_server"]
-cwd = {json.dumps(str(REPO))}
-
+{demo_server_toml(folder / "demo.db")}
 [[subscriptions]]
 name = "tickets"
 server = "demo"
@@ -91,8 +90,9 @@ async def fill_store(config: Path) -> None:
 @pytest.fixture(scope="module")
 def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real config, and a real store with one subscription and one event."""
-    path = tmp_path_factory.mktemp("cli-imports") / "agentwake.toml"
-    path.write_text(CONFIG)
+    folder = tmp_path_factory.mktemp("cli-imports")
+    path = folder / "agentwake.toml"
+    path.write_text(config_text(folder))
     anyio.run(fill_store, path)
     return path
 

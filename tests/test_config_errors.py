@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import QUIET_DEMO, REPO
+from _support import demo_server_toml
+from conftest import REPO
 from typer.testing import CliRunner
 
 from agentwake.cli import app
@@ -21,7 +21,10 @@ from agentwake.store.sqlite import SqliteCore
 
 runner = CliRunner()
 
-GOOD = f"""# a comment
+
+def good(tmp_path: Path) -> str:
+    """A valid config; the tests edit its text."""
+    return f"""# a comment
 [store]
 path = "aw.db"
 
@@ -29,12 +32,7 @@ path = "aw.db"
 model = "agentwake/offline"
 prompts = {json.dumps(str(REPO / "prompts"))}
 
-[servers.demo]
-command = {json.dumps(sys.executable)}
-args = ["-m", "examples.demo_server"]
-cwd = {json.dumps(str(REPO))}
-env = {{ {", ".join(f'{k} = "{v}"' for k, v in {**QUIET_DEMO, "DEMO_DB": "demo.db"}.items())} }}
-
+{demo_server_toml(tmp_path / "demo.db")}
 [[subscriptions]]
 name = "tickets"
 server = "demo"
@@ -68,7 +66,10 @@ def line_number(text: str, needle: str) -> int:
 
 
 def test_the_good_config_loads(tmp_path: Path) -> None:
-    assert [s.name for s in load_config(write(tmp_path, GOOD)).subscriptions] == ["tickets", "alerts"]
+    assert [s.name for s in load_config(write(tmp_path, good(tmp_path))).subscriptions] == [
+        "tickets",
+        "alerts",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -118,7 +119,7 @@ def test_the_good_config_loads(tmp_path: Path) -> None:
 def test_an_unknown_key_names_its_table_line_and_nearest_key(
     tmp_path: Path, edit: Callable[[str], str], typo: str, expected: str
 ) -> None:
-    text = edit(GOOD)
+    text = edit(good(tmp_path))
     path = write(tmp_path, text)
     [problem] = problems(path)
     assert problem.startswith(expected.format(line=line_number(text, typo))), problem
@@ -126,7 +127,7 @@ def test_an_unknown_key_names_its_table_line_and_nearest_key(
 
 
 def test_a_wrong_type_names_the_key_the_value_and_the_line(tmp_path: Path) -> None:
-    text = GOOD.replace('name = "alerts"', 'name = "alerts"\nmax_events = "many"')
+    text = good(tmp_path).replace('name = "alerts"', 'name = "alerts"\nmax_events = "many"')
     [problem] = problems(write(tmp_path, text))
     line = line_number(text, "max_events")
     assert problem == (
@@ -136,7 +137,7 @@ def test_a_wrong_type_names_the_key_the_value_and_the_line(tmp_path: Path) -> No
 
 
 def test_a_bad_value_in_a_server_names_the_server_table_and_line(tmp_path: Path) -> None:
-    text = GOOD.replace("cwd = ", 'url = "http://x/mcp"\ncwd = ')
+    text = good(tmp_path).replace("cwd = ", 'url = "http://x/mcp"\ncwd = ')
     [problem] = problems(write(tmp_path, text))
     assert problem == (
         "servers.demo: set exactly one of 'command' (stdio) or 'url' (Streamable HTTP)"
@@ -145,8 +146,10 @@ def test_a_bad_value_in_a_server_names_the_server_table_and_line(tmp_path: Path)
 
 
 def test_several_problems_are_listed_in_file_order(tmp_path: Path) -> None:
-    text = GOOD.replace("[store]", "[store]\npth = 1").replace(
-        'name = "alerts"', 'name = "alerts"\nmax_events = 0\ntool = []'
+    text = (
+        good(tmp_path)
+        .replace("[store]", "[store]\npth = 1")
+        .replace('name = "alerts"', 'name = "alerts"\nmax_events = 0\ntool = []')
     )
     found = problems(write(tmp_path, text))
     assert [re.sub(r":.*", "", p) for p in found] == [
@@ -157,14 +160,16 @@ def test_several_problems_are_listed_in_file_order(tmp_path: Path) -> None:
 
 
 def test_a_cross_reference_error_has_no_location_prefix(tmp_path: Path) -> None:
-    text = GOOD.replace('server = "demo"\nevent = "alert.fired"', 'server = "nowhere"\nevent = "alert.fired"')
+    text = good(tmp_path).replace(
+        'server = "demo"\nevent = "alert.fired"', 'server = "nowhere"\nevent = "alert.fired"'
+    )
     [problem] = problems(write(tmp_path, text))
     assert problem.startswith("subscriptions[1] ('alerts') names server 'nowhere'")
     assert "(top level)" not in problem
 
 
 def test_check_prints_the_located_error_and_exits_2(tmp_path: Path) -> None:
-    text = GOOD.replace('tools = ["demo__get_alert"]', 'tool = ["demo__get_alert"]')
+    text = good(tmp_path).replace('tools = ["demo__get_alert"]', 'tool = ["demo__get_alert"]')
     result = runner.invoke(app, ["check", "-c", str(write(tmp_path, text))])
     assert result.exit_code == 2
     line = line_number(text, "tool = [")
@@ -221,7 +226,7 @@ def test_table_labels() -> None:
 
 
 def seeded(tmp_path: Path) -> Path:
-    path = write(tmp_path, GOOD)
+    path = write(tmp_path, good(tmp_path))
     store = SqliteCore.open(tmp_path / "aw.db")
     key = SubscriptionKey("tickets", "demo", "ticket.created", {"queue": "support"})
     store.register(key)

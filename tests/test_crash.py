@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import sys
 from pathlib import Path
 
-import anyio
-import anyio.abc
 import pytest
-from conftest import QUIET_DEMO, REPO
+from _support import agentwake_run, demo_server_toml
 
 from agentwake.config import load_config
 from agentwake.delivery.common import subscription_key
@@ -21,27 +17,15 @@ BACKLOG = 30_000
 
 
 def write_config(tmp_path: Path, delivery: str) -> Path:
-    env = ", ".join(
-        f'{k} = "{v}"'
-        for k, v in {
-            **QUIET_DEMO,
-            "DEMO_DB": str(tmp_path / "demo.db"),  # the server runs in the repo: never its demo.db
-            "DEMO_BACKLOG": str(BACKLOG),
-            "DEMO_HEARTBEAT_MS": "300",
-        }.items()
-    )
+    # The server runs in the repo: its tickets file must be the test's, never the repo's demo.db.
+    demo = demo_server_toml(tmp_path / "demo.db", DEMO_BACKLOG=str(BACKLOG), DEMO_HEARTBEAT_MS="300")
     path = tmp_path / "agentwake.toml"
     path.write_text(
         f"""
 [store]
 path = "aw.db"
 
-[servers.demo]
-command = "{sys.executable}"
-args = ["-m", "examples.demo_server"]
-cwd = "{REPO}"
-env = {{ {env} }}
-
+{demo}
 [[subscriptions]]
 name = "tickets"
 server = "demo"
@@ -55,35 +39,9 @@ delivery = "{delivery}"
 
 async def run_until(config: Path, marker: str, *, kill: bool) -> None:
     """Start `agentwake run`, wait for a log line containing ``marker``, then SIGKILL or SIGTERM it."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    process: anyio.abc.Process = await anyio.open_process(
-        [sys.executable, "-m", "agentwake.cli", "run", "-c", str(config)], cwd=config.parent, env=env
-    )
-    assert process.stderr is not None
-    seen = anyio.Event()
-
-    async def watch() -> None:
-        assert process.stderr is not None
-        pending = b""
-        async for chunk in process.stderr:
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            if any(marker.encode() in line for line in lines):
-                seen.set()
-
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(watch)
-            with anyio.fail_after(60):
-                await seen.wait()
-            process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-            with anyio.fail_after(30):
-                await process.wait()
-            tg.cancel_scope.cancel()
-    finally:
-        if process.returncode is None:
-            process.kill()
-        await process.aclose()
+    async with agentwake_run(config) as run:
+        await run.wait_for(marker)
+        await run.stop(signal.SIGKILL if kill else signal.SIGTERM)
 
 
 # The log line that says the drain is under way, and the one that says it is over, per mode.

@@ -7,12 +7,12 @@ stdio, a real store) with litellm talking over loopback to tests/fake_llm.py.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 from _rig import KEY_ENV, Rig
-from conftest import QUIET_DEMO, REPO
+from _support import demo_server_toml
+from conftest import REPO
 from fake_llm import error, text
 from typer.testing import CliRunner
 
@@ -32,7 +32,6 @@ def flat(value: str) -> str:
 
 
 def write_config(tmp_path: Path, agent: str) -> Path:
-    env = ", ".join(f'{k} = "{v}"' for k, v in {**QUIET_DEMO, "DEMO_DB": "demo.db"}.items())
     path = tmp_path / "agentwake.toml"
     path.write_text(
         f"""
@@ -43,12 +42,7 @@ path = "aw.db"
 {agent}
 prompts = {json.dumps(str(REPO / "prompts"))}
 
-[servers.demo]
-command = {json.dumps(sys.executable)}
-args = ["-m", "examples.demo_server"]
-cwd = {json.dumps(str(REPO))}
-env = {{ {env} }}
-
+{demo_server_toml(tmp_path / "demo.db")}
 [[subscriptions]]
 name = "tickets"
 server = "demo"

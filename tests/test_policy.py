@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _support import demo_server_toml
 from conftest import REPO
 from rich.console import Console
 from typer.testing import CliRunner
@@ -751,12 +752,7 @@ prompts = {json.dumps(str(REPO / "prompts"))}
 dir = "policies"
 default = "{default}"
 
-[servers.demo]
-command = {json.dumps(sys.executable)}
-args = ["-m", "examples.demo_server"]
-cwd = {json.dumps(str(REPO))}
-env = {{ DEMO_RATE = "0", DEMO_ALERT_INTERVAL = "0", DEMO_LOAD_INTERVAL = "0", DEMO_DB = "demo.db" }}
-
+{demo_server_toml(tmp_path / "demo.db")}
 [[subscriptions]]
 name = "tickets"
 server = "demo"

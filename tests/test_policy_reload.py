@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
-import anyio
-import anyio.abc
 import pytest
-from conftest import QUIET_DEMO, REPO
+from _support import agentwake_run, demo_server_toml
+from conftest import REPO
 
 from agentwake.errors import ConfigError
 from agentwake.policy import Policy, PolicyReloader, load_policy
@@ -87,62 +82,11 @@ def test_load_errors_are_config_errors(tmp_path: Path) -> None:
         load_policy(tmp_path)
 
 
-@asynccontextmanager
-async def service(config: Path) -> AsyncIterator[tuple[anyio.abc.Process, LogWatch]]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    process = await anyio.open_process(
-        [sys.executable, "-m", "agentwake.cli", "run", "-c", str(config)], cwd=config.parent, env=env
-    )
-    watch = LogWatch()
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(watch.follow, process)
-            yield process, watch
-            process.send_signal(signal.SIGTERM)
-            with anyio.fail_after(30):
-                await process.wait()
-            tg.cancel_scope.cancel()
-    finally:
-        if process.returncode is None:
-            process.kill()
-        await process.aclose()
-
-
-class LogWatch:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self._changed = anyio.Event()
-
-    async def follow(self, process: anyio.abc.Process) -> None:
-        assert process.stderr is not None
-        pending = b""
-        async for chunk in process.stderr:
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            self.lines.extend(line.decode(errors="replace") for line in lines)
-            changed, self._changed = self._changed, anyio.Event()
-            changed.set()
-
-    async def wait_for(self, *needles: str, after: int = 0, limit_s: float = 60) -> int:
-        """Index of the first line after ``after`` containing every needle."""
-        try:
-            with anyio.fail_after(limit_s):
-                while True:
-                    for index in range(after, len(self.lines)):
-                        if all(n in self.lines[index] for n in needles):
-                            return index
-                    await self._changed.wait()
-        except TimeoutError:
-            tail = "\n".join(self.lines[-30:])
-            raise AssertionError(f"no log line with {needles!r}; the last lines:\n{tail}") from None
-
-
 @pytest.mark.anyio
 async def test_sighup_and_file_edits_reload_the_running_service(tmp_path: Path) -> None:
     policies = tmp_path / "policies"
     policies.mkdir()
     (policies / "a.toml").write_text(GOOD)
-    env = ", ".join(f'{k} = "{v}"' for k, v in {**QUIET_DEMO, "DEMO_DB": "demo.db"}.items())
     config = tmp_path / "agentwake.toml"
     config.write_text(
         f"""
@@ -156,27 +100,22 @@ prompts = "{REPO / "prompts"}"
 [policy]
 dir = "policies"
 
-[servers.demo]
-command = "{sys.executable}"
-args = ["-m", "examples.demo_server"]
-cwd = "{REPO}"
-env = {{ {env} }}
-
+{demo_server_toml(tmp_path / "demo.db")}
 [[subscriptions]]
 name = "tickets"
 server = "demo"
 event = "ticket.created"
 """
     )
-    async with service(config) as (process, log):
-        start = await log.wait_for("policy: 1 rule(s) from 1 file(s)")
+    async with agentwake_run(config) as run:
+        start = await run.wait_for("policy: 1 rule(s) from 1 file(s)")
         (policies / "a.toml").write_text(OTHER)
-        process.send_signal(signal.SIGHUP)
-        at = await log.wait_for("policy reloaded (SIGHUP): 2 rule(s)", after=start)
+        run.process.send_signal(signal.SIGHUP)
+        at = await run.wait_for("policy reloaded (SIGHUP): 2 rule(s)", after=start)
         (policies / "a.toml").write_text(BAD)
-        at = await log.wait_for("keeping the last good policy", after=at)
-        await log.wait_for("a.toml:2: rule 'broken'", after=at)
+        at = await run.wait_for("keeping the last good policy", after=at)
+        await run.wait_for("a.toml:2: rule 'broken'", after=at)
         (policies / "b.toml").write_text(GOOD.replace("first", "fourth"))
         (policies / "a.toml").write_text(OTHER)
-        await log.wait_for("policy reloaded (a policy file changed): 3 rule(s) from 2 file(s)", after=at)
-    assert process.returncode == 0
+        await run.wait_for("policy reloaded (a policy file changed): 3 rule(s) from 2 file(s)", after=at)
+        assert await run.stop(signal.SIGTERM) == 0

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import QUIET_DEMO, REPO
+from _support import demo_server_toml
+from conftest import REPO
 from typer.testing import CliRunner
 
 from agentwake.cli import app
@@ -42,15 +43,8 @@ def write_config(
     policies: dict[str, str] | None = None,
     servers: str | None = None,
 ) -> Path:
-    env = ", ".join(f'{k} = "{v}"' for k, v in {**QUIET_DEMO, "DEMO_DB": "demo.db"}.items())
     if servers is None:
-        servers = f"""
-[servers.demo]
-command = {json.dumps(sys.executable)}
-args = ["-m", "examples.demo_server"]
-cwd = {json.dumps(str(REPO))}
-env = {{ {env} }}
-"""
+        servers = demo_server_toml(tmp_path / "demo.db")
     folder = tmp_path / "policies"
     folder.mkdir(exist_ok=True)
     for name, text in (policies or {}).items():

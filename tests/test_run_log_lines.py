@@ -8,16 +8,13 @@ caplog, and once as a real `agentwake run` whose stderr is read.
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import sys
 from pathlib import Path
 
-import anyio
-import anyio.abc
 import pytest
 from _rig import Rig
-from conftest import QUIET_DEMO, REPO
+from _support import agentwake_run, demo_server_toml
+from conftest import REPO
 from fake_llm import FakeLLM, error, text, tool_calls
 from rich.console import Console
 from typer.testing import CliRunner
@@ -150,10 +147,6 @@ async def test_actions_and_show_print_the_summary(
 
 @pytest.mark.slow
 async def test_the_service_logs_each_run_on_its_stderr(tmp_path: Path) -> None:
-    env_demo = ", ".join(
-        f'{k} = "{v}"'
-        for k, v in {**QUIET_DEMO, "DEMO_DB": str(tmp_path / "demo.db"), "DEMO_BACKLOG": "1"}.items()
-    )
     async with FakeLLM() as fake:
         config = tmp_path / "agentwake.toml"
         config.write_text(
@@ -170,12 +163,7 @@ retry_initial_s = 0.01
 retry_max_s = 0.05
 prompts = "{REPO / "prompts"}"
 
-[servers.demo]
-command = "{sys.executable}"
-args = ["-m", "examples.demo_server"]
-cwd = "{REPO}"
-env = {{ {env_demo} }}
-
+{demo_server_toml(tmp_path / "demo.db", DEMO_BACKLOG="1")}
 [[subscriptions]]
 name = "tickets"
 server = "demo"
@@ -202,53 +190,14 @@ tools = ["demo__get_ticket"]
             error(503, "overloaded"),
             text(ANSWER),
         )
-        process = await anyio.open_process(
-            [sys.executable, "-m", "agentwake.cli", "run", "-c", str(config)],
-            cwd=tmp_path,
-            env={**os.environ, "PYTHONPATH": str(REPO), "FAKE_LLM_KEY": "sk-test"},
-        )
-        lines: list[str] = []
-        changed = anyio.Event()
-
-        async def follow() -> None:
-            nonlocal changed
-            assert process.stderr is not None
-            pending = b""
-            async for chunk in process.stderr:
-                pending += chunk
-                *complete, pending = pending.split(b"\n")
-                lines.extend(line.decode(errors="replace") for line in complete)
-                changed, was = anyio.Event(), changed
-                was.set()
-
-        async def line_with(*needles: str) -> str:
-            try:
-                with anyio.fail_after(60):
-                    while True:
-                        found = [line for line in lines if all(n in line for n in needles)]
-                        if found:
-                            return found[0]
-                        await changed.wait()
-            except TimeoutError:
-                raise AssertionError(f"no line with {needles}:\n" + "\n".join(lines[-40:])) from None
-
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(follow)
-                end = await line_with("agent: event T-000001 (tickets) run", "completed in")
-                start = await line_with("agent: event T-000001 (tickets) run", "started:")
-                refused = await line_with("event T-000001: agent asked for tool demo__close_ticket")
-                retry = await line_with("event T-000001: LLM openai/fake:", "retrying in")
-                process.send_signal(signal.SIGTERM)
-                with anyio.fail_after(30):
-                    await process.wait()
-                tg.cancel_scope.cancel()
-        finally:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
-            await process.aclose()
-    assert lines.index(start) < lines.index(refused) < lines.index(retry) < lines.index(end)
+        async with agentwake_run(config, FAKE_LLM_KEY="sk-test") as run:
+            end_at = await run.wait_for("agent: event T-000001 (tickets) run", "completed in")
+            start_at = await run.wait_for("agent: event T-000001 (tickets) run", "started:")
+            refused_at = await run.wait_for("event T-000001: agent asked for tool demo__close_ticket")
+            retry_at = await run.wait_for("event T-000001: LLM openai/fake:", "retrying in")
+            await run.stop(signal.SIGTERM)
+    assert start_at < refused_at < retry_at < end_at
+    start, refused, retry, end = (run.lines[at] for at in (start_at, refused_at, retry_at, end_at))
     assert " INFO " in start and "rule default, model openai/fake, attempt 1" in start
     assert " WARNING " in refused and " WARNING " in retry
     assert (

@@ -9,16 +9,15 @@ import signal
 import socket
 import sqlite3
 import sys
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import anyio
-import anyio.abc
 import pytest
-from conftest import QUIET_DEMO, REPO
+from _support import agentwake_run, demo_server_toml
+from conftest import REPO
 from typer.testing import CliRunner
 
 from agentwake.cli import app
@@ -39,19 +38,13 @@ KEY = SubscriptionKey("tickets", "demo", "ticket.created", {})
 
 
 def write_config(tmp_path: Path) -> Path:
-    env = ", ".join(f'{k} = "{v}"' for k, v in {**QUIET_DEMO, "DEMO_DB": str(tmp_path / "demo.db")}.items())
     path = tmp_path / "agentwake.toml"
     path.write_text(
         f"""
 [store]
 path = "aw.db"
 
-[servers.demo]
-command = "{sys.executable}"
-args = ["-m", "examples.demo_server"]
-cwd = "{REPO}"
-env = {{ {env} }}
-
+{demo_server_toml(tmp_path / "demo.db")}
 [[subscriptions]]
 name = "tickets"
 server = "demo"
@@ -106,26 +99,6 @@ async def wait_for_status(
         ) from None
 
 
-@asynccontextmanager
-async def service(config: Path) -> AsyncIterator[anyio.abc.Process]:
-    """A real `agentwake run` on ``config``; killed if the test did not stop it."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    process = await anyio.open_process(
-        [sys.executable, "-m", "agentwake.cli", "run", "-c", str(config)],
-        cwd=config.parent,
-        env=env,
-        stdout=None,
-        stderr=None,
-    )
-    try:
-        yield process
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-        await process.aclose()
-
-
 def running_as(pid: int) -> Callable[[dict[str, Any]], bool]:
     def ok(shown: dict[str, Any]) -> bool:
         me = shown["service"]
@@ -138,7 +111,8 @@ def running_as(pid: int) -> Callable[[dict[str, Any]], bool]:
 @pytest.mark.slow
 async def test_status_shows_the_running_service_then_its_clean_stop(tmp_path: Path) -> None:
     config = write_config(tmp_path)
-    async with service(config) as process:
+    async with agentwake_run(config) as run:
+        process = run.process
         shown = await wait_for_status(config, running_as(process.pid))
         me = shown["service"]
         assert (me["state"], me["host"], me["stopped_at"], me["pid_alive"]) == (
@@ -159,9 +133,7 @@ async def test_status_shows_the_running_service_then_its_clean_stop(tmp_path: Pa
         )
         assert "last heartbeat" in text and "(service stopped)" not in text
 
-        process.send_signal(signal.SIGTERM)
-        with anyio.fail_after(WAIT_S):
-            assert await process.wait() == 0
+        assert await run.stop(signal.SIGTERM, timeout=WAIT_S) == 0
 
     shown = await status_json(config)
     me = shown["service"]
@@ -177,11 +149,11 @@ async def test_status_shows_the_running_service_then_its_clean_stop(tmp_path: Pa
 @pytest.mark.slow
 async def test_a_killed_service_shows_as_not_running_and_not_stopped_cleanly(tmp_path: Path) -> None:
     config = write_config(tmp_path)
-    async with service(config) as process:
+    async with agentwake_run(config) as run:
+        process = run.process
         await wait_for_status(config, running_as(process.pid))
-        process.kill()
-        with anyio.fail_after(WAIT_S):
-            assert await process.wait() == -signal.SIGKILL  # reaped: the pid is gone, not a zombie
+        # reaped: the pid is gone, not a zombie
+        assert await run.stop(signal.SIGKILL, timeout=WAIT_S) == -signal.SIGKILL
 
     shown = await status_json(config)
     me = shown["service"]
