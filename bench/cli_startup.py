@@ -17,18 +17,18 @@ so the best run of each is reported too.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 import anyio
+from _harness import BenchFailure, finish
 
 DEFAULT_REPEAT: Final = 5
 WARMUP: Final = 1
@@ -51,10 +51,6 @@ server = "demo"
 event = "ticket.created"
 arguments = { queue = "support" }
 """
-
-
-class BenchFailure(Exception):
-    """A command failed, so its time would not be the time of a real answer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,16 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
     with tempfile.TemporaryDirectory(prefix="agentwake-cli-bench-") as folder:
-        try:
-            figures = measure(Path(folder), args.repeat)
-        except BenchFailure as exc:
-            print(f"FAILURE: {exc}", file=sys.stderr)
-            return 1
-    if args.json:
-        print(json.dumps(asdict(figures)))
-    else:
-        report(figures)
-    return 0
+        return finish(lambda: measure(Path(folder), args.repeat), as_json=args.json, report=report)
 
 
 if __name__ == "__main__":

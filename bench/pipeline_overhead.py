@@ -24,18 +24,18 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import math
 import os
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 import anyio
+from _harness import BenchFailure, finish
 
 REPO_ROOT: Final = Path(__file__).resolve().parent.parent
 # The fake OpenAI server lives with the tests, not in the package.
@@ -60,10 +60,6 @@ DEFAULT_WARMUP: Final = 5
 TARGET_P50_MS: Final = 10.0
 KEY_ENV: Final = "BENCH_FAKE_LLM_KEY"
 STEP_TIMEOUT_S: Final = 60.0  # the first (warm-up) run waits for litellm's import
-
-
-class BenchFailure(Exception):
-    """The benchmark did not measure what it claims to (a run failed, a request is missing, ...)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,16 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--events must be at least 1")
     if args.warmup < 1:
         parser.error("--warmup must be at least 1: litellm's first call is not representative")
-    try:
-        figures = anyio.run(run, args.events, args.warmup)
-    except BenchFailure as exc:
-        print(f"FAILURE: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(asdict(figures)))
-    else:
-        report(figures)
-    return 0
+    return finish(lambda: anyio.run(run, args.events, args.warmup), as_json=args.json, report=report)
 
 
 if __name__ == "__main__":

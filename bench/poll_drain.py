@@ -22,12 +22,13 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 import anyio
 import sqlite_utils
+from _harness import BenchFailure, finish
 
 from agentwake.clock import now_iso
 from agentwake.config import ServerConfig, SubscriptionConfig
@@ -52,10 +53,6 @@ MAX_EVENTS: Final = 1000
 SEED: Final = 20240601
 TARGET_EVENTS_PER_S: Final = 10_000.0
 TARGET_RATIO: Final = 0.3
-
-
-class BenchFailure(Exception):
-    """The benchmark did not measure what it claims to (wrong event count, ...)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,16 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.events < 1:
         parser.error("--events must be at least 1")
-    try:
-        figures = anyio.run(run, args.events, args.seed, args.repeat)
-    except BenchFailure as exc:
-        print(f"FAILURE: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(asdict(figures)))
-    else:
-        report(figures)
-    return 0
+    return finish(
+        lambda: anyio.run(run, args.events, args.seed, args.repeat), as_json=args.json, report=report
+    )
 
 
 if __name__ == "__main__":

@@ -31,11 +31,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 import anyio
+from _harness import BenchFailure, finish
 
 from agentwake.config import ServerConfig, SubscriptionConfig
 from agentwake.delivery.common import subscription_key
@@ -56,10 +57,6 @@ DRAIN_TIMEOUT_S: Final = 600.0
 TARGET_EVENTS_PER_S: Final = 10_000.0
 TARGET_P50_MS: Final = 5.0
 TARGET_P99_MS: Final = 25.0
-
-
-class BenchFailure(Exception):
-    """The benchmark did not measure what it claims to (a duplicate, a missing event, a wrong cursor)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,16 +404,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.events < 1 or args.rate <= 0 or args.seconds <= 0 or args.repeat < 1:
         parser.error("--events, --rate, --seconds and --repeat must be positive")
-    try:
-        figures = anyio.run(run, args.events, args.rate, args.seconds, args.repeat, not args.no_poll_latency)
-    except BenchFailure as exc:
-        print(f"FAILURE: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(asdict(figures)))
-    else:
-        report(figures)
-    return 0
+    return finish(
+        lambda: anyio.run(run, args.events, args.rate, args.seconds, args.repeat, not args.no_poll_latency),
+        as_json=args.json,
+        report=report,
+    )
 
 
 if __name__ == "__main__":

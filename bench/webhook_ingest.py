@@ -66,6 +66,7 @@ from typing import Any, Final
 
 import anyio
 import anyio.abc
+from _harness import BenchFailure, finish
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 SCRIPT: Final = Path(__file__).resolve()
@@ -95,10 +96,6 @@ POOL_MARGIN: Final = 1.25  # the real side's pool: this many times the bare side
 MAX_RUN_S: Final = 240.0
 STARTUP_TIMEOUT_S: Final = 60.0
 DRAIN_TIMEOUT_S: Final = 60.0
-
-
-class BenchFailure(Exception):
-    """The benchmark did not measure what it claims to (a lost or phantom event, a dead server, ...)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -817,28 +814,22 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.senders < 1 or args.repeat < 1:
         parser.error("--senders and --repeat must be at least 1")
-    try:
-        figures = anyio.run(
-            partial(
-                run,
-                args.seconds,
-                args.warmup,
-                args.senders,
-                args.repeat,
-                tls=args.tls,
-                profile=args.profile.resolve() if args.profile else None,
-            )
-        )
-    except BenchFailure as exc:
-        print(f"FAILURE: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(asdict(figures)))
-    else:
+    measure = partial(
+        run,
+        args.seconds,
+        args.warmup,
+        args.senders,
+        args.repeat,
+        tls=args.tls,
+        profile=args.profile.resolve() if args.profile else None,
+    )
+
+    def report_and_profile(figures: Figures) -> None:
         report(figures)
         if args.profile is not None:
             print_profile(args.profile)
-    return 0
+
+    return finish(lambda: anyio.run(measure), as_json=args.json, report=report_and_profile)
 
 
 if __name__ == "__main__":
