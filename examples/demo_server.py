@@ -7,55 +7,9 @@ The code lives in the package (``agentwake.demo``) and ships in the wheel as the
 
 from __future__ import annotations
 
-from agentwake.demo import (
-    ALERT_INPUT_SCHEMA,
-    DEFAULT_WEBHOOK_MIN_TTL_MS,
-    DEFAULT_WEBHOOK_RETRY_S,
-    DEMO_CLIENT_ID,
-    DEMO_ISSUER_URL,
-    DEMO_PRINCIPAL,
-    PRIORITIES,
-    QUEUES,
-    SERVICES,
-    TICKET_INPUT_SCHEMA,
-    TICKET_PAYLOAD_SCHEMA,
-    TITLES,
-    DemoServer,
-    DemoSettings,
-    DemoTokenVerifier,
-    TicketStore,
-    cidr_list,
-    heartbeat_ms,
-    main,
-    parse_args,
-    random_ticket,
-    webhook_settings,
-)
-
-__all__ = [
-    "ALERT_INPUT_SCHEMA",
-    "DEFAULT_WEBHOOK_MIN_TTL_MS",
-    "DEFAULT_WEBHOOK_RETRY_S",
-    "DEMO_CLIENT_ID",
-    "DEMO_ISSUER_URL",
-    "DEMO_PRINCIPAL",
-    "PRIORITIES",
-    "QUEUES",
-    "SERVICES",
-    "TICKET_INPUT_SCHEMA",
-    "TICKET_PAYLOAD_SCHEMA",
-    "TITLES",
-    "DemoServer",
-    "DemoSettings",
-    "DemoTokenVerifier",
-    "TicketStore",
-    "cidr_list",
-    "heartbeat_ms",
-    "main",
-    "parse_args",
-    "random_ticket",
-    "webhook_settings",
-]
+from agentwake.demo import *  # noqa: F403 - this module is agentwake.demo under its old name
+from agentwake.demo import __all__ as __all__
+from agentwake.demo import main
 
 if __name__ == "__main__":
     main()
