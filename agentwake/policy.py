@@ -1,8 +1,10 @@
 """Policy files: which events wake the agent, with which prompt, model and tools.
 
 Rules live in ``policies/*.toml`` (``[policy] dir`` points elsewhere), read in
-file-name order; within a file, in order. The first rule that matches decides;
-when none does, the default rule does (``[policy] default``, "log" unless set).
+file-name order; within a file, in order. The packaged files
+(``agentwake/defaults/policies``: a commented starter without rules) are read too,
+unless the folder has a file of the same name, which replaces it. The first rule
+that matches decides; when none does, ``[policy] default`` does ("agent" unless set).
 Every decision says which rule matched and why, and is stored with the run.
 
 A file holds ``[[rules]]`` tables::
@@ -39,6 +41,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from agentwake.errors import ConfigError, PolicyError
 
 logger = logging.getLogger(__name__)
+
+# Shipped in the wheel and read before the policies folder, which overrides it file by file.
+PACKAGED_POLICIES: Final = Path(__file__).resolve().parent / "defaults" / "policies"
 
 Action = Literal["ignore", "log", "agent", "approve"]
 ACTIONS: Final[tuple[Action, ...]] = ("ignore", "log", "agent", "approve")
@@ -399,13 +404,25 @@ def load_hook(spec: str, base: Path) -> Hook:
     return cast(Hook, hook)
 
 
-def load_policy(folder: Path | None, default: Action = "agent", *, base: Path | None = None) -> Policy:
-    """Every ``*.toml`` in ``folder``; all errors of all files at once; names must be unique."""
-    if folder is None or not folder.exists():
-        return Policy(default=default)
-    if not folder.is_dir():
-        raise PolicyError(f"policy dir {folder} is not a folder")
-    files = sorted(folder.glob("*.toml"))
+def policy_files(folder: Path | None, packaged: Path | None = PACKAGED_POLICIES) -> list[Path]:
+    """The packaged files overlaid by ``folder``'s, file by file (same name: the folder's wins), in name order."""
+    by_name = {p.name: p for p in sorted(packaged.glob("*.toml"))} if packaged is not None else {}
+    if folder is not None and folder.exists():
+        if not folder.is_dir():
+            raise PolicyError(f"policy dir {folder} is not a folder")
+        by_name.update({p.name: p for p in folder.glob("*.toml")})
+    return [by_name[name] for name in sorted(by_name)]
+
+
+def load_policy(
+    folder: Path | None,
+    default: Action = "agent",
+    *,
+    base: Path | None = None,
+    packaged: Path | None = PACKAGED_POLICIES,
+) -> Policy:
+    """Every policy file (see ``policy_files``); all errors of all files at once; names must be unique."""
+    files = policy_files(folder, packaged)
     rules: list[LoadedRule] = []
     problems: list[str] = []
     for path in files:
@@ -424,7 +441,7 @@ def load_policy(folder: Path | None, default: Action = "agent", *, base: Path | 
     for loaded in rules:
         if loaded.rule.hook:
             try:
-                hooks[loaded.rule.name] = load_hook(loaded.rule.hook, base or folder.parent)
+                hooks[loaded.rule.name] = load_hook(loaded.rule.hook, base or loaded.file.parent.parent)
             except PolicyError as exc:
                 problems.append(f"{loaded.file}:{loaded.line}: rule {loaded.rule.name!r}: {exc}")
     if problems:

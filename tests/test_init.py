@@ -35,11 +35,15 @@ def written(folder: Path) -> dict[str, bytes]:
     }
 
 
-@pytest.mark.parametrize("folder", ["prompts", "policies"])
-def test_the_packaged_defaults_are_the_repositorys_own_files(folder: str) -> None:
+@pytest.mark.parametrize(
+    ("folder", "packaged_folder"), [("prompts", "prompts"), ("policies", "project/policies")]
+)
+def test_the_packaged_defaults_are_the_repositorys_own_files(folder: str, packaged_folder: str) -> None:
     """The bundled config uses the top-level folders; the wheel ships copies. They cannot drift."""
-    top, packaged = written(REPO / folder), written(DEFAULTS / folder)
-    assert top and packaged == top, f"agentwake/defaults/{folder} differs from {folder}/: copy it over"
+    top, packaged = written(REPO / folder), written(DEFAULTS / packaged_folder)
+    assert top and packaged == top, (
+        f"agentwake/defaults/{packaged_folder} differs from {folder}/: copy it over"
+    )
 
 
 def test_the_packaged_prompts_are_where_the_renderer_falls_back_to() -> None:
@@ -96,7 +100,9 @@ def test_init_with_force_overwrites_what_it_writes_and_keeps_other_files(tmp_pat
     result = runner.invoke(app, ["init", "--force", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert "agentwake.toml (overwritten)" in flat(result.output)
-    assert (tmp_path / "agentwake.toml").read_bytes() == (DEFAULTS / "agentwake.toml").read_bytes()
+    assert (tmp_path / "agentwake.toml").read_bytes() == (
+        DEFAULTS / "project" / "agentwake.toml"
+    ).read_bytes()
     assert (tmp_path / "prompts" / "custom.md.j2").read_text() == "Kept.\n"
     assert sorted(written(tmp_path)) == sorted([*EXPECTED, "prompts/custom.md.j2"])
 

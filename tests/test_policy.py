@@ -25,6 +25,7 @@ from agentwake.agent.prompts import PromptRenderer
 from agentwake.config import load_config
 from agentwake.decide import policy_view
 from agentwake.policy import (
+    PACKAGED_POLICIES,
     MISSING,
     Action,
     Decision,
@@ -298,7 +299,7 @@ def test_the_first_match_wins_across_files_in_name_order_and_within_a_file(tmp_p
     )
     write(folder, "notes.md", '[[rules]]\nname = "not-a-rule"\naction = "ignore"\n')
     write(folder, "15-off.toml.bak", '[[rules]]\nname = "off"\naction = "ignore"\n')
-    policy = load_policy(folder, "log")
+    policy = load_policy(folder, "log", packaged=None)
 
     assert [f.name for f in policy.files] == ["10-a.toml", "20-b.toml"]
     assert [r.rule.name for r in policy.rules] == ["a-count", "a-p1", "a-p1-again", "b-p1", "b-all"]
@@ -711,6 +712,53 @@ def test_the_bundled_policies_decide_as_their_comments_say(
     )
 
 
+def test_the_packaged_policies_are_overridden_file_by_file(tmp_path: Path) -> None:
+    """A packaged file applies unless the folder has one of the same name; the rest merge in name order."""
+    packaged = tmp_path / "packaged"
+    write(
+        packaged,
+        "10-base.toml",
+        '[[rules]]\nname = "base-p1"\naction = "agent"\nmatch.data = { severity = "P1" }\n',
+    )
+    write(packaged, "99-default.toml", '[[rules]]\nname = "packaged-default"\naction = "log"\n')
+    folder = tmp_path / "policies"
+    write(folder, "99-default.toml", '[[rules]]\nname = "mine-default"\naction = "ignore"\n')
+    write(
+        folder,
+        "50-mine.toml",
+        '[[rules]]\nname = "mine-p3"\naction = "approve"\nmatch.data = { severity = "P3" }\n',
+    )
+
+    policy = load_policy(folder, "agent", packaged=packaged)
+
+    assert [f.relative_to(tmp_path).as_posix() for f in policy.files] == [
+        "packaged/10-base.toml",
+        "policies/50-mine.toml",
+        "policies/99-default.toml",
+    ]
+    assert [r.rule.name for r in policy.rules] == ["base-p1", "mine-p3", "mine-default"]
+    assert policy.decide(view()).rule == "base-p1"
+    assert policy.decide(view({"severity": "P3"})).action == "approve"
+    assert policy.decide(view({"severity": "P5"})).rule == "mine-default"
+    # No folder at all: the packaged files alone.
+    alone = load_policy(tmp_path / "absent", "agent", packaged=packaged)
+    assert [r.rule.name for r in alone.rules] == ["base-p1", "packaged-default"]
+
+
+def test_the_packaged_starter_policy_is_comments_only_so_the_default_action_decides(tmp_path: Path) -> None:
+    """A config in a new folder gets the packaged starter, which takes no event from `[policy] default`."""
+    assert [p.name for p in PACKAGED_POLICIES.glob("*.toml")] == ["99-default.toml"]
+    text = (PACKAGED_POLICIES / "99-default.toml").read_text()
+    assert all(line.startswith("#") or not line.strip() for line in text.splitlines())
+    policy = load_policy(tmp_path / "policies", "approve")
+    assert policy.files == [PACKAGED_POLICIES / "99-default.toml"]
+    assert policy.rules == []
+    assert policy.decide(view()).action == "approve"
+    # The repository's own 99-default.toml replaces it.
+    bundled = load_policy(REPO / "policies", "agent", base=REPO)
+    assert PACKAGED_POLICIES / "99-default.toml" not in bundled.files
+
+
 def test_the_bundled_policies_load_with_their_prompts_and_p1_priority() -> None:
     policy = load_policy(REPO / "policies", "agent", base=REPO)
     assert [f.name for f in policy.files] == ["10-triage.toml", "99-default.toml"]
@@ -813,7 +861,7 @@ def test_policy_check_lists_the_rules_in_evaluation_order(tmp_path: Path) -> Non
     assert "20-rest.toml:1" in rows["rest"] and "(every event)" in rows["rest"]
     # The catch-all rule, not [policy] default, decides what no other rule matches: say so.
     assert (
-        "policy OK: 4 rule(s) in 2 file(s); catch-all rule 'rest' (20-rest.toml:1) decides the rest: log"
+        "policy OK: 4 rule(s) in 3 file(s) (1 packaged); catch-all rule 'rest' (20-rest.toml:1) decides the rest: log"
         in out
     )
 

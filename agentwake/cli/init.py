@@ -16,19 +16,21 @@ import typer
 
 from agentwake.cli.common import app, fail
 
-# The packaged defaults (pyproject's package-data), next to this package.
+# The packaged defaults (pyproject's package-data), next to this package: the project
+# template (config and the demo triage policies) and the prompts every config falls back to.
 DEFAULTS: Final = Path(__file__).resolve().parent.parent / "defaults"
+PROJECT: Final = DEFAULTS / "project"
 CONFIG_NAME: Final = "agentwake.toml"
-FOLDERS: Final = ("policies", "prompts")
+SOURCES: Final = (("policies", PROJECT / "policies"), ("prompts", DEFAULTS / "prompts"))
 
 
 def planned_files() -> list[tuple[Path, Path]]:
     """(packaged source, path relative to DIR) for every file init writes, in the order it writes them."""
-    files = [(DEFAULTS / CONFIG_NAME, Path(CONFIG_NAME))]
-    for folder in FOLDERS:
+    files = [(PROJECT / CONFIG_NAME, Path(CONFIG_NAME))]
+    for folder, source_dir in SOURCES:
         files.extend(
             (source, Path(folder) / source.name)
-            for source in sorted((DEFAULTS / folder).iterdir())
+            for source in sorted(source_dir.iterdir())
             if source.is_file()
         )
     return files

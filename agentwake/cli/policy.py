@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -42,15 +43,26 @@ VERDICT_NOTES = {
 }
 
 
+def _files_summary(files: Sequence[Path]) -> str:
+    """ "3 file(s) (1 packaged)": the packaged ones are read too unless the folder overrides them."""
+    from agentwake.policy import PACKAGED_POLICIES
+
+    packaged = sum(1 for f in files if f.parent == PACKAGED_POLICIES)
+    return f"{len(files)} file(s)" + (f" ({packaged} packaged)" if packaged else "")
+
+
 @policy_app.command("check")
 def policy_check(config: ConfigOption = DEFAULT_CONFIG_PATH) -> None:
     """Validate every policy file; errors name the file, the line and the rule."""
     cfg = load(config, secrets=False)
     policy = load_rules(cfg)
     out = stdout()
-    if not policy.files:
+    if not policy.rules:
         out.print(
-            f"no policy files in {cfg.policy.dir}: every event gets the default action {policy.default!r}"
+            f"no policy rules in {cfg.policy.dir} (nor among the packaged policies): "
+            f"every event gets the default action {policy.default!r}",
+            markup=False,
+            highlight=False,
         )
         return
     from agentwake.cli.tables import print_table, table_of
@@ -69,7 +81,7 @@ def policy_check(config: ConfigOption = DEFAULT_CONFIG_PATH) -> None:
         )
     print_table(table, out)
     out.print(
-        f"policy OK: {len(policy.rules)} rule(s) in {len(policy.files)} file(s); {policy.who_decides_the_rest()}",
+        f"policy OK: {len(policy.rules)} rule(s) in {_files_summary(policy.files)}; {policy.who_decides_the_rest()}",
         markup=False,
         highlight=False,
     )
