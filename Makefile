@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONFIG ?= agentwake.toml
 
-.PHONY: run run-webhook test lint typecheck unit bench clean
+.PHONY: run run-webhook test lint typecheck unit bench clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,8 +30,22 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+unit: $(STAMP) browser
 	LITELLM_LOCAL_MODEL_COST_MAP=True $(BIN)/pytest
+
+# tests/test_approvals_page.py drives Debian's chromium through playwright (installed with '.[dev]'):
+# playwright's own browser download cannot work here. Installed once when root; otherwise the test skips.
+CHROMIUM := /usr/bin/chromium
+browser:
+	@if [ -x $(CHROMIUM) ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing chromium (apt-get) for tests/test_approvals_page.py"; \
+		{ DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+		echo "warning: could not install chromium: tests/test_approvals_page.py will be skipped" >&2; \
+	else \
+		echo "note: no $(CHROMIUM) and not root to apt-get it: tests/test_approvals_page.py will be skipped" >&2; \
+	fi
 
 test: lint typecheck unit
 

@@ -87,6 +87,28 @@ class StoreConfig(_Model):
 
 class LogConfig(_Model):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    format: Literal["text", "json"] = Field(
+        default="text", description="'json': one JSON object per line (time, level, logger, message, fields)"
+    )
+
+
+class ServiceConfig(_Model):
+    """[service]: the operator's HTTP endpoint (health, metrics, approvals page) and how the service stops."""
+
+    listen: str | None = Field(
+        default=None,
+        description="HOST:PORT of /healthz, /readyz, /metrics and the approvals page; absent: no endpoint",
+    )
+    token_env: str | None = Field(
+        default=None,
+        description="environment variable holding the endpoint's access token; required beyond loopback",
+    )
+    stop_timeout_s: float = Field(
+        default=30.0, gt=0, description="after a stop signal, how long running agent runs may finish"
+    )
+    watchdog: bool = Field(
+        default=True, description="under systemd with WatchdogSec=, send WATCHDOG=1 while the loops run"
+    )
 
 
 class ServerConfig(_Model):
@@ -108,6 +130,9 @@ class ServerConfig(_Model):
         default=DEFAULT_PING_INTERVAL_S,
         gt=0,
         description="how often an otherwise quiet connection is checked; a stdio server's exit is seen at once",
+    )
+    max_concurrent_runs: int | None = Field(
+        default=None, ge=1, description="agent runs on this server's events at the same time, at most"
     )
 
     @model_validator(mode="after")
@@ -306,6 +331,17 @@ class AgentConfig(_Model):
         description="wait before an event's next attempt; doubles per attempt, at most 300 s",
     )
     concurrency: int = Field(default=4, ge=1, le=256, description="agent runs at the same time")
+    lease_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="a claimed event's lease; renewed while its run goes on, a lapsed lease is reclaimed",
+    )
+    max_cost_per_day_usd: float | None = Field(
+        default=None, gt=0, description="past this LLM spend in the last 24 h, events wait in pending"
+    )
+    max_runs_per_hour: int | None = Field(
+        default=None, ge=1, description="past this many agent runs in the last hour, events wait in pending"
+    )
     llm_retries: int = Field(default=4, ge=0, description="retries of a transient LLM error within one run")
     retry_initial_s: float = Field(default=1.0, gt=0)
     retry_max_s: float = Field(default=30.0, gt=0)
@@ -404,6 +440,7 @@ class PolicyConfig(_Model):
 class AgentwakeConfig(_Model):
     store: StoreConfig = Field(default_factory=StoreConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+    service: ServiceConfig = Field(default_factory=ServiceConfig)
     agent: AgentConfig | None = None
     sanitize: SanitizeConfig = Field(default_factory=SanitizeConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)

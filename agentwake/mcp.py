@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from importlib.metadata import PackageNotFoundError, version
 from types import TracebackType
-from typing import Any, Final, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar, cast
 
 import anyio
 from mcp import Client, StdioServerParameters
@@ -628,10 +628,14 @@ class ServerConnection:
 
         return await self._all_pages("tools/list", fetch)
 
-    async def call_tool(self, name: str, arguments: dict[str, Any], *, timeout_s: float) -> CallToolResult:
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], *, timeout_s: float, meta: dict[str, Any] | None = None
+    ) -> CallToolResult:
         """tools/call through the SDK; protocol errors come back as MCPError, a dead peer as ConnectionLost."""
         try:
-            return await self.client.call_tool(name, arguments, read_timeout_seconds=timeout_s)
+            return await self.client.call_tool(
+                name, arguments, read_timeout_seconds=timeout_s, meta=cast(Any, meta)
+            )
         except MCPError as exc:
             if connection_closed(exc):
                 raise ConnectionLost(self._closed_message(), server=self.name) from None

@@ -244,6 +244,11 @@ class Policy:
         """Names, sizes and modification times of the files it came from: a changed file changes it."""
         return policy_fingerprint(self.files)
 
+    def files_summary(self) -> str:
+        """Like "3 file(s) (1 packaged)": the packaged files are read too unless the folder overrides them."""
+        packaged = sum(1 for f in self.files if f.parent == PACKAGED_POLICIES)
+        return f"{len(self.files)} file(s)" + (f" ({packaged} packaged)" if packaged else "")
+
     def who_decides_the_rest(self) -> str:
         """In words, what decides an event no earlier rule matches: a catch-all rule, or ``default``."""
         for loaded in self.rules:
@@ -493,6 +498,6 @@ class PolicyReloader:
         self._failed = None
         self.apply(policy)
         logger.info(
-            "policy reloaded (%s): %d rule(s) from %d file(s)", reason, len(policy.rules), len(policy.files)
+            "policy reloaded (%s): %d rule(s) from %s", reason, len(policy.rules), policy.files_summary()
         )
         return True

@@ -15,7 +15,8 @@ tells a running service from a stopped one, or one that vanished without stoppin
                       streams are cancelled on their servers) and the connections close, for
                       at most STOP_GRACE_S; then everything else is cancelled. A second signal
                       skips what is left of the grace.
-    SIGHUP            load the policy files again (also when one changes on disk)
+    SIGHUP            load the policy files again (also when one changes on disk), and the config
+                      file: its servers and subscriptions (also when it changes; agentwake.reload)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import logging
 import os
 import signal
 import socket
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -35,11 +37,14 @@ from agentwake.config import AgentwakeConfig
 from agentwake.errors import AgentwakeError, StoreError
 from agentwake.policy import Policy, PolicyReloader, load_policy
 from agentwake.store import Store, open_store
+from agentwake.systemd import Notifier
+from agentwake.web import Health, endpoint_settings
 
 if TYPE_CHECKING:
     from agentwake.agent.prompts import PromptRenderer
     from agentwake.agent.runner import AgentRunner
     from agentwake.agent.tools import ConnectionPool
+    from agentwake.reload import ConfigReloader
     from agentwake.supervisor import Supervisor
     from agentwake.worker import Worker
 
@@ -94,12 +99,20 @@ async def run_service(
     config: AgentwakeConfig,
     *,
     handle_signals: bool = True,
+    notifier: Notifier | None = None,
     task_status: anyio.abc.TaskStatus[Supervisor] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run until cancelled (or, with ``handle_signals``, until SIGINT or SIGTERM). Reports the supervisor."""
+    """Run until cancelled (or, with ``handle_signals``, until SIGINT or SIGTERM). Reports the supervisor.
+
+    With a ``notifier`` (``serve`` passes systemd's, agentwake.systemd): READY=1 once started,
+    STOPPING=1 at a stop signal, WATCHDOG=1 while the loops run if ``[service] watchdog``.
+    """
     from agentwake.supervisor import Supervisor
     from agentwake.worker import Worker
 
+    # [service] listen: refused before anything starts if it would be reachable without a token.
+    endpoint = endpoint_settings(config.service) if config.service.listen is not None else None
+    health = Health(HEARTBEAT_S)
     store = await open_store(config.store)
     try:
         runner, pool = build_agent(config, store)
@@ -116,23 +129,47 @@ async def run_service(
         service_id = await store.service_started(
             pid=os.getpid(), host=socket.gethostname(), version=_version(), heartbeat_s=HEARTBEAT_S
         )
+        health.store_written()
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_heartbeat, store, service_id, HEARTBEAT_S, name="service-heartbeat")
+            tg.start_soon(_heartbeat, store, service_id, HEARTBEAT_S, health, name="service-heartbeat")
             worker = Worker(config, store, policy=policy, agent=runner, pool=pool)
             supervisor = Supervisor(config, store, worker=worker, pool=pool)
             if handle_signals:
-                await tg.start(_stop_on_signal, tg.cancel_scope, supervisor)
-            await tg.start(watch_policy, config, worker, runner.renderer if runner else None, handle_signals)
+                await tg.start(
+                    _stop_on_signal,
+                    tg.cancel_scope,
+                    supervisor,
+                    notifier,
+                    health,
+                    config.service.stop_timeout_s,
+                )
+            await tg.start(
+                partial(watch_policy, supervisor=supervisor, runner=runner),
+                config,
+                worker,
+                runner.renderer if runner else None,
+                handle_signals,
+            )
             # Only now, with SIGHUP handled: a reader of this line may send one.
             logger.info(
-                "policy: %d rule(s) from %d file(s) in %s; %s",
+                "policy: %d rule(s) from %s in %s; %s",
                 len(policy.rules),
-                len(policy.files),
+                policy.files_summary(),
                 config.policy.dir,
                 policy.who_decides_the_rest(),
             )
             await tg.start(supervisor.run)
+            if endpoint is not None:  # /healthz, /readyz, /metrics and the approvals page
+                from agentwake.web.app import Endpoint
+
+                await tg.start(Endpoint(endpoint, store, supervisor, health).serve, name="service-endpoint")
             task_status.started(supervisor)
+            if notifier is not None:  # systemd (agentwake.systemd): up, and alive while the loops run
+                notifier.ready(
+                    f"running: {len(config.subscriptions)} subscription(s) on {len(config.servers)} server(s)"
+                )
+                if config.service.watchdog:
+                    tg.start_soon(notifier.keep_alive, name="systemd-watchdog")
     finally:
         with anyio.CancelScope(shield=True):
             if service_id is not None:
@@ -144,8 +181,8 @@ async def run_service(
         logger.info("agentwake stopped; cursors are saved in %s", config.store.path)
 
 
-async def _heartbeat(store: Store, service_id: int, interval_s: float) -> None:
-    """Tell the store this service is alive, every ``interval_s``, until cancelled."""
+async def _heartbeat(store: Store, service_id: int, interval_s: float, health: Health | None = None) -> None:
+    """Tell the store this service is alive, every ``interval_s``, until cancelled; ``health`` hears how it went."""
     failing = False
     while True:
         await anyio.sleep(interval_s)
@@ -155,8 +192,12 @@ async def _heartbeat(store: Store, service_id: int, interval_s: float) -> None:
             if not failing:  # a locked store: said once, tried again at the next beat
                 logger.warning("could not write the service heartbeat: %s", exc)
             failing = True
+            if health is not None:
+                health.store_failed(str(exc))
         else:
             failing = False
+            if health is not None:
+                health.store_written()
 
 
 def _version() -> str | None:
@@ -171,7 +212,7 @@ def _version() -> str | None:
 def serve(config: AgentwakeConfig) -> None:
     """``run_service`` in a new event loop, until SIGINT or SIGTERM; an AgentwakeError comes out unwrapped."""
     try:
-        anyio.run(run_service, config)
+        anyio.run(lambda: run_service(config, notifier=Notifier.from_environment()))
     except BaseExceptionGroup as group:
         # A start-up failure inside a task group (say the webhook port is taken) comes out wrapped.
         leaf: BaseException = group
@@ -202,14 +243,22 @@ def _log_start(config: AgentwakeConfig, runner: AgentRunner | None) -> None:
 async def _stop_on_signal(
     scope: anyio.CancelScope,
     supervisor: Supervisor,
+    notifier: Notifier | None = None,
+    health: Health | None = None,
+    stop_timeout_s: float = 30.0,
     *,
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """On SIGINT or SIGTERM, stop the supervisor's delivery gracefully, then cancel ``scope``."""
+    """On SIGINT or SIGTERM: claim no more events, let running agent runs finish (at most
+    ``stop_timeout_s``), stop the supervisor's delivery gracefully, then cancel ``scope``."""
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         task_status.started()
         signum = await anext(signals)
         logger.info("received %s: stopping", signal.Signals(signum).name)
+        if notifier is not None:
+            notifier.stopping()
+        if health is not None:  # /healthz and /readyz answer 503 from now on
+            health.stopping = True
         async with anyio.create_task_group() as grace:
 
             async def on_second_signal() -> None:
@@ -220,6 +269,7 @@ async def _stop_on_signal(
                 grace.cancel_scope.cancel()
 
             grace.start_soon(on_second_signal)
+            await _drain_runs(supervisor, stop_timeout_s)
             with anyio.move_on_after(STOP_GRACE_S) as waited:
                 await supervisor.stop_delivery()
             if waited.cancelled_caught:
@@ -230,15 +280,49 @@ async def _stop_on_signal(
         scope.cancel()
 
 
+async def _drain_runs(supervisor: Supervisor, stop_timeout_s: float) -> None:
+    """The worker claims nothing more; the events it is handling get ``stop_timeout_s`` to finish.
+
+    Their servers stay connected meanwhile, so their tool calls still go out. A run still going
+    at the deadline is cancelled: it is recorded as interrupted and its event runs again at the
+    next start, from where it stopped, without counting the attempt.
+    """
+    worker = supervisor.worker
+    if worker is None:
+        return
+    worker.stop_claiming()
+    if not worker.held:
+        return
+    logger.info(
+        "waiting up to %gs for %d event(s) being handled to finish (a second signal stops at once)",
+        stop_timeout_s,
+        len(worker.held),
+    )
+    with anyio.move_on_after(stop_timeout_s) as waited:
+        await worker.drained()
+    if waited.cancelled_caught:
+        logger.warning(
+            "%d event(s) still being handled after %gs: their runs are cut short and go again at the next start",
+            len(worker.held),
+            stop_timeout_s,
+        )
+
+
 async def watch_policy(
     config: AgentwakeConfig,
     worker: Worker,
     renderer: PromptRenderer | None,
     handle_signals: bool = True,
     *,
+    supervisor: Supervisor | None = None,
+    runner: AgentRunner | None = None,
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Reload the policy on SIGHUP, and when a policy file changes (checked every POLICY_POLL_S)."""
+    """Reload the policy on SIGHUP, and when a policy file changes (checked every POLICY_POLL_S).
+
+    With a ``supervisor`` and a config read from a file, the config too: its servers and
+    subscriptions (``agentwake.reload``), on SIGHUP and when the file changes.
+    """
 
     def apply(policy: Policy) -> None:
         worker.policy = policy
@@ -250,22 +334,36 @@ async def watch_policy(
         worker.policy,
         base=config_dir(config),
     )
+    from agentwake.reload import ConfigReloader
+
+    watcher = (
+        ConfigReloader(config.source, supervisor, runner)
+        if supervisor is not None and config.source is not None
+        else None
+    )
     async with anyio.create_task_group() as tg:
         if handle_signals:
-            await tg.start(_reload_on_sighup, reloader)
+            await tg.start(_reload_on_sighup, reloader, watcher)
         task_status.started()
         while True:
             await anyio.sleep(POLICY_POLL_S)
+            if watcher is not None and watcher.changed():
+                await watcher.reload("the config file changed")
             if reloader.changed():
                 reloader.reload(reason="a policy file changed")
 
 
 async def _reload_on_sighup(
-    reloader: PolicyReloader, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    reloader: PolicyReloader,
+    watcher: ConfigReloader | None = None,
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     with anyio.open_signal_receiver(signal.SIGHUP) as signals:
         task_status.started()
         async for _ in signals:
+            if watcher is not None:
+                await watcher.reload("SIGHUP")
             reloader.reload(reason="SIGHUP")
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Final
 import anyio
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_never
 
-from agentwake import protocol
+from agentwake import metrics, protocol
 from agentwake.backoff import backoff_s
 from agentwake.config import AgentwakeConfig, SubscriptionConfig
 from agentwake.delivery.common import Sleep, subscription_key
@@ -108,6 +108,17 @@ class Supervisor:
     _delivery: set[anyio.CancelScope] = field(default_factory=set, init=False)
     _open: int = field(default=0, init=False)
     _closed: anyio.Event = field(default_factory=anyio.Event, init=False)
+    # Per server, what /readyz shows: "connected", "connecting", "ended" or "error: <why>".
+    _readiness: dict[str, str] = field(default_factory=dict, init=False)
+    # For a reload: the task group the server tasks run in, each one's scope, its live signals.
+    _servers_tg: anyio.abc.TaskGroup | None = field(default=None, init=False)
+    _server_scopes: dict[str, anyio.CancelScope] = field(default_factory=dict, init=False)
+    _live_signals: dict[str, ServerSignals] = field(default_factory=dict, init=False)
+
+    def readiness(self) -> dict[str, str]:
+        """Each configured server's state: "connected", "connecting", "ended" (nothing left to run
+        there, or stopped) or "error: <the last failure>" while it is retried."""
+        return {server: self._readiness.get(server, "connecting") for server in self.config.servers}
 
     def subscriptions_of(self, server: str) -> list[SubscriptionConfig]:
         return [s for s in self.config.subscriptions if s.server == server and s.name not in self._ended]
@@ -136,12 +147,96 @@ class Supervisor:
                 )
                 # Listening before any subscribe: the server verifies the endpoint during it.
                 await tg.start(self.receiver.serve)
+            self._servers_tg = tg
             for server in self.config.servers:
-                if self.subscriptions_of(server) or server in cleanup:
-                    tg.start_soon(self._server_forever, server, name=f"server:{server}")
+                # With an agent, a server without subscriptions is still connected, for its tools.
+                if self.subscriptions_of(server) or server in cleanup or self.pool is not None:
+                    self._start_server(server)
+                else:
+                    self._readiness[server] = "ended"
             if self.worker is not None:
                 await tg.start(self.worker.run, name="worker")
             task_status.started()
+
+    def _start_server(self, server: str) -> None:
+        assert self._servers_tg is not None
+        scope = anyio.CancelScope()
+        self._server_scopes[server] = scope
+
+        async def serve() -> None:
+            with scope:
+                await self._server_forever(server)
+            if self._server_scopes.get(server) is scope:
+                del self._server_scopes[server]
+
+        self._servers_tg.start_soon(serve, name=f"server:{server}")
+
+    # ---- reload -------------------------------------------------------------------
+
+    async def reload(self, new: AgentwakeConfig) -> list[str]:
+        """Apply a changed config's servers and subscriptions; what changed, one line each.
+
+        Added servers connect, removed ones disconnect, changed ones reconnect. A server whose
+        subscriptions changed (added, removed, or with other settings) plans them again on its
+        open connection: its loops restart from their stored cursors (a subscription whose
+        server, event or arguments changed starts afresh); removed webhook subscriptions are
+        unsubscribed there. Every other server is left alone. Other sections need a restart.
+        """
+        old = self.config
+        changes: list[str] = []
+        for name in ("store", "webhook", "limits", "service"):
+            if getattr(old, name) != getattr(new, name):
+                changes.append(f"[{name}] changed: not applied until a restart")
+        for sub in new.subscriptions:
+            await self.store.register(subscription_key(sub))
+        old_subs = {s.name: s for s in old.subscriptions}
+        new_subs = {s.name: s for s in new.subscriptions}
+        self.config = new
+        if self.worker is not None:
+            self.worker.config = new
+        await self._retire_unconfigured_webhooks()
+        for name in sorted(set(old_subs) - set(new_subs)):
+            self._ended.discard(name)
+            changes.append(f"subscription {name}: removed")
+        for name in sorted(set(new_subs) - set(old_subs)):
+            changes.append(f"subscription {name}: added")
+        for name in sorted(set(old_subs) & set(new_subs)):
+            if old_subs[name] != new_subs[name]:
+                self._ended.discard(name)
+                changes.append(f"subscription {name}: changed; it restarts from its stored cursor")
+        for server in sorted(set(old.servers) | set(new.servers)):
+            before, after = old.servers.get(server), new.servers.get(server)
+            subs_before = [s for s in old.subscriptions if s.server == server]
+            subs_after = [s for s in new.subscriptions if s.server == server]
+            scope = self._server_scopes.get(server)
+            if after is None:
+                changes.append(f"server {server}: removed; disconnecting")
+                if scope is not None:
+                    scope.cancel()
+                self._readiness.pop(server, None)
+            elif before is None or before != after:
+                changes.append(f"server {server}: {'added' if before is None else 'changed; reconnecting'}")
+                if scope is not None:
+                    scope.cancel()
+                self._server_scopes.pop(server, None)
+                self._readiness.pop(server, None)
+                if subs_after or self.pool is not None:
+                    self._start_server(server)
+                else:
+                    self._readiness[server] = "ended"
+            elif subs_before != subs_after:
+                signals = self._live_signals.get(server)
+                if scope is None or bool(subs_before) != bool(subs_after) or signals is None:
+                    if scope is not None:
+                        scope.cancel()
+                    self._server_scopes.pop(server, None)
+                    if subs_after or self.pool is not None:
+                        self._start_server(server)
+                    else:
+                        self._readiness[server] = "ended"
+                else:
+                    signals.on_events_changed()  # its loops are planned again, from the new config
+        return changes
 
     # ---- webhook bookkeeping ----------------------------------------------------
 
@@ -273,6 +368,8 @@ class Supervisor:
                 )
             else:
                 logger.warning("%s; reconnecting in %.1fs", peer(str(exc)), delay)
+            metrics.observe_reconnect(server)
+            self._readiness[server] = f"error: {peer(str(exc))}"
             for sub in self.subscriptions_of(server):
                 await self.store.record_error(sub.name, str(exc))
 
@@ -289,9 +386,11 @@ class Supervisor:
             with attempt:
                 await self._serve_connection(server)
                 if self._stopping:
+                    self._readiness[server] = "ended"
                     return
-                if not self.subscriptions_of(server):
+                if not self.subscriptions_of(server) and self.pool is None:
                     logger.warning("server %s: no subscription left running", server)
+                    self._readiness[server] = "ended"
                     return
                 # The connection ended without an error (the server closed its side): reconnect.
                 raise ConnectionLost(f"server {server!r}: connection ended", server=server)
@@ -330,6 +429,7 @@ class Supervisor:
         if self._stopping:
             return
         signals = ServerSignals()
+        self._live_signals[server] = signals
         opened = False
         try:
             async with ServerConnection(
@@ -340,6 +440,7 @@ class Supervisor:
                 limits=self.config.limits,
             ) as conn:
                 opened = True
+                self._readiness[server] = "connected"
                 self._open += 1
                 self._connected_at[server] = anyio.current_time()
                 if self.pool is not None:
@@ -405,6 +506,10 @@ class Supervisor:
         )
 
     async def _serve_listing(self, server: str, conn: ServerConnection, signals: ServerSignals) -> None:
+        if not self.subscriptions_of(server) and self.pool is not None:
+            logger.info("server %s: connected for its tools only (no subscription on it)", server)
+            await self._watch_tools(conn, signals)
+            return
         if not conn.advertises_events:
             await self._without_events(server, conn, signals)
             return

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Final, Protocol
 
 import anyio
@@ -21,6 +21,7 @@ from agentwake.clock import iso, utc_now
 from agentwake.config import OFFLINE_MODEL, OFFLINE_NOTICE, AgentConfig, AgentwakeConfig
 from agentwake.decide import Outcome, RuleSlots, decide
 from agentwake.errors import AgentwakeError
+from agentwake.logs import event_fields
 from agentwake.policy import Policy
 from agentwake.store import InboxEvent, RunKind, Settlement, Store
 
@@ -35,6 +36,8 @@ CLAIM_BATCH: Final = 100
 IDLE_RECHECK_S: Final = 5.0
 # An event whose server is not connected (its tools missing) goes back for this long.
 SERVER_WAIT_S: Final = 5.0
+# A held event's lease is renewed this many times per lease_s, so only an abandoned claim lapses.
+LEASE_RENEWALS: Final = 3
 
 
 class Agent(Protocol):
@@ -60,7 +63,13 @@ def log_event(event: InboxEvent) -> None:
         event.server,
         event.subscription,
         _preview(event.data),
+        extra=_fields(event),
     )
+
+
+def _fields(event: InboxEvent) -> dict[str, object]:
+    """The structured fields of a log line about one event ([log] format = "json")."""
+    return event_fields(subscription=event.subscription, server=event.server, event_id=event.event_id)
 
 
 def _preview(data: dict[str, object], limit: int = 160) -> str:
@@ -84,8 +93,124 @@ class Worker:
     on_log: Callable[[InboxEvent], None] = log_event
     slots: RuleSlots = field(default_factory=RuleSlots)
     active: int = field(default=0, init=False)
+    # Events being handled: row -> (server, attempts at the claim: the lease's fencing token).
+    held: dict[int, tuple[str, int]] = field(default_factory=dict, init=False)
+    paused: str | None = field(default=None, init=False)
+    _claiming: bool = field(default=True, init=False)
     _wake: anyio.Event = field(default_factory=anyio.Event, init=False)
     _slot_freed: anyio.Event = field(default_factory=anyio.Event, init=False)
+    _idle_now: anyio.Event = field(default_factory=anyio.Event, init=False)
+
+    def stop_claiming(self) -> None:
+        """The first half of a graceful stop: claim nothing more; events being handled go on."""
+        self._claiming = False
+        self._wake.set()
+        self._slot_freed.set()
+
+    async def drained(self) -> None:
+        """Return once no event is being handled (after ``stop_claiming``)."""
+        while self.held:
+            await self._idle_now.wait()
+            self._idle_now = anyio.Event()
+
+    @property
+    def lease_s(self) -> float:
+        return (
+            self.agent.agent.lease_s
+            if self.agent is not None
+            else AgentConfig.model_fields["lease_s"].default
+        )
+
+    def _lease_until(self) -> str:
+        return iso(self.clock() + timedelta(seconds=self.lease_s))
+
+    def _busy_servers(self) -> list[str]:
+        """Servers whose events may not start another run now ([servers.X] max_concurrent_runs)."""
+        running: dict[str, int] = {}
+        for server, _ in self.held.values():
+            running[server] = running.get(server, 0) + 1
+        return [
+            name
+            for name, server in self.config.servers.items()
+            if server.max_concurrent_runs is not None and running.get(name, 0) >= server.max_concurrent_runs
+        ]
+
+    async def _claim(self, limit: int) -> list[InboxEvent]:
+        """Claim up to ``limit`` events under a lease, honouring per-server limits and max_attempts."""
+        batch = await self.store.claim(
+            limit, iso(self.clock()), lease_until=self._lease_until(), exclude_servers=self._busy_servers()
+        )
+        max_attempts = self.agent.agent.max_attempts if self.agent is not None else None
+        kept: list[InboxEvent] = []
+        for event in batch:
+            if max_attempts is not None and event.attempts > max_attempts:
+                # Only an abandoned claim (a lapsed lease) gets here: runs stop at max_attempts.
+                reason = f"claimed {event.attempts} times without finishing (its lease lapsed each time)"
+                logger.error("event %s is dead: %s", event.event_id, reason)
+                await self.store.finish([event.id], "dead", reason)
+                continue
+            limit_of = self.config.servers.get(event.server)
+            cap = limit_of.max_concurrent_runs if limit_of is not None else None
+            if cap is not None and sum(1 for srv, _ in self.held.values() if srv == event.server) >= cap:
+                await self.store.release(event.id, iso(self.clock()))  # its server is at its limit: later
+                continue
+            self.held[event.id] = (event.server, event.attempts)
+            kept.append(event)
+        return kept
+
+    def _let_go(self, event: InboxEvent) -> None:
+        self.held.pop(event.id, None)
+        if not self.held:
+            self._idle_now.set()
+
+    async def _renew_leases(self) -> None:
+        """Keep the leases of the events being handled, so that only an abandoned claim lapses."""
+        while True:
+            await anyio.sleep(self.lease_s / LEASE_RENEWALS)
+            if not self.held:
+                continue
+            leases = [(row, attempts) for row, (_, attempts) in self.held.items()]
+            for row in await self.store.renew_leases(leases, self._lease_until()):
+                logger.warning("event row %d: its lease was lost; another claim handles it", row)
+
+    async def _usage_allowance(self, wanted: int) -> tuple[int, str | None]:
+        """How many of ``wanted`` runs may start now under [agent] max_runs_per_hour and
+        max_cost_per_day_usd, and why none may (None when some may).
+
+        Events being handled count against the hourly allowance (their runs may not have started
+        yet); spend is known only after a run, so runs in flight may go past the daily cost limit.
+        """
+        agent = self.agent.agent if self.agent is not None else None
+        if agent is None or (agent.max_runs_per_hour is None and agent.max_cost_per_day_usd is None):
+            return wanted, None
+        now = self.clock()
+        runs, cost = await self.store.agent_usage(iso(now - timedelta(hours=1)), iso(now - timedelta(days=1)))
+        if agent.max_cost_per_day_usd is not None and cost >= agent.max_cost_per_day_usd:
+            return 0, (
+                f"max_cost_per_day_usd={agent.max_cost_per_day_usd:g} reached"
+                f" (${cost:.4f} spent in the last 24 hours)"
+            )
+        if agent.max_runs_per_hour is not None:
+            left = agent.max_runs_per_hour - runs - len(self.held)
+            if left <= 0:
+                if runs >= agent.max_runs_per_hour:
+                    return (
+                        0,
+                        f"max_runs_per_hour={agent.max_runs_per_hour} reached ({runs} runs in the last hour)",
+                    )
+                return 0, None  # the allowance is taken by the events in hand; wait for them
+            wanted = min(wanted, left)
+        return wanted, None
+
+    async def _set_paused(self, reason: str | None) -> None:
+        if reason == self.paused:
+            return
+        if reason is not None:
+            logger.warning("agent paused: %s; events wait in pending", reason)
+        else:
+            logger.info("agent resumed: back under its limits")
+        self.paused = reason
+        await self.store.service_paused(reason)
 
     def wake(self, count: int = 0) -> None:
         """New events are in the inbox (``count`` of them): claim now rather than at the next recheck."""
@@ -103,14 +228,18 @@ class Worker:
         )
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        requeued = await self.store.requeue_interrupted()
+        max_attempts = self.agent.agent.max_attempts if self.agent is not None else None
+        requeued = await self.store.requeue_interrupted(max_attempts)
         if requeued:
             logger.info("%d event(s) interrupted by a previous stop go again", requeued)
-        if self.agent is None:
-            task_status.started()
-            await self._decide_batches()
-        else:
-            await self._run_agent(self.agent, task_status)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._renew_leases, name="lease-renewal")
+            if self.agent is None:
+                task_status.started()
+                await self._decide_batches()
+            else:
+                await self._run_agent(self.agent, task_status)
+            tg.cancel_scope.cancel()
 
     async def _idle(self) -> None:
         with anyio.move_on_after(IDLE_RECHECK_S):
@@ -119,18 +248,23 @@ class Worker:
 
     async def _decide_batches(self) -> None:
         """No agent: claim a batch, decide each, settle them together."""
-        while True:
-            batch = await self.store.claim(CLAIM_BATCH, iso(self.clock()))
+        while self._claiming:
+            batch = await self._claim(CLAIM_BATCH)
             if not batch:
                 await self._idle()
                 continue
             outcomes: list[Outcome] = []
-            for event in batch:
-                try:
-                    outcomes.append(await self.decide(event))
-                except Exception as exc:  # one bad event costs itself, not the batch
-                    await self._failed(event, exc)
-            await self.carry_out(outcomes)
+            try:
+                for event in batch:
+                    try:
+                        outcomes.append(await self.decide(event))
+                    except Exception as exc:  # one bad event costs itself, not the batch
+                        await self._failed(event, exc)
+                await self.carry_out(outcomes)
+            finally:
+                for event in batch:
+                    self._let_go(event)
+        await anyio.sleep_forever()
 
     async def _run_agent(self, agent: Agent, task_status: anyio.abc.TaskStatus[None]) -> None:
         """Claim pending events as run slots free up, and handle each, ``concurrency`` at a time."""
@@ -141,26 +275,36 @@ class Worker:
         async with anyio.create_task_group() as tg:
             tg.start_soon(agent.warm_up, name="agent-warm-up")
             task_status.started()
-            while True:
+            while self._claiming:
                 free = limit - self.active
                 if free <= 0:
                     await self._slot_freed.wait()
                     self._slot_freed = anyio.Event()
                     continue
-                batch = await self.store.claim(free, iso(self.clock()))
+                allowed, why = await self._usage_allowance(free)
+                await self._set_paused(why)
+                if allowed <= 0:
+                    await self._idle()
+                    continue
+                batch = await self._claim(allowed)
                 if not batch:
                     await self._idle()
                     continue
                 for event in batch:
                     self.active += 1
                     tg.start_soon(self._handle_counted, event, name=f"event:{event.event_id}")
+            await anyio.sleep_forever()  # runs in flight go on; the service cancels when it is time
 
     async def _handle_counted(self, event: InboxEvent) -> None:
         try:
             await self.handle(event)
         finally:
             self.active -= 1
+            self._let_go(event)
             self._slot_freed.set()
+            server = self.config.servers.get(event.server)
+            if server is not None and server.max_concurrent_runs is not None:
+                self._wake.set()  # its server's waiting events may be claimed now
 
     async def handle(self, event: InboxEvent) -> None:
         """Decide one claimed event and carry the outcome out; a failure costs this event only."""
@@ -175,10 +319,10 @@ class Worker:
 
     async def _failed(self, event: InboxEvent, exc: Exception) -> None:
         if isinstance(exc, AgentwakeError):
-            logger.error("event %s failed: %s", event.event_id, exc)
+            logger.error("event %s failed: %s", event.event_id, exc, extra=_fields(event))
             reason = str(exc)
         else:
-            logger.exception("event %s failed unexpectedly", event.event_id)
+            logger.exception("event %s failed unexpectedly", event.event_id, extra=_fields(event))
             reason = f"unexpected error: {type(exc).__name__}: {exc}"
         await self.store.finish([event.id], "failed", reason)
 
@@ -188,7 +332,13 @@ class Worker:
         for outcome in outcomes:
             event = outcome.event
             if outcome.verdict == "ignore":
-                logger.info("event %s ignored by rule %s: %s", event.event_id, outcome.rule, outcome.why)
+                logger.info(
+                    "event %s ignored by rule %s: %s",
+                    event.event_id,
+                    outcome.rule,
+                    outcome.why,
+                    extra=_fields(event),
+                )
                 settled.append(Settlement(event.id, outcome.record, "ignored"))
             elif outcome.verdict == "log":
                 self.on_log(event)
@@ -200,14 +350,21 @@ class Worker:
                     outcome.rule,
                     outcome.why,
                     event.event_id,
+                    extra=_fields(event),
                 )
                 settled.append(Settlement(event.id, outcome.record, "held"))
             elif outcome.verdict == "delay":
                 assert outcome.until is not None
-                logger.info("event %s waits until %s: %s", event.event_id, iso(outcome.until), outcome.why)
+                logger.info(
+                    "event %s waits until %s: %s",
+                    event.event_id,
+                    iso(outcome.until),
+                    outcome.why,
+                    extra=_fields(event),
+                )
                 await self.store.release(event.id, iso(outcome.until))
             elif outcome.verdict == "batched":
-                logger.info("event %s %s", event.event_id, outcome.why)
+                logger.info("event %s %s", event.event_id, outcome.why, extra=_fields(event))
             else:
                 raise ValueError(f"carry_out does not run the agent (event {event.event_id})")
         if settled:

@@ -177,7 +177,7 @@ async def test_an_event_that_keeps_failing_stops_after_max_attempts(rig: Rig) ->
     [again] = await rig.store.claim(1)
     assert again.attempts == 2
     second = await rig.run(runner, again)
-    assert (second.status, second.event_state) == ("failed", "failed")
+    assert (second.status, second.event_state) == ("failed", "dead")  # dead-lettered, with the reason
     assert "gave up after 2 attempt(s)" in rig.stored()["last_error"]
     assert await rig.store.claim(1) == []
 

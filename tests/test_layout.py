@@ -39,10 +39,12 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
             "agentwake.errors",
             "agentwake.jsontext",
             "agentwake.logs",
+            "agentwake.metrics",
             "agentwake.protocol",
             "agentwake.redaction",
             "agentwake.schemas",
             "agentwake.signing",
+            "agentwake.systemd",
             "agentwake.text",
         ),
     ),
@@ -51,7 +53,16 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
     ("delivery", ("agentwake.delivery",)),
     ("decide", ("agentwake.sanitize", "agentwake.policy", "agentwake.decide")),
     ("agent", ("agentwake.agent",)),
-    ("wiring", ("agentwake.worker", "agentwake.supervisor", "agentwake.service")),
+    (
+        "wiring",
+        (
+            "agentwake.worker",
+            "agentwake.supervisor",
+            "agentwake.reload",
+            "agentwake.service",
+            "agentwake.web",
+        ),
+    ),
     ("cli", ("agentwake.cli",)),
 ]
 SERVER = "agentwake.server"

@@ -25,8 +25,8 @@ from agentwake.agent.prompts import PromptRenderer
 from agentwake.config import load_config
 from agentwake.decide import policy_view
 from agentwake.policy import (
-    PACKAGED_POLICIES,
     MISSING,
+    PACKAGED_POLICIES,
     Action,
     Decision,
     LoadedRule,

@@ -108,7 +108,7 @@ event = "ticket.created"
 """
     )
     async with agentwake_run(config) as run:
-        start = await run.wait_for("policy: 1 rule(s) from 1 file(s)")
+        start = await run.wait_for("policy: 1 rule(s) from 2 file(s) (1 packaged)")
         (policies / "a.toml").write_text(OTHER)
         run.process.send_signal(signal.SIGHUP)
         at = await run.wait_for("policy reloaded (SIGHUP): 2 rule(s)", after=start)
@@ -117,5 +117,7 @@ event = "ticket.created"
         await run.wait_for("a.toml:2: rule 'broken'", after=at)
         (policies / "b.toml").write_text(GOOD.replace("first", "fourth"))
         (policies / "a.toml").write_text(OTHER)
-        await run.wait_for("policy reloaded (a policy file changed): 3 rule(s) from 2 file(s)", after=at)
+        await run.wait_for(
+            "policy reloaded (a policy file changed): 3 rule(s) from 3 file(s) (1 packaged)", after=at
+        )
         assert await run.stop(signal.SIGTERM) == 0

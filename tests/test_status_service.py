@@ -279,14 +279,12 @@ def test_only_the_newest_starts_are_kept(tmp_path: Path) -> None:
 
 def test_migration_0011_adds_the_service_table_to_a_store_of_the_previous_version(tmp_path: Path) -> None:
     path = tmp_path / "aw.db"
-    SqliteCore.open(path).close()
-    # Make it a store as 0010 left it: no service table, the migration not applied; one subscription.
-    with sqlite3.connect(path) as db:
-        db.execute("DROP TABLE service")
-        db.execute(
-            "DELETE FROM _sqlite_migrations WHERE migration_set = ? AND name = ?",
-            [MIGRATION_SET, "0011_service"],
-        )
+    # A store as 0010 left it: the migrations up to it, no service table.
+    from sqlite_utils import Database
+
+    from agentwake.store.sqlite.schema import migrations
+
+    migrations.apply(Database(path), stop_before="0011_service")
     old = sqlite3.connect(path)
     try:
         assert not old.execute("SELECT name FROM sqlite_master WHERE name = 'service'").fetchall()
@@ -300,7 +298,7 @@ def test_migration_0011_adds_the_service_table_to_a_store_of_the_previous_versio
                 "SELECT name FROM _sqlite_migrations WHERE migration_set = ? ORDER BY rowid", [MIGRATION_SET]
             )
         ]
-        assert applied[-1] == "0011_service" and set(applied) == set(MIGRATION_NAMES)
+        assert applied[-2:] == ["0011_service", "0012_work_queue"] and set(applied) == set(MIGRATION_NAMES)
         assert core.services() == []
         core.register(KEY)
         service_id = core.service_started(pid=7, host="h", version="x", heartbeat_s=5.0)

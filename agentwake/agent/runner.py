@@ -20,7 +20,9 @@ from typing import Any, Final
 
 import anyio
 
+from agentwake import metrics
 from agentwake.agent.fence import Fence, as_text, cap
+from agentwake.agent.journal import SETTLED, CallDone, RunScope, pending_calls, resumable, unknown_reason
 from agentwake.agent.llm import LLMError, LLMSettings, complete
 from agentwake.agent.prompts import PromptError, PromptRenderer, RenderedPrompt
 from agentwake.agent.tools import Allowlist, ToolHost, ToolSpec, elapsed_ms
@@ -28,10 +30,12 @@ from agentwake.backoff import backoff_s
 from agentwake.clock import iso, utc_now
 from agentwake.config import AgentConfig, AgentwakeConfig, SubscriptionConfig
 from agentwake.decide import Outcome
+from agentwake.logs import event_fields
 from agentwake.sanitize import Sanitized
 from agentwake.store import (
     EventVerdict,
     InboxEvent,
+    JournaledCall,
     RunKind,
     RunProgress,
     RunStatus,
@@ -105,10 +109,13 @@ class _Transcript:
 
 
 class _RunFailed(Exception):
-    def __init__(self, reason: str, *, transient: bool) -> None:
+    """``dead``: the event needs a person (a tool call's outcome is unknown); no automatic retry."""
+
+    def __init__(self, reason: str, *, transient: bool, dead: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
         self.transient = transient
+        self.dead = dead
 
 
 def retry_at(attempt: int, base_s: float) -> str:
@@ -246,14 +253,22 @@ class AgentRunner:
         )
         catalog = plan.catalog
         failure = _RunFailed(plan.prompt_error, transient=False) if plan.prompt_error else None
+        resumed = (
+            resumable(await self.store.resume_point(event.id), fence.datamark)
+            if kind == "agent" and failure is None
+            else None
+        )
+        if resumed is not None:
+            fence = resumed[1]
+        first = resumed[0].messages if resumed else None
         run_id = await self.store.start_run(
             event.id,
             kind=kind,
             attempt=event.attempts,
             model=model,
             decision=decision,
-            system_prompt=prompt.system if prompt else None,
-            user_prompt=prompt.user if prompt else None,
+            system_prompt=str(first[0].get("content")) if first else (prompt.system if prompt else None),
+            user_prompt=str(first[1].get("content")) if first else (prompt.user if prompt else None),
             sanitize_report=cleaned.report(),
         )
         logger.info(
@@ -266,12 +281,45 @@ class AgentRunner:
             model,
             event.attempts,
             len(allowed),
+            extra=event_fields(
+                subscription=event.subscription, server=event.server, event_id=event.event_id, run_id=run_id
+            ),
         )
         transcript = _Transcript(
             [{"role": "system", "content": prompt.system}, {"role": "user", "content": prompt.user}]
             if prompt
             else []
         )
+        journal: dict[str, JournaledCall] = {}
+        if resumed is not None:
+            point = resumed[0]
+            transcript = _Transcript(
+                list(point.messages),
+                point.steps,
+                point.prompt_tokens,
+                point.completion_tokens,
+                point.cost_usd,
+            )
+            pending_ids = [str(c.get("id")) for c in pending_calls(point.messages)]
+            journal = {i: point.calls[i] for i in pending_ids if i in point.calls}
+            await self.store.adopt_run(run_id, point.run_id, pending_ids, transcript.progress())
+            reused = sum(1 for c in journal.values() if c.status in SETTLED)
+            logger.info(
+                "agent: event %s run %d goes on from run %d after %d step(s); %d tool call(s) of its last step"
+                " were made and are not made again",
+                event.event_id,
+                run_id,
+                point.run_id,
+                point.steps,
+                reused,
+                extra=event_fields(
+                    subscription=event.subscription,
+                    server=event.server,
+                    event_id=event.event_id,
+                    run_id=run_id,
+                ),
+            )
+        scope = RunScope(run_id, event, kind)
         final_text: str | None = None
         status: RunStatus = "failed"
         try:
@@ -279,7 +327,7 @@ class AgentRunner:
                 try:
                     with anyio.fail_after(self.agent.timeout_s):
                         final_text = await self._loop(
-                            run_id, transcript, model, allowed, catalog, fence, kind
+                            scope, transcript, model, allowed, catalog, fence, journal
                         )
                     status = "completed"
                 except TimeoutError:
@@ -298,12 +346,14 @@ class AgentRunner:
                     reason="the service stopped during the run",
                     progress=transcript.progress(),
                     duration_ms=elapsed_ms(start),
-                    verdict=EventVerdict("pending") if kind == "agent" else None,
+                    # The stop is not the event's fault: the attempt is not counted.
+                    verdict=EventVerdict("pending", refund_attempt=True) if kind == "agent" else None,
                 )
+                self._observe(transcript, "interrupted", start)
             raise
         reason = failure.reason if failure else None
         verdict = self._verdict(event, failure) if kind == "agent" else None
-        await self.store.finish_run(
+        held = await self.store.finish_run(
             run_id,
             status=status,
             reason=reason,
@@ -311,6 +361,15 @@ class AgentRunner:
             duration_ms=elapsed_ms(start),
             verdict=verdict,
         )
+        self._observe(transcript, status if held else "interrupted", start)
+        if not held:
+            logger.warning(
+                "agent: event %s run %d ended after its lease lapsed and the event was claimed again;"
+                " its outcome is not applied",
+                event.event_id,
+                run_id,
+            )
+            status, verdict = "interrupted", None
         self._log(event, run_id, status, reason, transcript, verdict, elapsed_ms(start), final_text)
         return RunResult(
             run_id,
@@ -323,88 +382,123 @@ class AgentRunner:
             final_text,
         )
 
+    @staticmethod
+    def _observe(transcript: _Transcript, status: str, start: float) -> None:
+        metrics.observe_run(
+            status,
+            elapsed_ms(start),
+            transcript.prompt_tokens,
+            transcript.completion_tokens,
+            transcript.cost_usd,
+        )
+
     def _verdict(self, event: InboxEvent, failure: _RunFailed | None) -> EventVerdict:
         if failure is None:
             return EventVerdict("done")
+        if failure.dead:
+            return EventVerdict("dead", failure.reason)
         if not failure.transient:
             return EventVerdict("failed", failure.reason)
         if event.attempts >= self.agent.max_attempts:
-            return EventVerdict("failed", f"gave up after {event.attempts} attempt(s): {failure.reason}")
+            return EventVerdict("dead", f"gave up after {event.attempts} attempt(s): {failure.reason}")
         return EventVerdict("pending", failure.reason, retry_at(event.attempts, self.agent.attempt_backoff_s))
 
     async def _loop(
         self,
-        run_id: int,
+        scope: RunScope,
         transcript: _Transcript,
         model: str,
         allowed: list[ToolSpec],
         catalog: list[ToolSpec],
         fence: Fence,
-        kind: RunKind,
+        journal: dict[str, JournaledCall],
     ) -> str | None:
         settings = self._settings(model)
         declarations = [spec.to_llm() for spec in allowed]
         allowed_names = {spec.exposed: spec for spec in allowed}
         known = {spec.exposed: spec for spec in catalog}
-        for step in range(1, self.agent.max_steps + 1):
+        # A resumed run first answers the calls its predecessor was making when it stopped.
+        pending = pending_calls(transcript.messages)
+        if pending:
+            unknown = [
+                journal[c["id"]]
+                for c in pending
+                if c.get("id") in journal and journal[c["id"]].status == "sent"
+            ]
+            if unknown:
+                raise _RunFailed(unknown_reason(scope.event, unknown), transient=False, dead=True)
+            await self._step_calls(
+                scope, transcript, transcript.steps, pending, allowed_names, known, fence, journal
+            )
+        for _ in range(self.agent.max_steps):
             try:
                 completion = await complete(settings, transcript.messages, declarations)
             except LLMError as exc:
                 raise _RunFailed(f"LLM call failed: {exc}", transient=exc.transient) from None
-            transcript.steps = step
+            transcript.steps += 1
             transcript.prompt_tokens += completion.prompt_tokens
             transcript.completion_tokens += completion.completion_tokens
             if completion.cost_usd is not None:
                 transcript.cost_usd = (transcript.cost_usd or 0.0) + completion.cost_usd
             transcript.messages.append(completion.message)
+            # Stored before any call goes out: a rerun knows which calls this answer asked for.
+            await self.store.record_progress(scope.run_id, transcript.progress(), [])
             calls = completion.message.get("tool_calls") or []
             if not calls:
-                await self.store.record_progress(run_id, transcript.progress(), [])
                 content = completion.message.get("content")
                 return content if isinstance(content, str) else None
-            pairs = await self._tool_calls(
-                step, calls, allowed_names, known, fence, dry_run=kind == "dry_run"
+            await self._step_calls(
+                scope, transcript, transcript.steps, calls, allowed_names, known, fence, {}
             )
-            done = [record for record, _ in pairs]
-            transcript.calls.extend(done)
-            transcript.messages.extend(reply for _, reply in pairs)
-            await self.store.record_progress(run_id, transcript.progress(), done)
         raise _RunFailed(
             f"stopped after max_steps={self.agent.max_steps} LLM calls without a final answer",
             transient=False,
         )
 
-    async def _tool_calls(
+    async def _step_calls(
         self,
+        scope: RunScope,
+        transcript: _Transcript,
         step: int,
         calls: list[dict[str, Any]],
         allowed: dict[str, ToolSpec],
         known: dict[str, ToolSpec],
         fence: Fence,
-        *,
-        dry_run: bool,
-    ) -> list[tuple[ToolCallRecord, dict[str, Any]]]:
-        """Parallel tool calls from one answer run side by side; the replies keep the LLM's order."""
-        results: dict[int, tuple[ToolCallRecord, dict[str, Any]]] = {}
+        journal: dict[str, JournaledCall],
+    ) -> None:
+        """One answer's tool calls, side by side; the replies keep the LLM's order."""
+        results: dict[int, CallDone] = {}
 
         async def one(index: int, call: dict[str, Any]) -> None:
-            results[index] = await self._tool_call(step, call, allowed, known, fence, dry_run=dry_run)
+            journaled = journal.get(str(call.get("id")))
+            results[index] = await self._tool_call(scope, step, call, allowed, known, fence, journaled)
 
         async with anyio.create_task_group() as tg:
             for index, call in enumerate(calls):
                 tg.start_soon(one, index, call)
-        return [results[index] for index in range(len(calls))]
+        done = [results[index] for index in range(len(calls))]
+        transcript.calls.extend(d.record for d in done)
+        unknown = [d for d in done if d.unknown]
+        if not unknown:
+            transcript.messages.extend(d.reply for d in done)
+        await self.store.record_progress(
+            scope.run_id, transcript.progress(), [d.record for d in done if not d.journaled]
+        )
+        if unknown:
+            raise _RunFailed(
+                unknown_reason(scope.event, [d.record for d in unknown]), transient=False, dead=True
+            )
 
     async def _tool_call(
         self,
+        scope: RunScope,
         step: int,
         call: dict[str, Any],
         allowed: dict[str, ToolSpec],
         known: dict[str, ToolSpec],
         fence: Fence,
-        *,
-        dry_run: bool,
-    ) -> tuple[ToolCallRecord, dict[str, Any]]:
+        journaled: JournaledCall | None = None,
+    ) -> CallDone:
         call_id = str(call.get("id") or f"call_{step}")
         function = call.get("function") or {}
         name = str(function.get("name") or "")
@@ -413,17 +507,10 @@ class AgentRunner:
         limit = self.agent.tool_result_max_chars
         start = time.perf_counter()
 
-        def done(status: str, result: Any, arguments: Any) -> tuple[ToolCallRecord, dict[str, Any]]:
-            cleaned = self.renderer.clean(result)
-            if cleaned.injection_score >= 0.5:
-                logger.warning(
-                    "event %s: tool %s returned text that reads like a prompt injection (%s)",
-                    _current_event.get(),
-                    name,
-                    ", ".join(cleaned.injection_signals),
-                )
-            text = cap(as_text(cleaned.value), limit)
-            record = ToolCallRecord(
+        def record(status: str, text: str | None, arguments: Any, *, observe: bool = True) -> ToolCallRecord:
+            if observe:
+                metrics.observe_tool_call(name, status)
+            return ToolCallRecord(
                 step=step,
                 call_id=call_id,
                 tool=name,
@@ -434,9 +521,22 @@ class AgentRunner:
                 result=text,
                 duration_ms=elapsed_ms(start),
             )
-            body = text if status == "refused" else fence.wrap(text, kind="tool-result", limit=limit)
-            return record, {"role": "tool", "tool_call_id": call_id, "content": body}
 
+        def reply(body: str) -> dict[str, Any]:
+            return {"role": "tool", "tool_call_id": call_id, "content": body}
+
+        def done(status: str, result: Any, arguments: Any) -> CallDone:
+            text = self._result_text(name, result)
+            body = text if status == "refused" else fence.wrap(text, kind="tool-result", limit=limit)
+            return CallDone(record(status, text, arguments), reply(body))
+
+        if journaled is not None and journaled.status in SETTLED and journaled.reply is not None:
+            # Made by an earlier run of this event: the model gets the same reply; nothing is sent.
+            return CallDone(
+                record("reused", journaled.result, journaled.arguments),
+                reply(journaled.reply),
+                journaled=True,
+            )
         try:
             arguments = json.loads(raw_arguments) if isinstance(raw_arguments, str) else raw_arguments
         except ValueError:
@@ -456,14 +556,42 @@ class AgentRunner:
         if not isinstance(arguments, dict):
             return done("error", "error: the arguments must be a JSON object; nothing was called", arguments)
         spec = allowed[name]
-        if dry_run:
+        if scope.kind == "dry_run":
             return done(
                 "planned", "dry run: this call was planned, not sent; assume it would succeed", arguments
             )
-        outcome = await self.tools.call(spec, arguments)
-        if outcome.is_error:
-            return done("error", f"error: {as_text(outcome.content)}", arguments)
-        return done("ok", outcome.content, arguments)
+        # A resend (agentwake retry --resend-unknown) carries the first send's key.
+        key = (journaled.idempotency_key if journaled else None) or scope.idempotency_key(step, call_id)
+        sent = record("sent", None, arguments, observe=False)
+        row = await self.store.journal_tool_call(scope.run_id, sent, key)
+        outcome = await self.tools.call(spec, arguments, idempotency_key=key)
+        if outcome.unknown:
+            metrics.observe_tool_call(name, "unknown")
+            return CallDone(sent, reply(""), journaled=True, unknown=True)
+        status = "error" if outcome.is_error else "ok"
+        finished = done(
+            status, f"error: {as_text(outcome.content)}" if outcome.is_error else outcome.content, arguments
+        )
+        await self.store.settle_tool_call(
+            row,
+            status=finished.record.status,
+            result=finished.record.result,
+            reply=str(finished.reply["content"]),
+            duration_ms=elapsed_ms(start),
+        )
+        return CallDone(finished.record, finished.reply, journaled=True)
+
+    def _result_text(self, name: str, result: Any) -> str:
+        """A tool's result, sanitized and capped as the model will see it."""
+        cleaned = self.renderer.clean(result)
+        if cleaned.injection_score >= 0.5:
+            logger.warning(
+                "event %s: tool %s returned text that reads like a prompt injection (%s)",
+                _current_event.get(),
+                name,
+                ", ".join(cleaned.injection_signals),
+            )
+        return cap(as_text(cleaned.value), self.agent.tool_result_max_chars)
 
     def _log(
         self,
@@ -493,6 +621,12 @@ class AgentRunner:
                 transcript.steps,
                 calls,
                 summary_line(final_text) or "(no final message)",
+                extra=event_fields(
+                    subscription=event.subscription,
+                    server=event.server,
+                    event_id=event.event_id,
+                    run_id=run_id,
+                ),
             )
             return
         then = f"; event {verdict.state}" if verdict else ""
@@ -508,6 +642,9 @@ class AgentRunner:
             reason,
             calls,
             then,
+            extra=event_fields(
+                subscription=event.subscription, server=event.server, event_id=event.event_id, run_id=run_id
+            ),
         )
 
 

@@ -22,7 +22,7 @@ import anyio
 from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, Tool
 
-from agentwake.errors import DeliveryError
+from agentwake.errors import ConnectionLost, DeliveryError
 from agentwake.mcp import ServerConnection
 
 logger = logging.getLogger(__name__)
@@ -30,6 +30,9 @@ logger = logging.getLogger(__name__)
 SEPARATOR: Final = "__"
 MAX_NAME: Final = 64
 _INVALID: Final = re.compile(r"[^A-Za-z0-9_-]")
+# The tools/call ``_meta`` key of a call's idempotency key, stable across reruns of one call,
+# so a server that supports it can recognise a call it has already carried out.
+IDEMPOTENCY_KEY_META: Final = "io.agentwake/idempotency-key"
 
 
 def exposed_name(server: str, tool: str) -> str:
@@ -125,6 +128,8 @@ class Allowlist:
 class ToolOutcome:
     is_error: bool
     content: Any  # text, or the structured content when there is no text
+    # The call may have reached the server, but no answer came (the connection was lost on the way).
+    unknown: bool = False
 
 
 def outcome_of(result: CallToolResult) -> ToolOutcome:
@@ -147,7 +152,9 @@ class ToolHost(Protocol):
 
     def catalog(self) -> Sequence[ToolSpec]: ...
 
-    async def call(self, spec: ToolSpec, arguments: dict[str, Any]) -> ToolOutcome: ...
+    async def call(
+        self, spec: ToolSpec, arguments: dict[str, Any], *, idempotency_key: str | None = None
+    ) -> ToolOutcome: ...
 
 
 @dataclass
@@ -205,14 +212,21 @@ class ConnectionPool:
     def catalog(self) -> list[ToolSpec]:
         return unique_names([spec for specs in self._tools.values() for spec in specs])
 
-    async def call(self, spec: ToolSpec, arguments: dict[str, Any]) -> ToolOutcome:
+    async def call(
+        self, spec: ToolSpec, arguments: dict[str, Any], *, idempotency_key: str | None = None
+    ) -> ToolOutcome:
+        """tools/call; ``idempotency_key`` goes in the request's ``_meta`` (IDEMPOTENCY_KEY_META)."""
         conn = self._connections.get(spec.server)
         if conn is None:
             return ToolOutcome(True, f"server {spec.server!r} is not connected right now; try again later")
+        meta = {IDEMPOTENCY_KEY_META: idempotency_key} if idempotency_key else None
         try:
-            return outcome_of(await conn.call_tool(spec.name, arguments, timeout_s=self.call_timeout_s))
+            result = await conn.call_tool(spec.name, arguments, timeout_s=self.call_timeout_s, meta=meta)
+            return outcome_of(result)
         except MCPError as exc:
             return ToolOutcome(True, f"the server rejected the call: {exc.message} (code {exc.code})")
+        except ConnectionLost as exc:
+            return ToolOutcome(True, str(exc), unknown=True)
         except DeliveryError as exc:
             return ToolOutcome(True, str(exc))
 

@@ -6,7 +6,7 @@
     views       status, inbox, actions, show
     replay      replay
     policy      policy check, policy test
-    approvals   approvals, approve, deny, rotate-secret
+    approvals   approvals, approve, deny, retry, rotate-secret
     tables      printing (the only module that imports rich at its top)
 
 Starting fast matters (``agentwake status`` is typed by hand): importing this package

@@ -1,4 +1,4 @@
-"""The commands a person answers the service with: approvals, approve, deny, and rotate-secret."""
+"""The commands a person answers the service with: approvals, approve, deny, retry, and rotate-secret."""
 
 from __future__ import annotations
 
@@ -103,6 +103,47 @@ def deny(
     _answer(config, event_id, server, approve=False, note=reason)
 
 
+@app.command()
+def retry(
+    event_id: Annotated[
+        str, typer.Argument(help="The eventId of a failed or dead event (see 'agentwake inbox').")
+    ],
+    config: ConfigOption = DEFAULT_CONFIG_PATH,
+    server: ServerOption = None,
+    resend_unknown: Annotated[
+        bool,
+        typer.Option(
+            "--resend-unknown",
+            help="Send again the tool calls whose outcome is unknown (sent, no answer recorded), with"
+            " the same idempotency key. Check on their server first that they did not happen.",
+        ),
+    ] = False,
+) -> None:
+    """Requeue a failed or dead event: pending again, with a fresh count of attempts.
+
+    The agent goes on from where the event's last run stopped; tool calls it already
+    made are not made again. If that run sent a call whose outcome is unknown (the
+    service died before the answer), the retry is refused unless --resend-unknown.
+    The running service picks the event up within a few seconds.
+    """
+    cfg = load(config, secrets=False)
+
+    async def requeue(store: Store) -> int:
+        row = await find_event(store, event_id, server)
+        try:
+            return await store.retry(row["id"], resend_unknown=resend_unknown)
+        except AgentwakeError as exc:
+            raise fail(AgentwakeError(f"event {event_id!r}: {exc}")) from None
+
+    resent = with_store(cfg, requeue)
+    then = f"; {resent} tool call(s) of unknown outcome will be sent again" if resent else ""
+    stdout().print(
+        f"requeued {event_id}: the running service will run the agent on it{then}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
 @app.command("rotate-secret")
 def rotate_secret(
     subscription: Annotated[
@@ -139,4 +180,4 @@ def rotate_secret(
         )
 
 
-__all__ = ["approvals", "approve", "deny", "rotate_secret"]
+__all__ = ["approvals", "approve", "deny", "retry", "rotate_secret"]

@@ -133,17 +133,27 @@ def clip(text: str, limit: int = PREVIEW_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        datefmt="%Y-%m-%d %H:%M:%S",
-    )
-    from agentwake.logs import install_redaction
+def setup_logging(level: str, form: str = "text") -> None:
+    """Log to stderr at ``level``, secrets redacted; ``form`` "json" is one JSON object per line
+    (agentwake.logs), stray stderr text included."""
+    from agentwake.logs import JsonFormatter, StderrToLog, install_redaction
 
-    for handler in logging.getLogger().handlers:
-        install_redaction(handler)
+    if form == "json":
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(JsonFormatter())
+        logging.basicConfig(level=getattr(logging, level), handlers=[handler])
+        # Only where our handler is the one writing (basicConfig adds none to a configured root).
+        if handler in logging.getLogger().handlers and not isinstance(sys.stderr, StderrToLog):
+            sys.stderr = StderrToLog(sys.stderr)
+    else:
+        logging.basicConfig(
+            level=getattr(logging, level),
+            stream=sys.stderr,
+            format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+            datefmt="%Y-%m-%d %H:%M:%S",
+        )
+    for root_handler in logging.getLogger().handlers:
+        install_redaction(root_handler)
     # The SDK and HTTP clients are chatty at INFO; their problems reach us as errors anyway.
     for noisy in ("mcp", "httpx", "httpx2", "httpcore", "LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, getattr(logging, level)))

@@ -4,17 +4,28 @@ It writes ``agentwake.toml`` (the demo help desk, the offline model, the store i
 ``policies/`` and ``prompts/`` (copies of the packaged ones, to edit). Every file is checked
 before any is written, so a refusal (a file exists and ``--force`` was not given) leaves DIR
 exactly as it was.
+
+``--systemd`` also writes ``agentwake.service``: the packaged unit
+(``defaults/systemd/agentwake.service``) filled in for DIR. Its store stays where the config puts
+it (``agentwake.db`` in DIR, so ``agentwake status`` finds it as before): the unit runs in DIR
+(``WorkingDirectory=``) and may write there (``ReadWritePaths=``), and nowhere else but its
+``StateDirectory=``; it runs as the user who ran init. On a folder that already has a config,
+``--systemd`` writes only the unit, for that config.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import shlex
+import shutil
+import sys
 from pathlib import Path
 from typing import Annotated, Final
 
 import typer
 
-from agentwake.cli.common import app, fail
+from agentwake.cli.common import app, fail, warn
 
 # The packaged defaults (pyproject's package-data), next to this package: the project
 # template (config and the demo triage policies) and the prompts every config falls back to.
@@ -22,6 +33,12 @@ DEFAULTS: Final = Path(__file__).resolve().parent.parent / "defaults"
 PROJECT: Final = DEFAULTS / "project"
 CONFIG_NAME: Final = "agentwake.toml"
 SOURCES: Final = (("policies", PROJECT / "policies"), ("prompts", DEFAULTS / "prompts"))
+UNIT_TEMPLATE: Final = DEFAULTS / "systemd" / "agentwake.service"
+UNIT_NAME: Final = "agentwake.service"
+# Beside the config: API keys and the ${VAR}s it uses, read by the unit if present.
+ENV_FILE_NAME: Final = "agentwake.env"
+# What PrivateTmp=yes replaces with a folder of the service's own.
+PRIVATE_TMP: Final = (Path("/tmp"), Path("/var/tmp"))
 
 
 def planned_files() -> list[tuple[Path, Path]]:
@@ -45,6 +62,119 @@ def _shown(path: Path) -> str:
     return shlex.quote(text)
 
 
+# ---- the systemd unit ------------------------------------------------------------------------------
+
+
+def agentwake_command() -> list[str]:
+    """How a unit starts this agentwake: the ``agentwake`` program of this interpreter's environment,
+    else the one on PATH, else this Python with ``-m agentwake.cli`` (a checkout, not installed)."""
+    from agentwake.commands import script_dirs
+
+    for folder in script_dirs():
+        found = shutil.which("agentwake", path=str(folder))
+        if found is not None:
+            return [str(Path(found).absolute())]
+    found = shutil.which("agentwake")
+    if found is not None:
+        return [str(Path(found).absolute())]
+    return [str(Path(sys.executable).absolute()), "-m", "agentwake.cli"]
+
+
+def _escaped(value: str) -> str:
+    """A value systemd reads as written: ``%`` starts a specifier in any setting."""
+    return value.replace("%", "%%")
+
+
+def _word(value: str, *, command: bool = False) -> str:
+    """One word of a list setting (ExecStart=, ReadWritePaths=), quoted when it must be; in a
+    command line, ``$`` would also start a variable."""
+    value = _escaped(value)
+    if command:
+        value = value.replace("$", "$$")
+    if value and not re.search(r"[\s\"'\\]", value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _current_user() -> tuple[str, str] | None:
+    """(user, group) to run the unit as: whoever runs init, unless root (then the unit says none)."""
+    if not hasattr(os, "geteuid") or os.geteuid() == 0:
+        return None
+    import grp
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name, grp.getgrgid(os.getegid()).gr_name
+    except KeyError:  # a uid without a passwd entry (some containers)
+        return None
+
+
+def systemd_unit(
+    template: str,
+    *,
+    command: list[str],
+    config: Path,
+    directory: Path,
+    writable: list[Path],
+    user: tuple[str, str] | None,
+) -> str:
+    """The packaged unit, its settings filled in for the project in ``directory``."""
+    values = {
+        "ExecStart": " ".join(_word(part, command=True) for part in [*command, "run", "-c", str(config)]),
+        "WorkingDirectory": _escaped(str(directory)),
+        "EnvironmentFile": "-" + _escaped(str(directory / ENV_FILE_NAME)),
+        "ReadWritePaths": " ".join(_word(str(path)) for path in writable),
+    }
+    if user is not None:
+        values["User"], values["Group"] = user
+
+    def filled(match: re.Match[str]) -> str:
+        key = match.group("key")
+        return f"{key}={values[key]}" if key in values else match.group(0)
+
+    keys = "|".join(values)
+    body = re.sub(rf"^#?(?P<key>{keys})=.*$", filled, template[template.index("[Unit]") :], flags=re.M)
+    header = (
+        f"# agentwake as a systemd service, for the project in {directory}\n"
+        "# (written by `agentwake init --systemd`; the packaged original explains each setting).\n"
+        f"# Its store is where {CONFIG_NAME} puts it; API keys and ${{VAR}}s may go in {ENV_FILE_NAME}.\n"
+        "#\n"
+        f"# Install:  sudo cp {shlex.quote(str(directory / UNIT_NAME))} /etc/systemd/system/\n"
+        "#           sudo systemctl daemon-reload && sudo systemctl enable --now agentwake\n"
+        "# Watch:    systemctl status agentwake; journalctl -u agentwake -f;"
+        f" agentwake status -c {shlex.quote(str(config))}\n"
+        "\n"
+    )
+    return header + body
+
+
+def _unit_for(target: Path) -> bytes:
+    from agentwake.configfile import locate_store
+    from agentwake.errors import ConfigError
+
+    config = target / CONFIG_NAME
+    writable = [target]
+    if config.is_file():
+        try:
+            store_folder = locate_store(config).path.parent.resolve()
+        except ConfigError:
+            store_folder = target  # `agentwake check` will say what is wrong with it
+        if not store_folder.is_relative_to(target):
+            writable.append(store_folder)
+    text = systemd_unit(
+        UNIT_TEMPLATE.read_text(encoding="utf-8"),
+        command=agentwake_command(),
+        config=config,
+        directory=target,
+        writable=writable,
+        user=_current_user(),
+    )
+    return text.encode()
+
+
+# ---- the command -----------------------------------------------------------------------------------
+
+
 @app.command()
 def init(
     directory: Annotated[
@@ -55,6 +185,14 @@ def init(
     ] = Path("."),
     force: Annotated[
         bool, typer.Option("--force", "-f", help="Overwrite the files init writes that already exist.")
+    ] = False,
+    systemd: Annotated[
+        bool,
+        typer.Option(
+            "--systemd",
+            help="Also write agentwake.service, a systemd unit that runs this project (as you, in DIR);"
+            " in a folder that already has agentwake.toml, write only the unit.",
+        ),
     ] = False,
 ) -> None:
     """Start a new project in DIR: a commented agentwake.toml, policies/ and prompts/.
@@ -67,30 +205,48 @@ def init(
     target = directory.expanduser().resolve()
     if target.exists() and not target.is_dir():
         raise fail(f"{directory} exists and is not a folder")
-    files = planned_files()
-    missing = [str(source) for source, _ in files if not source.is_file()]
+    unit_only = systemd and (target / CONFIG_NAME).is_file()
+    sources = [] if unit_only else planned_files()
+    if systemd:
+        sources.append((UNIT_TEMPLATE, Path(UNIT_NAME)))
+    missing = [str(source) for source, _ in sources if not source.is_file()]
     if missing:
         raise fail(f"agentwake's packaged defaults are missing (a broken install?): {', '.join(missing)}")
-    existing = [relative for _, relative in files if (target / relative).exists()]
+    existing = [relative for _, relative in sources if (target / relative).exists()]
     blocked = [relative for relative in existing if not (target / relative).is_file()]
     if blocked:
         raise fail(f"not a file, cannot write it: {', '.join(str(target / p) for p in blocked)}")
     if existing and not force:
         names = ", ".join(str(p) for p in existing)
         raise fail(f"{target} already has {names}; nothing was written (pass --force to overwrite)")
-    for source, relative in files:
+    for source, relative in sources:
         destination = target / relative
         destination.parent.mkdir(parents=True, exist_ok=True)
-        destination.write_bytes(source.read_bytes())
+        destination.write_bytes(_unit_for(target) if source == UNIT_TEMPLATE else source.read_bytes())
     overwritten = set(existing)
-    typer.echo(f"Wrote a new agentwake project in {target}:")
-    for _, relative in files:
+    if unit_only:
+        typer.echo(f"Wrote a systemd unit for the agentwake project in {target}:")
+    else:
+        typer.echo(f"Wrote a new agentwake project in {target}:")
+    for _, relative in sources:
         typer.echo(f"  {relative}{'  (overwritten)' if relative in overwritten else ''}")
     config = _shown(target / CONFIG_NAME)
     option = "" if target == Path.cwd().resolve() else f" -c {config}"
     typer.echo("")
     typer.echo("Next:")
-    typer.echo(f"  agentwake check{option}    # validate it, start the demo server, show each subscription")
-    typer.echo(f"  agentwake run{option}      # the service, until Ctrl-C; the offline model needs no key")
-    typer.echo(f"  agentwake actions{option}  # what the agent did")
-    typer.echo(f"Then edit {config}: your own MCP servers, a real model, policies/ and prompts/.")
+    if not unit_only:
+        typer.echo(
+            f"  agentwake check{option}    # validate it, start the demo server, show each subscription"
+        )
+        typer.echo(
+            f"  agentwake run{option}      # the service, until Ctrl-C; the offline model needs no key"
+        )
+        typer.echo(f"  agentwake actions{option}  # what the agent did")
+    if systemd:
+        if any(target.is_relative_to(tmp) for tmp in PRIVATE_TMP):
+            warn(f"the unit's PrivateTmp=yes hides {target} from the service: move the project, or drop it")
+        typer.echo(f"  sudo cp {_shown(target / UNIT_NAME)} /etc/systemd/system/")
+        typer.echo("  sudo systemctl daemon-reload && sudo systemctl enable --now agentwake")
+        typer.echo(f"  agentwake status{option} --watch   # the service, refreshed every 2s")
+    if not unit_only:
+        typer.echo(f"Then edit {config}: your own MCP servers, a real model, policies/ and prompts/.")

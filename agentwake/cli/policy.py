@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -43,14 +42,6 @@ VERDICT_NOTES = {
 }
 
 
-def _files_summary(files: Sequence[Path]) -> str:
-    """ "3 file(s) (1 packaged)": the packaged ones are read too unless the folder overrides them."""
-    from agentwake.policy import PACKAGED_POLICIES
-
-    packaged = sum(1 for f in files if f.parent == PACKAGED_POLICIES)
-    return f"{len(files)} file(s)" + (f" ({packaged} packaged)" if packaged else "")
-
-
 @policy_app.command("check")
 def policy_check(config: ConfigOption = DEFAULT_CONFIG_PATH) -> None:
     """Validate every policy file; errors name the file, the line and the rule."""
@@ -81,7 +72,7 @@ def policy_check(config: ConfigOption = DEFAULT_CONFIG_PATH) -> None:
         )
     print_table(table, out)
     out.print(
-        f"policy OK: {len(policy.rules)} rule(s) in {_files_summary(policy.files)}; {policy.who_decides_the_rest()}",
+        f"policy OK: {len(policy.rules)} rule(s) in {policy.files_summary()}; {policy.who_decides_the_rest()}",
         markup=False,
         highlight=False,
     )

@@ -47,7 +47,7 @@ def run(config: ConfigOption = DEFAULT_CONFIG_PATH) -> None:
     from agentwake.service import serve
 
     cfg = load(config)
-    setup_logging(cfg.log.level)
+    setup_logging(cfg.log.level, cfg.log.format)
     if cfg.agent is not None:
         from agentwake.agent.llm import require_api_keys
 

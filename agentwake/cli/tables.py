@@ -182,10 +182,13 @@ def describe_service(service: dict[str, Any] | None) -> str:
     if service is None:
         return "service: no record of 'agentwake run' in this store yet"
     if service["state"] == "running":
-        return (
+        line = (
             f"service: running (pid {service['pid']} on {service['host']}, since {service['started_at']},"
             f" last heartbeat {_ago(service['heartbeat_age_s'])} ago)"
         )
+        if service.get("paused"):
+            line += f"; the agent waits: {service['paused']} (events stay pending)"
+        return line
     if service["state"] == "stopped":
         return f"service: not running (stopped at {service['stopped_at']})"
     line = f"service: not running (pid {service['pid']} on {service['host']}"

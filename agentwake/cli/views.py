@@ -6,8 +6,9 @@ import json
 import os
 import socket
 import sys
+import time
 from datetime import datetime
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Final, NoReturn
 
 import typer
 
@@ -24,15 +25,21 @@ from agentwake.cli.common import (
     stdout,
     styled,
 )
-from agentwake.clock import parse_iso, utc_now
+from agentwake.clock import now_iso, parse_iso, utc_now
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from rich.console import Console
+
     from agentwake.configfile import StoreLocation
     from agentwake.store import StoreReader
 
 EVENT_STATES_SHOWN = ("pending", "processing", "done", "failed", "ignored")
 RUN_STATUSES_SHOWN = ("completed", "failed", "interrupted", "running")
 RESULT_CHARS = 200
+# `status --watch`: seconds between two refreshes, unless --interval says otherwise.
+WATCH_INTERVAL_S: Final = 2.0
 
 
 def print_json(value: object) -> None:
@@ -49,11 +56,32 @@ WithServiceOption = Annotated[
 ]
 
 
+WatchOption = Annotated[
+    bool,
+    typer.Option(
+        "--watch",
+        "-w",
+        help="Refresh in place every --interval seconds, until Ctrl-C (which exits 0). With --json:"
+        " one JSON document per refresh, each on one line (as --json prints it, compacted).",
+    ),
+]
+IntervalOption = Annotated[
+    float | None,
+    typer.Option(
+        "--interval",
+        min=0.1,
+        help=f"With --watch: seconds between refreshes [default: {WATCH_INTERVAL_S:g}].",
+    ),
+]
+
+
 @app.command()
 def status(
     config: ConfigOption = DEFAULT_CONFIG_PATH,
     as_json: JsonOption = False,
     with_service: WithServiceOption = False,
+    watch: WatchOption = False,
+    interval: IntervalOption = None,
 ) -> None:
     """Show each subscription: server, event, mode, cursor, counts, gaps and failed events.
 
@@ -65,6 +93,20 @@ def status(
     stopped, or that it did not stop cleanly. While it is not running, a subscription's status is
     the one it had (shown as, e.g., "active (service stopped)"; --json: service_running).
     """
+    if interval is not None and not watch:
+        raise fail("--interval is for --watch; pass both", 2)
+    if watch:
+        watch_status(config, as_json, with_service, WATCH_INTERVAL_S if interval is None else interval)
+        return
+    service, rows = status_snapshot(config)
+    if as_json:
+        sys.stdout.write(json.dumps(status_document(service, rows, with_service), indent=2) + "\n")
+        return
+    print_status_view(service, rows, stdout())
+
+
+def status_snapshot(config: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """What one `status` shows, read from the store: the service (service_state) and the subscriptions."""
 
     def read(
         location: StoreLocation, store: StoreReader
@@ -83,16 +125,76 @@ def status(
         for run_status in RUN_STATUSES_SHOWN:
             row[f"runs_{run_status}"] = mine.get(f"runs_{run_status}", 0)
         row["last_failure"] = mine.get("last_failure")
-    if as_json:
-        shown: object = {"service": service, "subscriptions": rows} if with_service else rows
-        sys.stdout.write(json.dumps(shown, indent=2) + "\n")
-        return
+    return service, rows
+
+
+def status_document(service: dict[str, Any] | None, rows: list[dict[str, Any]], with_service: bool) -> object:
+    """`status --json`: the array of subscriptions, or with ``with_service`` {service, subscriptions}."""
+    return {"service": service, "subscriptions": rows} if with_service else rows
+
+
+def print_status_view(service: dict[str, Any] | None, rows: list[dict[str, Any]], out: Console) -> None:
     from agentwake.cli.tables import describe_service, print_status
 
-    out = stdout()
     out.print(describe_service(service), highlight=False)
     out.print()
     print_status(rows, out)
+
+
+def watch_status(config: Path, as_json: bool, with_service: bool, interval_s: float) -> None:
+    """`status --watch`: on a terminal, the view redrawn in place (rich's Live); on a pipe, each
+    refresh printed after the last under a header line; with --json, one line per refresh.
+    Ctrl-C ends it with exit 0. A store or config error ends it as `status` would."""
+    try:
+        if as_json:
+            while True:
+                service, rows = status_snapshot(config)
+                sys.stdout.write(json.dumps(status_document(service, rows, with_service)) + "\n")
+                sys.stdout.flush()
+                time.sleep(interval_s)
+        out = stdout()
+        if out.is_terminal and not out.is_dumb_terminal:  # a dumb one cannot redraw
+            _watch_live(config, interval_s, out)
+        while True:
+            out.print(_watch_header(interval_s), highlight=False)
+            print_status_view(*status_snapshot(config), out)
+            out.print()
+            time.sleep(interval_s)
+    except KeyboardInterrupt:
+        return  # Ctrl-C is how a watch ends
+    except BrokenPipeError:  # the reader went away (`| head`): nothing left to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _watch_live(config: Path, interval_s: float, out: Console) -> NoReturn:
+    import io
+
+    from rich.console import Console as RichConsole
+    from rich.live import Live
+    from rich.text import Text
+
+    def frame() -> Text:
+        # Drawn on a console of its own: printing to `out` under Live would draw the live view into it.
+        page = RichConsole(
+            file=io.StringIO(),
+            width=out.width,
+            force_terminal=True,
+            color_system=out.color_system,  # type: ignore[arg-type]
+            markup=False,
+        )
+        page.print(_watch_header(interval_s), highlight=False)
+        print_status_view(*status_snapshot(config), page)
+        assert isinstance(page.file, io.StringIO)
+        return Text.from_ansi(page.file.getvalue())
+
+    with Live(frame(), console=out, auto_refresh=False, vertical_overflow="ellipsis") as live:
+        while True:
+            time.sleep(interval_s)
+            live.update(frame(), refresh=True)
+
+
+def _watch_header(interval_s: float) -> str:
+    return f"agentwake status at {now_iso()}, every {interval_s:g}s (Ctrl-C to stop)"
 
 
 # `status` counts a service whose last heartbeat is older than this many of its intervals as gone.
@@ -137,6 +239,8 @@ def _judge_service(record: dict[str, Any], now: datetime, host: str) -> dict[str
         "heartbeat_age_s": None if age is None else round(age, 1),
         "heartbeat_s": record["heartbeat_s"],
         "stopped_at": record["stopped_at"],
+        # Why the agent waits ([agent] max_runs_per_hour, max_cost_per_day_usd), while running.
+        "paused": record.get("paused") if state == "running" else None,
         # None on another host (or where we cannot tell).
         "pid_alive": alive,
     }
@@ -332,4 +436,14 @@ def print_run(run: dict[str, Any]) -> None:
         out.print(styled("summary:", "bold", run["summary"]), highlight=False)
 
 
-__all__ = ["actions", "inbox", "print_run", "show", "status"]
+__all__ = [
+    "actions",
+    "inbox",
+    "print_run",
+    "print_status_view",
+    "show",
+    "status",
+    "status_document",
+    "status_snapshot",
+    "watch_status",
+]

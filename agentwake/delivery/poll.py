@@ -22,7 +22,7 @@ from typing import Final
 import anyio
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_never
 
-from agentwake import protocol
+from agentwake import metrics, protocol
 from agentwake.backoff import tenacity_wait
 from agentwake.config import LimitsConfig, SubscriptionConfig
 from agentwake.delivery.admit import Admitted, MalformedPage, Page, admit_all, read_page
@@ -164,6 +164,8 @@ class PollLoop:
             cursor_before=cursor,
             rejected=admitted.rejected,
         )
+        gap = page.truncated or bool(admitted.rejected)
+        metrics.observe_ingest(sub.name, "poll", ingest.inserted, ingest.duplicates, gap=gap)
         if page.truncated:
             self._gaps.note(
                 logger,

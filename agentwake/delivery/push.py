@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import anyio
 
-from agentwake import protocol
+from agentwake import metrics, protocol
 from agentwake.backoff import backoff_s
 from agentwake.config import LimitsConfig, SubscriptionConfig
 from agentwake.delivery.admit import admit
@@ -350,6 +350,7 @@ class PushLoop:
                     text = f"server reported an error on the stream: {peer(message)} ({code})"
                     self._errors.note(logger, f"subscription {sub.name}: {text}")
                     await self.store.count_stream_error(sub.name, text)
+                    metrics.observe_stream_error(sub.name)
                 elif method == protocol.NOTIFICATION_TERMINATED:
                     await self._store(key, pending, stored)
                     code, message, data = error_of(params)
@@ -374,6 +375,8 @@ class PushLoop:
             cursor_before=stored,
             rejected=pending.rejected,
         )
+        gap = pending.truncated or bool(pending.rejected)
+        metrics.observe_ingest(self.subscription.name, "push", result.inserted, result.duplicates, gap=gap)
         if result.duplicates:
             logger.info(
                 "subscription %s: %d duplicate event(s) ignored", self.subscription.name, result.duplicates

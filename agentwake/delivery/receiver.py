@@ -50,7 +50,7 @@ import anyio.abc
 from aiohttp import HttpVersion11, web
 from pydantic import TypeAdapter, ValidationError
 
-from agentwake import protocol, signing
+from agentwake import metrics, protocol, signing
 from agentwake.config import LimitsConfig, WebhookConfig
 from agentwake.delivery.admit import admit
 from agentwake.delivery.common import MAX_CURSOR_CHARS
@@ -193,6 +193,7 @@ class _GroupCommit:
                 self._answer(futures, results)
                 futures = []
                 if results is not None:
+                    _observe_committed(deliveries, results)
                     self._on_committed(results)
         finally:
             # Whatever was not committed is answered 503 and retried by the sender.
@@ -200,6 +201,20 @@ class _GroupCommit:
             self._answer(futures, None)
             self._answer(self._futures, None)
             self._deliveries, self._futures = [], []
+
+
+def _observe_committed(deliveries: list[WebhookDelivery], results: list[IngestResult]) -> None:
+    """A committed batch in the metrics: events and duplicates per subscription, and its new gaps."""
+    tallies: dict[str, list[int]] = {}
+    for delivery, result in zip(deliveries, results, strict=True):
+        tally = tallies.setdefault(delivery.key.name, [0, 0])
+        tally[0] += result.inserted
+        tally[1] += result.duplicates
+        # A gap envelope answered as a duplicate was recorded before; a refused event always makes one.
+        if (delivery.truncated and not result.duplicates) or delivery.rejected is not None:
+            metrics.observe_gap(delivery.key.name)
+    for name, (inserted, duplicates) in tallies.items():
+        metrics.observe_ingest(name, "webhook", inserted, duplicates)
 
 
 def _no_content() -> web.StreamResponse:
@@ -262,7 +277,7 @@ class Receiver:
     def server(self) -> QuietServer:
         """aiohttp's low-level server: one handler for every path, with no router or middleware layer
         (about a tenth of a delivery's cost). Subscriptions are told apart by X-MCP-Subscription-Id."""
-        return QuietServer(self.handle, self._reject, self.idle_timeout_s)
+        return QuietServer(self._handle_counted, self._refuse_counted, self.idle_timeout_s)
 
     def connection_gate(self, server: QuietServer, context: ssl.SSLContext | None) -> ConnectionGate:
         """The connection gate, its caps sized to the open-file limit (raised first, as far as allowed)."""
@@ -334,6 +349,23 @@ class Receiver:
         await runner.cleanup()
 
     # ---- one request ------------------------------------------------------------------
+
+    async def _handle_counted(self, request: web.BaseRequest) -> web.StreamResponse:
+        """``handle``, with the status it answers counted in the metrics."""
+        try:
+            response = await self.handle(request)
+        except ConnectionError:  # the sender went away: nothing is answered
+            raise
+        except Exception:
+            metrics.observe_webhook_delivery(500)  # what aiohttp answers for it
+            raise
+        metrics.observe_webhook_delivery(response.status)
+        return response
+
+    def _refuse_counted(self, code: int, why: str) -> web.Response:
+        """``_reject`` for a request too broken to reach ``handle``, counted in the metrics."""
+        metrics.observe_webhook_delivery(code)
+        return self._reject(code, why)
 
     def _reject(self, code: int, why: str) -> web.Response:
         self.counts[f"rejected_{code}"] += 1

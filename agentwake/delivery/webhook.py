@@ -27,7 +27,7 @@ from typing import Any, Final
 import anyio
 from pydantic import TypeAdapter, ValidationError
 
-from agentwake import protocol, signing
+from agentwake import metrics, protocol, signing
 from agentwake.backoff import backoff_s
 from agentwake.clock import iso
 from agentwake.config import SubscriptionConfig, WebhookConfig
@@ -327,6 +327,7 @@ class WebhookLoop:
         # Last: binding is what marks a refresh as complete (WebhookRoutes.wait_binds).
         self._bind(key, updated)
         if result.truncated:
+            metrics.observe_gap(sub.name)
             logger.warning(
                 "subscription %s: gap: the server starts delivery after our cursor (truncated); now at cursor %s",
                 sub.name,

@@ -28,6 +28,7 @@ from agentwake.store.records import (
     IncomingEvent,
     IngestResult,
     RejectedEvent,
+    ResumePoint,
     RetiredWebhook,
     RunKind,
     RunProgress,
@@ -35,6 +36,7 @@ from agentwake.store.records import (
     Settlement,
     SubscriptionKey,
     ToolCallRecord,
+    ToolCallStatus,
     WebhookDelivery,
     WebhookRecord,
 )
@@ -129,12 +131,30 @@ class Store(Protocol):
 
     # ---- the work queue (worker and decision) --------------------------------------------------
 
-    async def requeue_interrupted(self) -> int:
-        """Events a stop left 'processing' go back to 'pending'; their runs are marked interrupted."""
+    async def requeue_interrupted(self, max_attempts: int | None = None) -> int:
+        """Events a stop left 'processing' go back to 'pending' (dead after ``max_attempts``); their
+        runs are marked interrupted."""
         ...
 
-    async def claim(self, limit: int, now: str | None = None) -> list[InboxEvent]:
-        """Up to ``limit`` pending events that are due at ``now``, moved to 'processing'."""
+    async def claim(
+        self,
+        limit: int,
+        now: str | None = None,
+        *,
+        lease_until: str | None = None,
+        exclude_servers: Sequence[str] = (),
+    ) -> list[InboxEvent]:
+        """Up to ``limit`` due pending events (or abandoned ones: their lease lapsed), moved to
+        'processing' with a lease until ``lease_until``; none of ``exclude_servers``."""
+        ...
+
+    async def renew_leases(self, leases: Sequence[tuple[int, int]], until: str) -> list[int]:
+        """Extend the leases (event row, attempts at the claim) still held; the rows whose lease was lost."""
+        ...
+
+    async def retry(self, event_row: int, *, resend_unknown: bool = False) -> int:
+        """A failed or dead event goes back to pending with fresh attempts (refused while the last
+        run has a tool call of unknown outcome, unless ``resend_unknown``); the calls to resend."""
         ...
 
     async def release(self, event_row: int, retry_at: str) -> None:
@@ -195,8 +215,34 @@ class Store(Protocol):
         progress: RunProgress,
         duration_ms: int,
         verdict: EventVerdict | None,
+    ) -> bool:
+        """Close a run and, in the same transaction, move its event (exactly once: done iff completed).
+
+        False when the run's lease had lapsed and its event was claimed again: nothing moved."""
+        ...
+
+    async def journal_tool_call(self, run_id: int, call: ToolCallRecord, idempotency_key: str) -> int:
+        """Write a tool call as 'sent' before it goes out; its journal row id."""
+        ...
+
+    async def settle_tool_call(
+        self, call_row: int, *, status: ToolCallStatus, result: str | None, reply: str, duration_ms: int
     ) -> None:
-        """Close a run and, in the same transaction, move its event (exactly once: done iff completed)."""
+        """What a journaled call returned, and the reply the model was given."""
+        ...
+
+    async def adopt_run(
+        self, run_id: int, from_run: int, call_ids: Sequence[str], progress: RunProgress
+    ) -> None:
+        """A resumed run takes over ``from_run``'s transcript and the journal of ``call_ids`` (settled: 'reused')."""
+        ...
+
+    async def resume_point(self, event_row: int) -> ResumePoint | None:
+        """The event's last agent run, if unfinished past a first LLM answer: where a rerun goes on from."""
+        ...
+
+    async def agent_usage(self, since_hour: str, since_day: str) -> tuple[int, float]:
+        """Agent runs started since ``since_hour``; LLM spend in USD of runs started since ``since_day``."""
         ...
 
     # ---- the service's own record (service) ------------------------------------------------------
@@ -207,6 +253,10 @@ class Store(Protocol):
 
     async def service_heartbeat(self, service_id: int) -> None:
         """The service is alive now; it calls this every ``heartbeat_s``."""
+        ...
+
+    async def service_paused(self, reason: str | None) -> None:
+        """Why the running service's agent waits (a cost or run limit); None when it no longer does."""
         ...
 
     async def service_stopped(self, service_id: int) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, NamedTuple
 
 EventState = Literal[
-    "pending", "processing", "done", "failed", "ignored", "held", "denied", "batched", "rejected"
+    "pending", "processing", "done", "failed", "ignored", "held", "denied", "batched", "rejected", "dead"
 ]
 EVENT_STATES: Final[tuple[EventState, ...]] = (
     "pending",
@@ -25,10 +25,14 @@ EVENT_STATES: Final[tuple[EventState, ...]] = (
     "denied",
     "batched",
     "rejected",
+    "dead",
 )
 RunKind = Literal["agent", "replay", "dry_run"]
 RunStatus = Literal["running", "completed", "failed", "interrupted"]
-ToolCallStatus = Literal["ok", "error", "refused", "planned"]
+# 'sent': written before the call went out and never settled, so its outcome is unknown; 'resend':
+# a person allowed sending it again (agentwake retry --resend-unknown), with the same idempotency key;
+# 'reused': made by an earlier run of the event, whose reply a resumed run gave the model again.
+ToolCallStatus = Literal["ok", "error", "refused", "planned", "sent", "resend", "reused"]
 
 
 def canonical_arguments(arguments: dict[str, Any]) -> str:
@@ -270,3 +274,31 @@ class EventVerdict:
     state: EventState
     error: str | None = None
     retry_at: str | None = None
+    # The attempt does not count (the service stopped during the run: not the event's fault).
+    refund_attempt: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class JournaledCall:
+    """A tool call as the journal has it: 'sent' (outcome unknown), 'resend', or settled with its reply."""
+
+    call_id: str
+    tool: str
+    status: ToolCallStatus
+    arguments: Any
+    result: str | None
+    reply: str | None
+    idempotency_key: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ResumePoint:
+    """An unfinished agent run of an event: its transcript so far and the calls it journaled, by call id."""
+
+    run_id: int
+    messages: list[dict[str, Any]]
+    steps: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float | None
+    calls: dict[str, JournaledCall]

@@ -92,6 +92,8 @@ class SqliteStore(ThreadedStore[SqliteCore]):
 
     requeue_interrupted = in_store_thread(SqliteCore.requeue_interrupted)
     claim = in_store_thread(SqliteCore.claim)
+    renew_leases = in_store_thread(SqliteCore.renew_leases)
+    retry = in_store_thread(SqliteCore.retry)
     release = in_store_thread(SqliteCore.release)
     settle = in_store_thread(SqliteCore.settle)
     record_decision = in_store_thread(SqliteCore.record_decision)
@@ -104,10 +106,16 @@ class SqliteStore(ThreadedStore[SqliteCore]):
     start_run = in_store_thread(SqliteCore.start_run)
     record_progress = in_store_thread(SqliteCore.record_progress)
     finish_run = in_store_thread(SqliteCore.finish_run)
+    journal_tool_call = in_store_thread(SqliteCore.journal_tool_call)
+    settle_tool_call = in_store_thread(SqliteCore.settle_tool_call)
+    resume_point = in_store_thread(SqliteCore.resume_point)
+    adopt_run = in_store_thread(SqliteCore.adopt_run)
+    agent_usage = in_store_thread(SqliteCore.agent_usage)
 
     service_started = in_store_thread(SqliteCore.service_started)
     service_heartbeat = in_store_thread(SqliteCore.service_heartbeat)
     service_stopped = in_store_thread(SqliteCore.service_stopped)
+    service_paused = in_store_thread(SqliteCore.service_paused)
     services = in_store_thread(SqliteCore.services)
 
     subscriptions = in_store_thread(SqliteCore.subscriptions)

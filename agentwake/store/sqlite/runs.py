@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
 from agentwake.clock import now_iso
 from agentwake.jsontext import encode_json
-from agentwake.store.records import EventVerdict, RunKind, RunProgress, RunStatus, ToolCallRecord
+from agentwake.store.records import (
+    EventVerdict,
+    JournaledCall,
+    ResumePoint,
+    RunKind,
+    RunProgress,
+    RunStatus,
+    ToolCallRecord,
+    ToolCallStatus,
+)
 from agentwake.store.sqlite.base import SqliteBase
 
 
@@ -102,8 +112,11 @@ class ActionLog(SqliteBase):
         progress: RunProgress,
         duration_ms: int,
         verdict: EventVerdict | None,
-    ) -> None:
-        """Close a run and, in the same transaction, move its event (exactly-once: done iff completed)."""
+    ) -> bool:
+        """Close a run and, in the same transaction, move its event (exactly-once: done iff completed).
+
+        False when the run no longer held its event (its lease lapsed and the event was claimed again).
+        """
         now = now_iso()
         with self.transaction():
             self._write_progress(run_id, progress)
@@ -112,11 +125,32 @@ class ActionLog(SqliteBase):
                 [status, reason, now, duration_ms, run_id],
             )
             if verdict is not None:
-                self.conn.execute(
-                    "UPDATE events SET state = ?, last_error = ?, available_at = ?, state_changed_at = ?"
-                    " WHERE id = (SELECT event_row FROM runs WHERE id = ?)",
-                    [verdict.state, verdict.error, verdict.retry_at, now, run_id],
+                # Only while this run still holds the event's lease (the claim that started it): a run
+                # whose lease lapsed and whose event was claimed again must not move the event.
+                cur = self.conn.execute(
+                    "UPDATE events SET state = ?, last_error = ?, available_at = ?, state_changed_at = ?,"
+                    " lease_until = NULL, attempts = attempts - ?"
+                    " WHERE id = (SELECT event_row FROM runs WHERE id = ?) AND state = 'processing'"
+                    " AND attempts = (SELECT attempt FROM runs WHERE id = ?)",
+                    [
+                        verdict.state,
+                        verdict.error,
+                        verdict.retry_at,
+                        now,
+                        int(verdict.refund_attempt),
+                        run_id,
+                        run_id,
+                    ],
                 )
+                if cur.rowcount == 0:
+                    self.conn.execute(
+                        "UPDATE runs SET status = 'interrupted', reason = ? WHERE id = ?",
+                        [
+                            "its lease lapsed and the event was claimed again; this run's outcome is not applied",
+                            run_id,
+                        ],
+                    )
+                    return False
                 if verdict.state != "pending":
                     # The events batched behind this one end with it (they stay batched if it goes again).
                     self.conn.execute(
@@ -124,3 +158,87 @@ class ActionLog(SqliteBase):
                         " WHERE state = 'batched' AND batch_leader = (SELECT event_row FROM runs WHERE id = ?)",
                         [verdict.state, verdict.error, now, run_id],
                     )
+        return True
+
+    # ---- the tool-call journal ---------------------------------------------------------------------
+
+    def journal_tool_call(self, run_id: int, call: ToolCallRecord, idempotency_key: str) -> int:
+        """Write a tool call as 'sent' before it goes out; ``settle_tool_call`` records what came back."""
+        with self.transaction():
+            cur = self.conn.execute(
+                "INSERT INTO tool_calls (run_id, step, call_id, tool, server, name, arguments, status,"
+                " idempotency_key, at) VALUES (?, ?, ?, ?, ?, ?, ?, 'sent', ?, ?)",
+                [
+                    run_id,
+                    call.step,
+                    call.call_id,
+                    call.tool,
+                    call.server,
+                    call.name,
+                    encode_json(call.arguments),
+                    idempotency_key,
+                    now_iso(),
+                ],
+            )
+            return int(cur.lastrowid or 0)
+
+    def settle_tool_call(
+        self, call_row: int, *, status: ToolCallStatus, result: str | None, reply: str, duration_ms: int
+    ) -> None:
+        with self.transaction():
+            self.conn.execute(
+                "UPDATE tool_calls SET status = ?, result = ?, reply = ?, duration_ms = ? WHERE id = ?",
+                [status, result, reply, duration_ms, call_row],
+            )
+
+    def adopt_run(self, run_id: int, from_run: int, call_ids: Sequence[str], progress: RunProgress) -> None:
+        """A run that goes on from ``from_run`` takes over its transcript and the journal of the calls
+        still to answer (``call_ids``), in one transaction: if it stops too, the next run finds all
+        it needs in this one. Calls already settled are copied as 'reused'."""
+        with self.transaction():
+            self._write_progress(run_id, progress)
+            self.conn.execute(
+                "INSERT INTO tool_calls (run_id, step, call_id, tool, server, name, arguments, status, result,"
+                " duration_ms, at, idempotency_key, reply)"
+                " SELECT ?, step, call_id, tool, server, name, arguments,"
+                " CASE WHEN status IN ('ok', 'error') THEN 'reused' ELSE status END, result, duration_ms, at,"
+                " idempotency_key, reply FROM tool_calls"
+                " WHERE run_id = ? AND call_id IN (SELECT value FROM json_each(?)) ORDER BY id",
+                [run_id, from_run, encode_json(list(call_ids))],
+            )
+
+    def resume_point(self, event_row: int) -> ResumePoint | None:
+        """Where the event's last unfinished agent run stopped, if it got as far as a first LLM answer.
+
+        The run's stored transcript, and the calls it journaled with their outcome: a rerun goes on
+        from there instead of starting over, so calls already made are not made again.
+        """
+        row = self.conn.execute(
+            "SELECT id, messages, steps, prompt_tokens, completion_tokens, cost_usd FROM runs"
+            " WHERE event_row = ? AND kind = 'agent' ORDER BY id DESC LIMIT 1",
+            [event_row],
+        ).fetchone()
+        if row is None:
+            return None
+        messages = json.loads(row[1])
+        if not any(m.get("role") == "assistant" for m in messages):
+            return None
+        calls = {
+            r[0]: JournaledCall(r[0], r[1], r[2], json.loads(r[3]) if r[3] else None, r[4], r[5], r[6])
+            for r in self.conn.execute(
+                "SELECT call_id, tool, status, arguments, result, reply, idempotency_key FROM tool_calls"
+                " WHERE run_id = ? ORDER BY id",
+                [row[0]],
+            )
+        }
+        return ResumePoint(row[0], messages, row[2], row[3], row[4], row[5], calls)
+
+    def agent_usage(self, since_hour: str, since_day: str) -> tuple[int, float]:
+        """Agent runs started since ``since_hour``, and LLM spend (USD) of every run started since ``since_day``."""
+        runs = self.conn.execute(
+            "SELECT count(*) FROM runs WHERE kind = 'agent' AND started_at >= ?", [since_hour]
+        ).fetchone()[0]
+        cost = self.conn.execute(
+            "SELECT coalesce(sum(cost_usd), 0) FROM runs WHERE started_at >= ?", [since_day]
+        ).fetchone()[0]
+        return int(runs), float(cost)

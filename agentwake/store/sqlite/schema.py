@@ -257,3 +257,17 @@ def _service(db: sqlite_utils.Database) -> None:
         )
         """
     )
+
+
+@migrations(name="0012_work_queue")
+def _work_queue(db: sqlite_utils.Database) -> None:
+    # A claim is a lease: an event 'processing' past lease_until was abandoned and may be claimed again.
+    db.execute("ALTER TABLE events ADD COLUMN lease_until TEXT")
+    # The tool-call journal: a call is written ('sent', with its idempotency key) before it goes out
+    # and settled with its result and the reply the model got; a rerun reuses settled replies.
+    db.execute("ALTER TABLE tool_calls ADD COLUMN idempotency_key TEXT")
+    db.execute("ALTER TABLE tool_calls ADD COLUMN reply TEXT")
+    # Runs in the last hour and spend in the last day bound the agent ([agent] max_runs_per_hour, ...).
+    db.execute("CREATE INDEX runs_started ON runs (started_at)")
+    # Why the running service's agent waits (a cost or rate limit), for `status`; NULL when it does not.
+    db.execute("ALTER TABLE service ADD COLUMN paused TEXT")

@@ -19,6 +19,7 @@ _COLUMNS: Final = (
     "heartbeat_at",
     "heartbeat_s",
     "stopped_at",
+    "paused",
 )
 
 
@@ -48,8 +49,16 @@ class ServiceLog(SqliteBase):
         now = now_iso()
         with self.transaction():
             self.conn.execute(
-                "UPDATE service SET heartbeat_at = ?, stopped_at = ? WHERE id = ? AND stopped_at IS NULL",
+                "UPDATE service SET heartbeat_at = ?, stopped_at = ?, paused = NULL WHERE id = ? AND stopped_at IS NULL",
                 [now, now, service_id],
+            )
+
+    def service_paused(self, reason: str | None) -> None:
+        """Why the running service's agent waits (a cost or run limit), or None when it no longer does."""
+        with self.transaction():
+            self.conn.execute(
+                "UPDATE service SET paused = ? WHERE id = (SELECT max(id) FROM service) AND stopped_at IS NULL",
+                [reason],
             )
 
     def services(self, limit: int = 5) -> list[dict[str, Any]]:

@@ -22,4 +22,5 @@ MIGRATION_NAMES: Final = (
     "0009_fair_claims",
     "0010_recent_errors",
     "0011_service",
+    "0012_work_queue",
 )

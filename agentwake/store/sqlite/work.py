@@ -38,12 +38,14 @@ def _score(record: dict[str, Any]) -> float | None:
 
 
 class WorkQueue(SqliteBase):
-    def requeue_interrupted(self) -> int:
+    def requeue_interrupted(self, max_attempts: int | None = None) -> int:
         """Events left 'processing' by a crash go back to 'pending'; their unfinished runs are marked.
 
         A run only completes in the same transaction that marks its event done, so
         an event found here never had a completed run, and running it again is the
-        one retry the crash costs.
+        one retry the crash costs. An event that has already had ``max_attempts``
+        claims is dead instead: an event that kills the service each time it runs
+        must not kill it forever.
         """
         now = now_iso()
         with self.transaction():
@@ -52,31 +54,54 @@ class WorkQueue(SqliteBase):
                 " finished_at = ? WHERE status = 'running'",
                 [now],
             )
+            if max_attempts is not None:
+                self.conn.execute(
+                    "UPDATE events SET state = 'dead', lease_until = NULL, state_changed_at = ?,"
+                    " last_error = 'the service stopped during each of its ' || attempts || ' attempt(s)'"
+                    " WHERE state = 'processing' AND attempts >= ?",
+                    [now, max_attempts],
+                )
             cur = self.conn.execute(
-                "UPDATE events SET state = 'pending', state_changed_at = ? WHERE state = 'processing'",
+                "UPDATE events SET state = 'pending', lease_until = NULL, state_changed_at = ?"
+                " WHERE state = 'processing'",
                 [now],
             )
             return cur.rowcount
 
-    def claim(self, limit: int, now: str | None = None) -> list[InboxEvent]:
+    def claim(
+        self,
+        limit: int,
+        now: str | None = None,
+        *,
+        lease_until: str | None = None,
+        exclude_servers: Sequence[str] = (),
+    ) -> list[InboxEvent]:
         """Move up to ``limit`` due pending events to 'processing' and return them, oldest first.
 
         Subscriptions take turns: each one's next due event (by priority, then age) before any
         one's second, the subscription served longest ago first; so a server that floods its
         subscription cannot starve the others, even when one event is claimed at a time.
+
+        A claim is a lease until ``lease_until`` (renewed while the event is handled): an event
+        still 'processing' after its lease lapsed was abandoned and is claimed again, with its
+        attempts counted. Events of ``exclude_servers`` (at their run limit) are left alone.
         """
         now = now or now_iso()
+        excluded = encode_json(list(exclude_servers))
         with self.transaction():
             rows = self.conn.execute(
                 "WITH due AS (SELECT e.id, e.priority, s.claimed_seq, row_number() OVER"
                 " (PARTITION BY e.subscription ORDER BY e.priority DESC, e.id) AS turn"
                 " FROM subscriptions s JOIN events e ON e.id IN (SELECT id FROM events"
-                " WHERE subscription = s.name AND state = 'pending' AND (available_at IS NULL OR available_at <= ?)"
+                " WHERE subscription = s.name AND ((state = 'pending' AND (available_at IS NULL OR available_at <= ?))"
+                " OR (state = 'processing' AND lease_until IS NOT NULL AND lease_until < ?))"
+                " AND server NOT IN (SELECT value FROM json_each(?))"
                 " ORDER BY priority DESC, id LIMIT ?))"
-                " UPDATE events SET state = 'processing', attempts = attempts + 1, state_changed_at = ?"
+                " UPDATE events SET state = 'processing', attempts = attempts + 1, state_changed_at = ?,"
+                " lease_until = ?"
                 " WHERE id IN (SELECT id FROM due ORDER BY turn, claimed_seq, priority DESC, id LIMIT ?)"
                 f" RETURNING {_CLAIMED_COLUMNS}",
-                [now, limit, now, limit],
+                [now, now, excluded, limit, now, lease_until, limit],
             ).fetchall()
             if rows:
                 # Served now: these subscriptions go after the others at the next claim.
@@ -88,12 +113,28 @@ class WorkQueue(SqliteBase):
         rows.sort(key=lambda row: row[0])
         return [_inbox_event(row) for row in rows]
 
+    def renew_leases(self, leases: Sequence[tuple[int, int]], until: str) -> list[int]:
+        """Extend the leases of events still held, given as (event row, attempts at the claim).
+
+        Returns the rows whose lease was lost (the event was claimed again or moved on meanwhile).
+        """
+        lost: list[int] = []
+        with self.transaction():
+            for event_row, attempts in leases:
+                cur = self.conn.execute(
+                    "UPDATE events SET lease_until = ? WHERE id = ? AND state = 'processing' AND attempts = ?",
+                    [until, event_row, attempts],
+                )
+                if cur.rowcount == 0:
+                    lost.append(event_row)
+        return lost
+
     def release(self, event_row: int, retry_at: str) -> None:
         """Give a claimed event back untouched (not an attempt): pending again, not before ``retry_at``."""
         with self.transaction():
             self.conn.execute(
                 "UPDATE events SET state = 'pending', attempts = max(0, attempts - 1), available_at = ?,"
-                " state_changed_at = ? WHERE id = ? AND state = 'processing'",
+                " lease_until = NULL, state_changed_at = ? WHERE id = ? AND state = 'processing'",
                 [retry_at, now_iso(), event_row],
             )
 
@@ -215,3 +256,41 @@ class WorkQueue(SqliteBase):
                 "UPDATE events SET state = ?, approved_at = ?, approval_note = ?, state_changed_at = ? WHERE id = ?",
                 ["pending" if approve else "denied", now if approve else None, note, now, event_row],
             )
+
+    def retry(self, event_row: int, *, resend_unknown: bool = False) -> int:
+        """A person requeues a failed or dead event: pending again, with a fresh count of attempts.
+
+        The rerun goes on from the last run's transcript. A tool call that run sent without a
+        recorded outcome is not sent again unless ``resend_unknown`` (then with the same
+        idempotency key); without it the retry is refused, naming the calls. Returns how many
+        calls are to be resent.
+        """
+        now = now_iso()
+        with self.transaction():
+            row = self.conn.execute("SELECT state FROM events WHERE id = ?", [event_row]).fetchone()
+            if row is None:
+                raise StoreError(f"no stored event with row id {event_row}")
+            if row[0] not in ("failed", "dead"):
+                raise StoreError(f"the event is {row[0]!r}; only failed or dead events are retried")
+            unknown = self.conn.execute(
+                "SELECT t.id, t.tool, t.idempotency_key FROM tool_calls t WHERE t.status = 'sent' AND t.run_id ="
+                " (SELECT max(id) FROM runs WHERE event_row = ? AND kind = 'agent')",
+                [event_row],
+            ).fetchall()
+            if unknown and not resend_unknown:
+                calls = ", ".join(f"{tool} (idempotency key {key})" for _, tool, key in unknown)
+                raise StoreError(
+                    f"the last run sent {len(unknown)} tool call(s) whose outcome is unknown: {calls}; check on"
+                    " the server whether they happened, then retry with --resend-unknown to send them again"
+                    " with the same idempotency key"
+                )
+            self.conn.executemany(
+                "UPDATE tool_calls SET status = 'resend' WHERE id = ?",
+                [(call_id,) for call_id, _, _ in unknown],
+            )
+            self.conn.execute(
+                "UPDATE events SET state = 'pending', attempts = 0, available_at = NULL, lease_until = NULL,"
+                " last_error = NULL, state_changed_at = ? WHERE id = ?",
+                [now, event_row],
+            )
+            return len(unknown)

@@ -1,0 +1,254 @@
+"""Prometheus metrics: counters the delivery loops, the receiver and the agent runner bump as things
+happen, and gauges read from the store when someone scrapes.
+
+Everything lives on this module's own ``REGISTRY`` (not prometheus_client's global one), so an
+embedding program or a test that imports agentwake twice over never collides with it.
+``exposition(store)`` is the whole text a ``/metrics`` endpoint answers, ``CONTENT_TYPE`` its type.
+
+The metrics (labels stay bounded: subscriptions and servers come from the config, tools from the
+configured servers, never an event id):
+
+- ``agentwake_events_received_total{subscription,mode}``: new events stored (mode poll|push|webhook)
+- ``agentwake_events_duplicate_total{subscription,mode}``: deliveries dropped as already stored
+- ``agentwake_gaps_total{subscription}``: gaps recorded (a truncated batch, an expired cursor)
+- ``agentwake_stream_errors_total{subscription}``: errors a push stream reported or broke on
+- ``agentwake_reconnects_total{server}``: reconnects to a server (each retry after a connection
+  failed, or ended, or could not be opened)
+- ``agentwake_webhook_deliveries_total{status}``: webhook requests, by the HTTP status answered
+- ``agentwake_agent_runs_total{outcome}``: agent runs ended, by their status (completed, failed, ...)
+- ``agentwake_agent_run_duration_seconds``: histogram of how long agent runs took
+- ``agentwake_llm_tokens_total{kind}``: LLM tokens used by runs (kind prompt|completion)
+- ``agentwake_llm_cost_usd_total``: what the runs' LLM calls cost, as litellm priced them
+- ``agentwake_tool_calls_total{tool,outcome}``: MCP tool calls the agent made, by outcome
+- ``agentwake_inbox_events{state}``: stored events in each state, read at scrape
+- ``agentwake_oldest_pending_age_seconds``: age of the oldest pending event (0 if none), read at scrape
+- ``agentwake_build_info{version}``: always 1
+- ``process_*``, ``python_info``, ``python_gc_*``: prometheus_client's process and runtime collectors
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+
+from agentwake.clock import parse_iso, utc_now
+
+if TYPE_CHECKING:
+    from agentwake.config import AgentwakeConfig
+
+CONTENT_TYPE: Final[str] = CONTENT_TYPE_LATEST
+REGISTRY: Final = CollectorRegistry()
+
+ProcessCollector(registry=REGISTRY)
+PlatformCollector(registry=REGISTRY)
+GCCollector(registry=REGISTRY)
+
+EVENTS_RECEIVED: Final = Counter(
+    "agentwake_events_received",
+    "New events stored, by subscription and delivery mode",
+    ["subscription", "mode"],
+    registry=REGISTRY,
+)
+EVENTS_DUPLICATE: Final = Counter(
+    "agentwake_events_duplicate",
+    "Deliveries dropped as already stored, by subscription and delivery mode",
+    ["subscription", "mode"],
+    registry=REGISTRY,
+)
+GAPS: Final = Counter(
+    "agentwake_gaps", "Gaps recorded (truncated batch, expired cursor)", ["subscription"], registry=REGISTRY
+)
+STREAM_ERRORS: Final = Counter(
+    "agentwake_stream_errors", "Errors of push streams", ["subscription"], registry=REGISTRY
+)
+RECONNECTS: Final = Counter(
+    "agentwake_reconnects",
+    "Reconnects to a server after a failed or ended connection",
+    ["server"],
+    registry=REGISTRY,
+)
+WEBHOOK_DELIVERIES: Final = Counter(
+    "agentwake_webhook_deliveries",
+    "Webhook requests received, by the HTTP status answered",
+    ["status"],
+    registry=REGISTRY,
+)
+AGENT_RUNS: Final = Counter(
+    "agentwake_agent_runs", "Agent runs ended, by status", ["outcome"], registry=REGISTRY
+)
+AGENT_RUN_DURATION: Final = Histogram(
+    "agentwake_agent_run_duration_seconds",
+    "How long agent runs took",
+    buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800),
+    registry=REGISTRY,
+)
+LLM_TOKENS: Final = Counter("agentwake_llm_tokens", "LLM tokens used by runs", ["kind"], registry=REGISTRY)
+LLM_COST: Final = Counter("agentwake_llm_cost_usd", "Cost of the runs' LLM calls in USD", registry=REGISTRY)
+TOOL_CALLS: Final = Counter(
+    "agentwake_tool_calls", "MCP tool calls made by the agent", ["tool", "outcome"], registry=REGISTRY
+)
+INBOX_EVENTS: Final = Gauge(
+    "agentwake_inbox_events", "Stored events in each state (read at scrape)", ["state"], registry=REGISTRY
+)
+OLDEST_PENDING_AGE: Final = Gauge(
+    "agentwake_oldest_pending_age_seconds",
+    "Age of the oldest pending event, 0 if none (read at scrape)",
+    registry=REGISTRY,
+)
+BUILD_INFO: Final = Gauge(
+    "agentwake_build_info", "agentwake's version; always 1", ["version"], registry=REGISTRY
+)
+
+# A model can ask for a tool no server offers; past this many names the rest share one label.
+MAX_TOOL_LABELS: Final = 500
+OTHER_TOOL: Final = "_other"
+_tool_labels: set[str] = set()
+_webhook_children: dict[int, Any] = {}
+_build_info_set = False
+
+
+class InboxView(Protocol):
+    """What ``exposition`` reads from the store (agentwake.store.Store has it)."""
+
+    async def state_counts(self) -> dict[str, int]: ...
+
+
+# ---- hooks: one call where the thing happens -------------------------------------------------
+
+
+def observe_ingest(
+    subscription: str, mode: str, inserted: int, duplicates: int, *, gap: bool = False
+) -> None:
+    """An ingest's result: ``inserted`` new events stored, ``duplicates`` dropped, whether it made a gap."""
+    if inserted:
+        EVENTS_RECEIVED.labels(subscription, mode).inc(inserted)
+    if duplicates:
+        EVENTS_DUPLICATE.labels(subscription, mode).inc(duplicates)
+    if gap:
+        GAPS.labels(subscription).inc()
+
+
+def observe_gap(subscription: str) -> None:
+    GAPS.labels(subscription).inc()
+
+
+def observe_stream_error(subscription: str) -> None:
+    STREAM_ERRORS.labels(subscription).inc()
+
+
+def observe_reconnect(server: str) -> None:
+    RECONNECTS.labels(server).inc()
+
+
+def observe_webhook_delivery(status: int) -> None:
+    """A webhook request answered with ``status``; on the receiver's hot path, so the child is cached."""
+    child = _webhook_children.get(status)
+    if child is None:
+        child = _webhook_children[status] = WEBHOOK_DELIVERIES.labels(str(status))
+    child.inc()
+
+
+def observe_run(
+    status: str, duration_ms: int, prompt_tokens: int, completion_tokens: int, cost_usd: float | None
+) -> None:
+    """An agent run that ended with ``status`` (a RunStatus); a cost of None is one litellm could not price."""
+    AGENT_RUNS.labels(status).inc()
+    AGENT_RUN_DURATION.observe(max(duration_ms, 0) / 1000)
+    if prompt_tokens > 0:
+        LLM_TOKENS.labels("prompt").inc(prompt_tokens)
+    if completion_tokens > 0:
+        LLM_TOKENS.labels("completion").inc(completion_tokens)
+    if cost_usd is not None and cost_usd > 0:
+        LLM_COST.inc(cost_usd)
+
+
+def observe_tool_call(tool: str, outcome: str) -> None:
+    """A tool call the agent made; ``outcome`` is its ToolCallStatus (ok, error, refused, planned)."""
+    if tool not in _tool_labels:
+        if len(_tool_labels) >= MAX_TOOL_LABELS:
+            tool = OTHER_TOOL
+        else:
+            _tool_labels.add(tool)
+    TOOL_CALLS.labels(tool, outcome).inc()
+
+
+# ---- the scrape ------------------------------------------------------------------------------
+
+
+async def exposition(store: InboxView, config: AgentwakeConfig | None = None) -> bytes:
+    """The text exposition of every metric, with the store's gauges read now.
+
+    ``config`` locates the store file when ``store`` does not say (its ``path``). A StoreError
+    from reading the counts propagates: the caller answers the scrape with an error.
+    """
+    counts = await store.state_counts()
+    oldest = await oldest_pending_received_at(_store_path(store, config))
+    # No await from here on: concurrent scrapes each publish a consistent set.
+    for state, count in counts.items():
+        INBOX_EVENTS.labels(state).set(count)
+    age = 0.0
+    if oldest is not None and (received := parse_iso(oldest)) is not None:
+        age = max((utc_now() - received).total_seconds(), 0.0)
+    OLDEST_PENDING_AGE.set(age)
+    _set_build_info()
+    return generate_latest(REGISTRY)
+
+
+async def oldest_pending_received_at(path: Path | None) -> str | None:
+    """When the oldest pending event was stored (ISO), or None: read-only SQL, in a thread.
+
+    A stopgap until the Store protocol offers this view; None when there is no store file to read.
+    """
+    if path is None:
+        return None
+    import anyio
+
+    return await anyio.to_thread.run_sync(_oldest_pending_received_at_sql, path)
+
+
+def _oldest_pending_received_at_sql(path: Path) -> str | None:
+    try:
+        connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
+    except sqlite3.Error:
+        return None
+    try:
+        row = connection.execute("SELECT min(received_at) FROM events WHERE state = 'pending'").fetchone()
+    except sqlite3.Error:
+        return None  # a store not yet migrated, or locked past the timeout: the gauge reads 0
+    finally:
+        connection.close()
+    return row[0] if row and isinstance(row[0], str) else None
+
+
+def _store_path(store: object, config: AgentwakeConfig | None) -> Path | None:
+    path = getattr(store, "path", None)
+    if isinstance(path, Path):
+        return path
+    return config.store.path if config is not None else None
+
+
+def _set_build_info() -> None:
+    global _build_info_set
+    if _build_info_set:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        current = version("agentwake")
+    except PackageNotFoundError:
+        current = "unknown"
+    BUILD_INFO.labels(current).set(1)
+    _build_info_set = True
