@@ -110,3 +110,54 @@ async def test_a_changed_config_file_starts_and_stops_subscriptions_and_a_bad_ed
         await service.wait_for("subscription tickets: removed", after=at)
         assert await service.stop(signal.SIGTERM) == 0, service.log()
     assert "Traceback" not in service.log(10_000)
+
+
+async def test_a_webhook_subscription_removed_by_a_reload_is_unsubscribed_on_the_open_connection(
+    tmp_path: Path,
+) -> None:
+    """The minimal server (tests/minimal_server.py) grants a webhook and logs each request; a reload
+    without the subscription retires it and sends events/unsubscribe, the other subscription goes on."""
+    from test_protocol_peers import (
+        EVENT,
+        free_port,
+        raw_config,
+        requests,
+        row,
+        server_entry,
+        until,
+        webhook_section,
+    )
+
+    from agentwake.config import parse_config
+    from agentwake.store.sqlite import SqliteStore
+    from agentwake.supervisor import Supervisor
+
+    port = free_port()
+    server = server_entry(tmp_path, MINIMAL_DELIVERY="webhook")
+    hook = {"name": "hook", "server": "m", "event": EVENT, "delivery": "webhook"}
+    ticks = {"name": "ticks", "server": "m", "event": EVENT, "delivery": "webhook"}
+    webhook = webhook_section(port)
+    before = parse_config(raw_config(tmp_path, [hook, ticks], server=server, webhook=webhook), env={})
+    after = parse_config(raw_config(tmp_path, [ticks], server=server, webhook=webhook), env={})
+    store = await SqliteStore.open(before.store.path)
+    try:
+        supervisor = Supervisor(before, store)
+        async with anyio.create_task_group() as tg:
+            await tg.start(supervisor.run)
+            await until(
+                lambda: (row(store, "hook")["webhook"] or {}).get("id") is not None, "the webhook subscribed"
+            )
+            url = row(store, "hook")["webhook"]["url"]
+            assert requests(tmp_path, "events/unsubscribe") == []
+            changes = await supervisor.reload(after)
+            assert changes == ["subscription hook: removed"]
+            await until(lambda: bool(requests(tmp_path, "events/unsubscribe")), "events/unsubscribe sent")
+            await until(lambda: not store.core.to_unsubscribe(), "the unsubscribe recorded")
+            [unsubscribe] = requests(tmp_path, "events/unsubscribe")
+            assert unsubscribe["params"]["delivery"] == {"mode": "webhook", "url": url}
+            assert unsubscribe["error"] is None
+            assert row(store, "ticks")["status"] == "active" and row(store, "ticks")["webhook"]["id"]
+            assert [r["params"]["delivery"]["url"] for r in requests(tmp_path, "events/unsubscribe")] == [url]
+            tg.cancel_scope.cancel()
+    finally:
+        await store.close()
