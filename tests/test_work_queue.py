@@ -283,3 +283,31 @@ def test_status_says_why_the_agent_waits() -> None:
         "; the agent waits: max_runs_per_hour=1 reached (1 runs in the last hour) (events stay pending)"
     )
     assert "waits" not in describe_service({**running, "paused": None})
+
+
+def test_actions_show_each_runs_tokens_and_cost(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    cfg = config(tmp_path)
+    core = SqliteCore.open(cfg.store.path)
+    add_events(core, cfg, "a", 2)
+    for event, cost in zip(core.claim(2), (0.25, None), strict=True):
+        run = core.start_run(
+            event.id, kind="agent", attempt=1, model="m", decision={}, system_prompt=None, user_prompt=None
+        )
+        progress = RunProgress([], 1, 100, 20, cost)
+        core.finish_run(run, status="completed", reason=None, progress=progress, duration_ms=1, verdict=None)
+    core.close()
+    (tmp_path / "agentwake.toml").write_text(f'[store]\npath = "{cfg.store.path}"\n')
+    shown = subprocess.run(
+        [sys.executable, "-m", "agentwake.cli", "actions", "-c", str(tmp_path / "agentwake.toml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "250"},
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "cost" in shown.stdout and "$0.2500" in shown.stdout
+    assert shown.stdout.count(" 120 ") == 2  # tokens: prompt and completion together

@@ -306,6 +306,7 @@ ACTIONS_COLUMNS = (
     "status",
     "tools",
     "tokens",
+    "cost",
     "ms",
 )
 
@@ -340,6 +341,7 @@ def actions(
             r["status"],
             tools,
             str(r["prompt_tokens"] + r["completion_tokens"]),
+            "-" if r["cost_usd"] is None else f"${r['cost_usd']:.4f}",
             str(r["duration_ms"] if r["duration_ms"] is not None else "-"),
             r["reason"] or "",
             r.get("summary") or "",
