@@ -341,3 +341,34 @@ def test_an_unknown_event_is_a_subscription_finding(tmp_path: Path) -> None:
     [finding] = findings(report, "subscription")
     assert finding["what"] == "tickets" and "ticket.exploded" in finding["message"]
     assert report["subscriptions"][0]["status"] == "invalid"
+
+
+# ---- [service] ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("service", "what", "says"),
+    [
+        ('listen = "0.0.0.0:9464"', "listen", "reachable beyond this machine"),
+        (
+            'listen = "127.0.0.1:9464"\ntoken_env = "AGENTWAKE_TEST_UNSET_TOKEN"',
+            "AGENTWAKE_TEST_UNSET_TOKEN",
+            "not set",
+        ),
+    ],
+)
+def test_an_endpoint_run_would_refuse_is_a_service_finding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, service: str, what: str, says: str
+) -> None:
+    monkeypatch.delenv("AGENTWAKE_TEST_UNSET_TOKEN", raising=False)
+    config = write_config(tmp_path, TICKETS + f"\n[service]\n{service}\n")
+    code, report = check_json(config)
+    assert code == 1 and report["ok"] is False
+    [finding] = findings(report, "service")
+    assert finding["what"] == what and says in finding["message"]
+
+
+def test_a_loopback_endpoint_passes(tmp_path: Path) -> None:
+    code, report = check_json(write_config(tmp_path, TICKETS + '\n[service]\nlisten = "127.0.0.1:9464"\n'))
+    assert code == 0, report
+    assert findings(report, "service") == []

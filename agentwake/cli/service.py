@@ -67,7 +67,7 @@ Severity = Literal["error", "warning"]
 @dataclass(frozen=True, slots=True)
 class Finding:
     """One thing ``check`` found: ``kind`` (config, store, api_key, prompt, policy, server,
-    subscription, tool), ``what`` (the file, variable, server, subscription or rule) and why."""
+    subscription, tool, service), ``what`` (the file, variable, server, subscription or rule) and why."""
 
     kind: str
     what: str
@@ -177,6 +177,7 @@ async def _check(cfg: AgentwakeConfig) -> CheckReport:
 
     report = CheckReport()
     _check_not_empty(cfg, report)
+    _check_service(cfg, report)
     await anyio.to_thread.run_sync(_check_store, cfg, report)
     rules = _check_prompts_and_policy(cfg, report)
     if cfg.agent is not None:
@@ -186,6 +187,18 @@ async def _check(cfg: AgentwakeConfig) -> CheckReport:
     if cfg.agent is not None:
         _check_tools(cfg, rules, catalogs, report)
     return report
+
+
+def _check_service(cfg: AgentwakeConfig, report: CheckReport) -> None:
+    """[service]: what ``run`` refuses (an endpoint reachable without a token, an unset token_env)."""
+    if cfg.service.listen is None:
+        return
+    from agentwake.web.access import endpoint_settings
+
+    try:
+        endpoint_settings(cfg.service)
+    except ConfigError as exc:
+        report.add("service", cfg.service.token_env or "listen", str(exc))
 
 
 def _check_not_empty(cfg: AgentwakeConfig, report: CheckReport) -> None:
