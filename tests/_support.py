@@ -57,6 +57,25 @@ async def set_cursor(store: Store, key: SubscriptionKey, cursor: str) -> None:
     await store.ingest(key, [], cursor)
 
 
+def start_from_cursor(config: Path, cursor: str = "0") -> Path:
+    """Persist ``cursor`` for the config's first subscription, as an earlier run would have left it
+    (with "0" the demo's backlog is delivered on start: a null cursor bootstraps at the head and
+    replays nothing). Returns the store's path."""
+    from agentwake.config import load_config
+    from agentwake.delivery.common import subscription_key
+    from agentwake.store.sqlite import SqliteCore
+
+    loaded = load_config(config)
+    core = SqliteCore.open(loaded.store.path)
+    try:
+        key = subscription_key(loaded.subscriptions[0])
+        core.register(key)
+        core.ingest(key, [], cursor)
+    finally:
+        core.close()
+    return loaded.store.path
+
+
 def demo_server_toml(db: Path, name: str = "demo", **env: str) -> str:
     """The TOML of a ``[servers.<name>]`` table that spawns the quiet demo server over stdio, as
     ``demo_stdio`` configures it: run from the repo, its tickets file at ``db`` (under the test's

@@ -15,12 +15,10 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-from _support import RunningService, agentwake_run, demo_server_toml
+from _support import RunningService, agentwake_run, demo_server_toml, start_from_cursor
 from conftest import REPO
 from fake_llm import FakeLLM, hold, text, tool_calls
 
-from agentwake.config import load_config
-from agentwake.delivery.common import subscription_key
 from agentwake.store.sqlite import SqliteCore
 from examples.demo_server import TicketStore, random_ticket
 
@@ -77,15 +75,7 @@ poll_floor_ms = 100
 tools = ["demo__add_comment"]
 """
     )
-    config = load_config(path)
-    # Persist cursor "0" as an earlier run would have: the demo's one ticket is delivered on start
-    # (a null cursor bootstraps at the head and replays nothing).
-    store = SqliteCore.open(config.store.path)
-    key = subscription_key(config.subscriptions[0])
-    store.register(key)
-    store.ingest(key, [], "0")
-    store.close()
-    return Paths(path, config.store.path, demo_db)
+    return Paths(path, start_from_cursor(path), demo_db)
 
 
 def service(paths: Paths) -> AbstractAsyncContextManager[RunningService]:

@@ -19,13 +19,10 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from _support import agentwake_run, demo_server_toml
+from _support import agentwake_run, demo_server_toml, start_from_cursor
 from conftest import REPO
 
-from agentwake.config import load_config
-from agentwake.delivery.common import subscription_key
 from agentwake.demo.store import TicketStore
-from agentwake.store.sqlite import SqliteCore
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -83,12 +80,7 @@ delivery = "poll"
 poll_floor_ms = 100
 """
     )
-    loaded = load_config(config)
-    core = SqliteCore.open(loaded.store.path)
-    key = subscription_key(loaded.subscriptions[0])
-    core.register(key)
-    core.ingest(key, [], "0")
-    core.close()
+    start_from_cursor(config)
     return config
 
 

@@ -12,12 +12,10 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-from _support import agentwake_run, demo_server_toml
+from _support import agentwake_run, demo_server_toml, start_from_cursor
 from conftest import REPO
 from fake_llm import FakeLLM, hold, text
 
-from agentwake.config import load_config
-from agentwake.delivery.common import subscription_key
 from agentwake.store.sqlite import SqliteCore
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -52,12 +50,7 @@ event = "ticket.created"
 poll_floor_ms = 100
 """
     )
-    config = load_config(path)
-    store = SqliteCore.open(config.store.path)
-    key = subscription_key(config.subscriptions[0])
-    store.register(key)
-    store.ingest(key, [], "0")  # the demo's one ticket is delivered on start
-    store.close()
+    start_from_cursor(path)
     return path
 
 

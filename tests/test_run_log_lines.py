@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from _rig import Rig
-from _support import agentwake_run, demo_server_toml
+from _support import agentwake_run, demo_server_toml, start_from_cursor
 from conftest import REPO
 from fake_llm import FakeLLM, error, text, tool_calls
 from rich.console import Console
@@ -173,17 +173,7 @@ poll_floor_ms = 100
 tools = ["demo__get_ticket"]
 """
         )
-        # Cursor "0", as an earlier run would have left it: the demo's one ticket comes on start.
-        from agentwake.config import load_config
-        from agentwake.delivery.common import subscription_key
-        from agentwake.store.sqlite import SqliteCore
-
-        loaded = load_config(config)
-        core = SqliteCore.open(loaded.store.path)
-        key = subscription_key(loaded.subscriptions[0])
-        core.register(key)
-        core.ingest(key, [], "0")
-        core.close()
+        start_from_cursor(config)
 
         fake.script(
             tool_calls(("demo__close_ticket", {"ticket_id": "T-000001"})),

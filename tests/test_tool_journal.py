@@ -22,12 +22,10 @@ from typing import Any, Final
 
 import anyio
 import pytest
-from _support import agentwake_run, demo_server_toml
+from _support import agentwake_run, demo_server_toml, start_from_cursor
 from conftest import REPO
 from fake_llm import FakeLLM, hold, text, tool_calls
 
-from agentwake.config import load_config
-from agentwake.delivery.common import subscription_key
 from agentwake.store.sqlite import SqliteCore
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -98,13 +96,7 @@ poll_floor_ms = 100
 tools = ["notes__post_note"]
 """
     )
-    config = load_config(path)
-    store = SqliteCore.open(config.store.path)
-    key = subscription_key(config.subscriptions[0])
-    store.register(key)
-    store.ingest(key, [], "0")  # the demo's one ticket is delivered on start
-    store.close()
-    return Scenario(path, config.store.path, calls, block)
+    return Scenario(path, start_from_cursor(path), calls, block)
 
 
 async def wait_for_calls(scenario: Scenario, count: int, timeout: float = 20) -> None:  # noqa: ASYNC109
