@@ -168,7 +168,8 @@ def test_the_wheel_installed_elsewhere_inits_checks_and_runs_a_project(
     service = subprocess.Popen(
         [str(agentwake), "run"],
         cwd=project,
-        env=clean_env(DEMO_RATE="5"),
+        # Any free port for the endpoint: 9464 may be taken on this machine.
+        env=clean_env(DEMO_RATE="5", AGENTWAKE_LISTEN="127.0.0.1:0"),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -69,6 +69,8 @@ ENV = {
     and key not in {"VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "CONDA_PREFIX"}
 }
 ENV["PATH"] = "/usr/bin:/bin"
+# The init template's endpoint on any free port: 9464 may be taken on this machine.
+ENV["AGENTWAKE_LISTEN"] = "127.0.0.1:0"
 
 COMMAND_TIMEOUT_S = 30  # each command takes under 10 s here; this only bounds a hung one
 SERVICE_WAIT_S = 45  # the bundled demo sends a ticket every 2 s; the README's ids come in seconds
