@@ -28,8 +28,6 @@ configured servers, never an event id):
 
 from __future__ import annotations
 
-import sqlite3
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from prometheus_client import (
@@ -47,7 +45,7 @@ from prometheus_client.process_collector import ProcessCollector
 from agentwake.clock import parse_iso, utc_now
 
 if TYPE_CHECKING:
-    from agentwake.config import AgentwakeConfig
+    pass
 
 CONTENT_TYPE: Final[str] = CONTENT_TYPE_LATEST
 REGISTRY: Final = CollectorRegistry()
@@ -125,6 +123,8 @@ class InboxView(Protocol):
 
     async def state_counts(self) -> dict[str, int]: ...
 
+    async def oldest_pending_at(self) -> str | None: ...
+
 
 # ---- hooks: one call where the thing happens -------------------------------------------------
 
@@ -188,14 +188,13 @@ def observe_tool_call(tool: str, outcome: str) -> None:
 # ---- the scrape ------------------------------------------------------------------------------
 
 
-async def exposition(store: InboxView, config: AgentwakeConfig | None = None) -> bytes:
+async def exposition(store: InboxView) -> bytes:
     """The text exposition of every metric, with the store's gauges read now.
 
-    ``config`` locates the store file when ``store`` does not say (its ``path``). A StoreError
-    from reading the counts propagates: the caller answers the scrape with an error.
+    A StoreError from reading the store propagates: the caller answers the scrape with an error.
     """
     counts = await store.state_counts()
-    oldest = await oldest_pending_received_at(_store_path(store, config))
+    oldest = await store.oldest_pending_at()
     # No await from here on: concurrent scrapes each publish a consistent set.
     for state, count in counts.items():
         INBOX_EVENTS.labels(state).set(count)
@@ -205,39 +204,6 @@ async def exposition(store: InboxView, config: AgentwakeConfig | None = None) ->
     OLDEST_PENDING_AGE.set(age)
     _set_build_info()
     return generate_latest(REGISTRY)
-
-
-async def oldest_pending_received_at(path: Path | None) -> str | None:
-    """When the oldest pending event was stored (ISO), or None: read-only SQL, in a thread.
-
-    A stopgap until the Store protocol offers this view; None when there is no store file to read.
-    """
-    if path is None:
-        return None
-    import anyio
-
-    return await anyio.to_thread.run_sync(_oldest_pending_received_at_sql, path)
-
-
-def _oldest_pending_received_at_sql(path: Path) -> str | None:
-    try:
-        connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
-    except sqlite3.Error:
-        return None
-    try:
-        row = connection.execute("SELECT min(received_at) FROM events WHERE state = 'pending'").fetchone()
-    except sqlite3.Error:
-        return None  # a store not yet migrated, or locked past the timeout: the gauge reads 0
-    finally:
-        connection.close()
-    return row[0] if row and isinstance(row[0], str) else None
-
-
-def _store_path(store: object, config: AgentwakeConfig | None) -> Path | None:
-    path = getattr(store, "path", None)
-    if isinstance(path, Path):
-        return path
-    return config.store.path if config is not None else None
 
 
 def _set_build_info() -> None:

@@ -46,14 +46,17 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 
 
 class NoInbox:
-    """A store view with an empty inbox and no file: for scrapes that test only the counters."""
+    """A store view with an empty inbox: for scrapes that test only the counters."""
 
     async def state_counts(self) -> dict[str, int]:
         return dict.fromkeys(EVENT_STATES, 0)
 
+    async def oldest_pending_at(self) -> str | None:
+        return None
 
-async def scrape(store: Any = None, config: AgentwakeConfig | None = None) -> Samples:
-    return parse(await metrics.exposition(store or NoInbox(), config))
+
+async def scrape(store: Any = None) -> Samples:
+    return parse(await metrics.exposition(store or NoInbox()))
 
 
 # ---- the hooks, at unit level --------------------------------------------------------------
@@ -190,16 +193,6 @@ async def test_inbox_gauges_and_the_oldest_pending_age_are_read_from_the_store(s
     assert value(samples, "agentwake_oldest_pending_age_seconds") == 0
 
 
-async def test_a_store_without_a_path_is_found_through_the_config(store: SqliteStore) -> None:
-    await store.register(KEY)
-    await store.ingest(KEY, [incoming("e1")], "c1")
-    store.core.conn.execute("UPDATE events SET received_at = '2000-01-01T00:00:00.000Z'")
-    store.core.conn.commit()
-    config = AgentwakeConfig.model_validate({"store": {"path": str(store.path)}})
-    assert value(await scrape(NoInbox()), "agentwake_oldest_pending_age_seconds") == 0
-    assert value(await scrape(NoInbox(), config), "agentwake_oldest_pending_age_seconds") > 86_400 * 365
-
-
 # ---- webhook: the real receiver over TLS on loopback ----------------------------------------
 
 
@@ -295,7 +288,7 @@ async def test_the_running_service_counts_events_by_subscription_and_mode(
         with anyio.fail_after(30):
             while sum((await running.state_counts()).values()) < 2 * BACKLOG:  # noqa: ASYNC110
                 await anyio.sleep(0.02)
-        samples = parse(await metrics.exposition(running, config))
+        samples = parse(await metrics.exposition(running))
         counts = await running.state_counts()
         tg.cancel_scope.cancel()
 

@@ -287,7 +287,7 @@ class Endpoint:
     async def metrics(self, request: web.Request, caller: Caller | None) -> web.Response:
         from agentwake.metrics import CONTENT_TYPE, exposition
 
-        body = await exposition(self.store, self.supervisor.config)
+        body = await exposition(self.store)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     # ---- the page --------------------------------------------------------------------------------

@@ -128,6 +128,7 @@ class SqliteStore(ThreadedStore[SqliteCore]):
     gaps = in_store_thread(SqliteCore.gaps)
     event_ids = in_store_thread(SqliteCore.event_ids)
     state_counts = in_store_thread(SqliteCore.state_counts)
+    oldest_pending_at = in_store_thread(SqliteCore.oldest_pending_at)
 
 
 __all__ = ["BUSY_TIMEOUT_MS", "SqliteCore", "SqliteStore"]

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from agentwake.clock import now_iso
+from agentwake.faults import crash_point
 from agentwake.jsontext import encode_json
 from agentwake.store.records import (
     DUPLICATE,
@@ -97,7 +98,9 @@ class Inbox(SqliteBase):
         """
         now = now_iso()
         with self.transaction():
-            return self._ingest(key, events, cursor, truncated, cursor_before, now, rejected)
+            result = self._ingest(key, events, cursor, truncated, cursor_before, now, rejected)
+        crash_point("after_inbox_commit", result.inserted)
+        return result
 
     def _ingest(
         self,
@@ -118,6 +121,7 @@ class Inbox(SqliteBase):
             conn.execute(insert_events_sql(len(chunk)), [value for row in chunk for value in row])
         inserted = conn.total_changes - before
         duplicates = len(rows) - inserted
+        crash_point("mid_cursor_write", inserted)
         refused = self._insert_rejected(key, rejected, now)
         gap = truncated or refused > 0
         conn.execute(
@@ -216,6 +220,7 @@ class Inbox(SqliteBase):
                 # which keeps the receiver's event loop from waiting on this thread.
                 chunk = rows[start : start + ROWS_PER_INSERT]
                 conn.execute(insert_events_sql(len(chunk)), [value for row in chunk for value in row])
+            crash_point("mid_cursor_write", rows)
             for tally in tallies.values():
                 key = tally.key
                 conn.execute(
@@ -243,6 +248,7 @@ class Inbox(SqliteBase):
                             for before, after, delivery_id in tally.gaps
                         ],
                     )
+        crash_point("after_inbox_commit", rows)
         return results
 
     def _gap_recorded(self, tally: _Tally, delivery_id: str) -> bool:

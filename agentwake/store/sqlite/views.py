@@ -294,6 +294,11 @@ class Views(SqliteBase):
             for r in self.conn.execute(f"SELECT event_id FROM events {where} ORDER BY id", args).fetchall()
         ]
 
+    def oldest_pending_at(self) -> str | None:
+        """When the oldest event still pending was stored (ISO), or None when none is."""
+        row = self.conn.execute("SELECT min(received_at) FROM events WHERE state = 'pending'").fetchone()
+        return str(row[0]) if row and row[0] is not None else None
+
     def state_counts(self) -> dict[str, int]:
         counts: dict[str, int] = dict.fromkeys(EVENT_STATES, 0)
         for state, count in self.conn.execute("SELECT state, count(*) FROM events GROUP BY state").fetchall():
