@@ -370,6 +370,13 @@ class Worker:
         if settled:
             await self.store.settle(settled)
 
+    def _servers_needed(self, outcome: Outcome) -> list[str]:
+        """The event's server and the servers its run's tool globs can name, in config order."""
+        from agentwake.agent.tools import servers_of
+
+        wanted = {outcome.event.server} | servers_of(outcome.run.tools, self.config.servers)
+        return [name for name in self.config.servers if name in wanted]
+
     async def _run(self, outcome: Outcome) -> None:
         """Run the agent on an event decided "run"; give its rule's slot back after."""
         from agentwake.agent.runner import retry_at
@@ -379,20 +386,28 @@ class Worker:
         try:
             if agent is None:  # decide never says "run" without an agent; this guards the invariant
                 raise AgentwakeError("no agent to run")
-            server = self.config.servers.get(event.server)
-            # Its tools come with its connection; without them the run could not act as allowed.
-            if (
-                self.pool is not None
-                and server is not None
-                and not await self.pool.wait_for(event.server, server.connect_timeout_s)
-            ):
-                logger.warning(
-                    "event %s waits: server %s is not connected, so its tools are not available",
+            # Tools come with their server's connection; without them the run could not act as
+            # allowed: the event's server and every server its allowed tools are on must be there.
+            for name in self._servers_needed(outcome):
+                server = self.config.servers[name]
+                if self.pool is None or self.pool.attached(name):
+                    continue
+                logger.info(
+                    "event %s: waiting up to %gs for server %s to connect (its tools are allowed)",
                     event.event_id,
-                    event.server,
+                    server.connect_timeout_s,
+                    name,
+                    extra=_fields(event),
                 )
-                await self.store.release(event.id, retry_at(1, SERVER_WAIT_S))
-                return
+                if not await self.pool.wait_for(name, server.connect_timeout_s):
+                    logger.warning(
+                        "event %s waits: server %s is not connected, so its tools are not available",
+                        event.event_id,
+                        name,
+                        extra=_fields(event),
+                    )
+                    await self.store.release(event.id, retry_at(1, SERVER_WAIT_S))
+                    return
             leads = bool((event.decision or {}).get("batch_leader"))
             batch = await self.store.batch_members(event.id) if leads else []
             await agent.run(outcome, batch=batch)

@@ -37,6 +37,7 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
             "agentwake.config",
             "agentwake.configfile",
             "agentwake.errors",
+            "agentwake.faults",
             "agentwake.jsontext",
             "agentwake.logs",
             "agentwake.metrics",

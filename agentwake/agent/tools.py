@@ -124,6 +124,20 @@ class Allowlist:
         return [spec for spec in catalog if self.allows(spec.exposed)]
 
 
+def servers_of(globs: Iterable[str], servers: Iterable[str]) -> set[str]:
+    """The servers whose tools the globs over ``<server>__<tool>`` names can match.
+
+    The part before the first ``__`` is matched against each server's name; a glob without
+    ``__`` (say ``*``) could match any server's tools, so it names them all.
+    """
+    servers = list(servers)
+    named: set[str] = set()
+    for glob in globs:
+        server_glob = glob.split(SEPARATOR, 1)[0] if SEPARATOR in glob else None
+        named.update(s for s in servers if server_glob is None or fnmatch.fnmatchcase(s, server_glob))
+    return named
+
+
 @dataclass(frozen=True, slots=True)
 class ToolOutcome:
     is_error: bool

@@ -67,6 +67,7 @@ from agentwake.delivery.connections import (
 )
 from agentwake.delivery.routes import Route, WebhookRoutes
 from agentwake.errors import ConfigError, StoreError
+from agentwake.faults import crash_point
 from agentwake.store import IncomingEvent, IngestResult, Store, WebhookDelivery
 
 logger = logging.getLogger(__name__)
@@ -580,6 +581,7 @@ class Receiver:
         else:
             self.counts["rejected_events"] += 1
             delivery = WebhookDelivery(route.key, None, cursor, rejected=admitted)
+        crash_point("webhook_accept")
         if self._commit.backlog >= MAX_PENDING_COMMITS:
             return self._reject(503, "too many deliveries waiting to be stored")
         if await self._commit.submit(delivery) is None:
