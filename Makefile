@@ -55,6 +55,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/pipeline_overhead.py
 	$(BIN)/python bench/webhook_ingest.py
 	$(BIN)/python bench/cli_startup.py
+	$(BIN)/python bench/soak.py --seconds 30
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -93,6 +93,11 @@ class StreamRoutes:
     def __init__(self, on_list_changed: Callable[[], None] | None = None) -> None:
         self.routes: dict[Any, StreamRoute] = {}
         self.on_list_changed = on_list_changed
+        # What pace() looks at: routes offered something since it last looked, and those it found
+        # behind then. A queue only grows by offers, so no other route can be behind: each read
+        # costs O(routes that got something), not O(open streams) (a thousand idle ones).
+        self._offered: dict[str, StreamRoute] = {}
+        self._lagging: dict[str, StreamRoute] = {}
 
     def intercept(self, method: str, params: Mapping[str, Any] | None) -> bool:
         if method == protocol.NOTIFICATION_LIST_CHANGED:
@@ -117,6 +122,7 @@ class StreamRoutes:
         if route is not None:
             # A plain dict is the parsed message's own, consumed here: no copy needed.
             route.offer(method, params if type(params) is dict else dict(params))
+            self._offered[route.request_id] = route
         else:
             logger.debug("%s for no open stream (%r): dropped", method, request_id)
         return True
@@ -128,9 +134,12 @@ class StreamRoutes:
         instead of parsing far ahead (which only fills memory, takes the GIL from the store's
         thread, and ends in an overflow). Past PACE_WAIT_S it reads on: overflow then bounds it.
         """
-        behind = [r for r in self.routes.values() if self._behind(r)]
-        if not behind:
+        candidates = self._offered | self._lagging
+        self._offered = {}
+        self._lagging = {rid: r for rid, r in candidates.items() if self._behind(r)}
+        if not self._lagging:
             return
+        behind = list(self._lagging.values())
         with anyio.move_on_after(PACE_WAIT_S):
             # Polled: a receive sets off nothing, and the point is an idle loop (the store's thread runs).
             while any(self._behind(r) for r in behind):  # noqa: ASYNC110
@@ -146,6 +155,7 @@ class StreamRoutes:
         """A message the transport could not parse may have been any stream's: every one records a gap."""
         for route in list(self.routes.values()):
             route.offer(LOST_NOTIFICATION, params)
+            self._offered[route.request_id] = route
 
 
 __all__ = [

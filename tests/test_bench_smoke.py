@@ -52,6 +52,11 @@ pytestmark = pytest.mark.slow
                 "rows",
             },
         ),
+        (
+            "bench/soak.py",
+            ["--subscriptions", "20", "--seconds", "2", "--rate", "0", "--no-agent"],
+            {"soak", "baseline", "rss_ratio", "pass_rss", "pass_cpu"},
+        ),
     ],
 )
 def test_the_benchmark_runs_and_prints_its_figures(script: str, args: list[str], keys: set[str]) -> None:

@@ -160,3 +160,29 @@ def test_the_quick_readers_need_neither_pydantic_nor_sqlite_utils_nor_an_event_l
     """They find the store without validating the whole config, and read it synchronously."""
     modules = set(run_cli(config, [command, "-c", CONFIG_ARG])["modules"])
     assert not {"pydantic", "agentwake.config", "sqlite_utils", "asyncio"} & modules
+
+
+OFFLINE_RUN = """
+import asyncio, json, sys
+from agentwake.agent.llm import LLMSettings, complete
+
+settings = LLMSettings(model="agentwake/offline", api_base=None, api_key=None, max_tokens=100,
+    temperature=None, request_timeout_s=5, retries=0, retry_initial_s=0.1, retry_max_s=0.1, api_key_env=None)
+messages = [{"role": "user", "content": '<event-data boundary="ab12">\\n{"ticketId": "T-1"}\\n</event-data boundary="ab12">'}]
+tools = [{"type": "function", "function": {"name": "demo__get_ticket", "parameters": {"type": "object",
+    "properties": {"ticket_id": {"type": "string"}}, "required": ["ticket_id"]}}}]
+done = asyncio.run(complete(settings, messages, tools))
+print(json.dumps({"message": done.message, "cost": done.cost_usd, "litellm": "litellm" in sys.modules}))
+"""
+
+
+def test_the_offline_model_answers_without_loading_litellm() -> None:
+    """agentwake/offline is no LLM: a config that uses only it never pays litellm's import (~190 MB)."""
+    shown = subprocess.run([sys.executable, "-c", OFFLINE_RUN], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    said = json.loads(shown.stdout)
+    assert said["litellm"] is False
+    [call] = said["message"]["tool_calls"]
+    assert call["function"]["name"] == "demo__get_ticket"
+    assert json.loads(call["function"]["arguments"]) == {"ticket_id": "T-1"}
+    assert said["cost"] == 0.0

@@ -1,13 +1,11 @@
 """The tool-call journal across kill -9: a call already made is never made again.
 
 A real `agentwake run` (demo server for the events, tests/journal_tools_server.py for a tool
-whose calls it writes down, litellm against the in-test fake LLM) is killed at two points:
-
-- after a tool call's result was recorded, while the next LLM call waits: the rerun goes on
-  from the stored transcript, and the tool server sees the call once;
-- between a call's send and its answer: the rerun does not send it again; the event is dead
-  with the reason, `agentwake retry` refuses it, and `retry --resend-unknown` sends it once
-  more with the same idempotency key.
+whose calls it writes down, litellm against the in-test fake LLM) is killed between a call's
+send and its answer: the rerun does not send it again; the event is dead with the reason,
+`agentwake retry` refuses it, and `retry --resend-unknown` sends it once more with the same
+idempotency key. (A kill after a call's result was recorded, in every delivery mode, is in
+tests/test_fault_suite.py.)
 """
 
 from __future__ import annotations
@@ -107,36 +105,6 @@ async def wait_for_calls(scenario: Scenario, count: int, timeout: float = 20) ->
 
 def replies_in(request: dict[str, Any]) -> list[str]:
     return [str(m.get("content")) for m in request["messages"] if m.get("role") == "tool"]
-
-
-async def test_a_call_whose_result_was_recorded_is_not_made_again_after_kill_9(tmp_path: Path) -> None:
-    async with FakeLLM() as fake:
-        s = scenario(tmp_path, fake.url)
-        # Held until the tools server is up; then the tool call; then the next LLM call never answers.
-        fake.script(hold(), tool_calls(("notes__post_note", NOTE)), hold())
-        async with agentwake_run(s.config, FAKE_LLM_KEY="sk-test") as first:
-            await first.wait_for(TOOLS_READY)
-            await fake.wait_for_requests(1)
-            fake.release()
-            await fake.wait_for_requests(2)  # the call went out and its answer came back
-            assert await first.stop(signal.SIGKILL) == -signal.SIGKILL
-        assert s.calls_made() == [{**NOTE, "key": s.calls_made()[0]["key"]}]
-        assert s.event()["state"] == "processing"
-
-        fake.script(text("done: noted"))
-        async with agentwake_run(s.config, FAKE_LLM_KEY="sk-test") as second:
-            await second.wait_for(f"agent: event {TICKET} (tickets) run", "completed")
-            assert any("goes on from run 1 after 1 step(s)" in line for line in second.lines), second.log()
-            assert await second.stop(signal.SIGTERM) == 0, second.log()
-
-    assert len(s.calls_made()) == 1  # made once, by the first run
-    resumed = fake.requests[2]
-    assert any("note posted: triaged T-000001" in reply for reply in replies_in(resumed))
-    event = s.event()
-    assert event["state"] == "done"
-    assert [(r["status"], r["attempt"]) for r in event["runs"]] == [("interrupted", 1), ("completed", 2)]
-    assert [c["status"] for c in event["runs"][0]["tool_calls"]] == ["ok"]
-    assert event["runs"][1]["tool_calls"] == []
 
 
 async def test_a_call_sent_without_an_answer_is_not_resent_until_a_person_says_so(tmp_path: Path) -> None:

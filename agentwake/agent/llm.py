@@ -179,7 +179,15 @@ def _cost(litellm: ModuleType, response: Any) -> float | None:
 async def complete(
     settings: LLMSettings, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
 ) -> Completion:
-    """One chat completion. Transient failures are retried with backoff; the last one raises LLMError."""
+    """One chat completion. Transient failures are retried with backoff; the last one raises LLMError.
+
+    ``agentwake/offline`` is answered here, by the stand-in, without loading litellm: it is no LLM.
+    """
+    if settings.model == OFFLINE_MODEL:
+        from agentwake.agent.standin import answer
+
+        said = answer(messages, tools)
+        return Completion(said.message, said.prompt_tokens, said.completion_tokens, cost_usd=0.0, attempts=1)
     litellm = await load_litellm_async()
     kwargs: dict[str, Any] = {
         "model": settings.model,

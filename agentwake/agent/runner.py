@@ -8,6 +8,7 @@ An event marked done is never run again by the service.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -28,7 +29,7 @@ from agentwake.agent.prompts import PromptError, PromptRenderer, RenderedPrompt
 from agentwake.agent.tools import Allowlist, ToolHost, ToolSpec, elapsed_ms
 from agentwake.backoff import backoff_s
 from agentwake.clock import iso, utc_now
-from agentwake.config import AgentConfig, AgentwakeConfig, SubscriptionConfig
+from agentwake.config import OFFLINE_MODEL, AgentConfig, AgentwakeConfig, SubscriptionConfig
 from agentwake.decide import Outcome
 from agentwake.logs import event_fields
 from agentwake.sanitize import Sanitized
@@ -138,10 +139,20 @@ class AgentRunner:
         return cls(config, config.agent, store, tools, PromptRenderer(config.agent, config.sanitize))
 
     async def warm_up(self) -> None:
-        """litellm takes seconds to import: import it in a worker thread now, not on the first event."""
-        from agentwake.agent.llm import load_litellm_async
+        """litellm takes seconds to import: import it in a worker thread now, not on the first event.
 
+        Not at all when every configured model is ``agentwake/offline`` (a rule's model loads it on
+        first use). Its hundreds of thousands of long-lived objects are then frozen, so the garbage
+        collector does not scan them again and again.
+        """
+        from agentwake.agent.llm import litellm_loaded, load_litellm_async
+
+        models = {self.agent.model, *(s.model for s in self.config.subscriptions if s.model)}
+        if models <= {OFFLINE_MODEL} or litellm_loaded():
+            return
         await load_litellm_async()
+        gc.collect()
+        gc.freeze()
 
     def _subscription(self, name: str) -> SubscriptionConfig | None:
         return next((s for s in self.config.subscriptions if s.name == name), None)

@@ -20,6 +20,8 @@ CURSOR_SHOWN: Final = 120
 MAX_CURSOR_CHARS: Final = 4096
 # A long backlog is reported every this many events.
 PROGRESS_EVERY: Final = 10_000
+# A quiet subscription (no events, the cursor unchanged) writes its "still active" at most this often.
+QUIET_WRITE_S: Final = 120.0
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -52,3 +54,29 @@ class Summary:
             self._last, self._since = now, 0
         else:
             self._since += 1
+
+
+@dataclass
+class QuietWrites:
+    """When a batch with nothing new (no event, the same cursor) is worth a store write.
+
+    Such a write only says "still active" (status, last activity); on a thousand quiet
+    subscriptions it was most of the idle cost. It is written at most every ``every_s``, and
+    always the first time after a start or an error, so an error shown in ``status`` clears
+    as soon as delivery works again. A batch with events, a gap or a new cursor always goes.
+    """
+
+    every_s: float = QUIET_WRITE_S
+    clock: Callable[[], float] = time.monotonic
+    _written_at: float | None = None
+
+    def skip(self) -> bool:
+        """True: a quiet batch need not be written now."""
+        return self._written_at is not None and self.clock() - self._written_at < self.every_s
+
+    def wrote(self) -> None:
+        self._written_at = self.clock()
+
+    def failed(self) -> None:
+        """An error was recorded: the next batch is written, whatever it holds."""
+        self._written_at = None

@@ -32,6 +32,7 @@ from agentwake.delivery.common import (
     RETRY_INITIAL_S,
     RETRY_MAX_S,
     STALLED_AFTER_FAILURES,
+    QuietWrites,
     Sleep,
     Summary,
     subscription_key,
@@ -89,6 +90,7 @@ class PollLoop:
     polls: int = field(default=0, init=False)
     _drained: int = field(default=0, init=False)
     _gaps: Summary = field(default_factory=Summary, init=False)
+    _quiet: QuietWrites = field(default_factory=QuietWrites, init=False)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Poll until cancelled. SubscriptionEnded and ConnectionLost propagate to the caller."""
@@ -111,18 +113,12 @@ class PollLoop:
             # With hasMore the next poll goes out now, so the server reads the next
             # batch while this one commits. Batches are still stored strictly in order,
             # and the next result (or its error) is only taken after this commit.
-            prefetch = _Prefetch() if result.goes_on else None
-            failure: Exception | None = None
-            async with anyio.create_task_group() as tg:
-                if prefetch is not None:
-                    tg.start_soon(self._prefetch, self._params(result.page.cursor, resuming=False), prefetch)
-                try:
-                    await self._store_batch(key, result, cursor)
-                except Exception as exc:  # re-raised outside the task group, unwrapped
-                    failure = exc
-                    tg.cancel_scope.cancel()
-            if failure is not None:
-                raise failure
+            prefetch: _Prefetch | None = None
+            if result.goes_on:
+                prefetch = await self._store_while_prefetching(key, result, cursor)
+            else:
+                # Nothing to overlap with the commit, so no task group: the quiet poll, every poll interval.
+                await self._store_batch(key, result, cursor)
             # Absent or null means no replay position: poll with null next time, persist nothing.
             cursor = result.page.cursor
             if prefetch is not None:
@@ -136,6 +132,23 @@ class PollLoop:
             if delay_ms:
                 await self.sleep(delay_ms / 1000)
             result = await self._poll_with_retry(self._params(cursor, resuming=False))
+
+    async def _store_while_prefetching(
+        self, key: SubscriptionKey, result: _Polled, cursor: str | None
+    ) -> _Prefetch:
+        """Store ``result`` while the poll after it is on its way; its outcome is in the slot returned."""
+        prefetch = _Prefetch()
+        failure: Exception | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._prefetch, self._params(result.page.cursor, resuming=False), prefetch)
+            try:
+                await self._store_batch(key, result, cursor)
+            except Exception as exc:  # re-raised outside the task group, unwrapped
+                failure = exc
+                tg.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
+        return prefetch
 
     def _params(self, cursor: str | None, *, resuming: bool) -> protocol.PollParams:
         sub = self.subscription
@@ -156,6 +169,9 @@ class PollLoop:
     async def _store_batch(self, key: SubscriptionKey, result: _Polled, cursor: str | None) -> None:
         sub = self.subscription
         page, admitted = result.page, result.admitted
+        quiet = not (admitted.events or admitted.rejected or page.truncated) and page.cursor in (None, cursor)
+        if quiet and self._quiet.skip():
+            return
         ingest = await self.store.ingest(
             key,
             admitted.events,
@@ -164,6 +180,7 @@ class PollLoop:
             cursor_before=cursor,
             rejected=admitted.rejected,
         )
+        self._quiet.wrote()
         gap = page.truncated or bool(admitted.rejected)
         metrics.observe_ingest(sub.name, "poll", ingest.inserted, ingest.duplicates, gap=gap)
         if page.truncated:
@@ -222,6 +239,11 @@ class PollLoop:
         return _Polled(page, admit_all(page.events, sub.event, self.limits))
 
     async def _poll_with_retry(self, params: protocol.PollParams) -> _Polled:
+        try:
+            # Most polls succeed: tenacity's set-up (some 60 calls, 5% of a quiet poll) only after a failure.
+            return await self._poll(params)
+        except TransientEventsError as exc:
+            first_failure: TransientEventsError | None = exc
         sub = self.subscription
         failures = 0
 
@@ -231,6 +253,7 @@ class PollLoop:
             exc = state.outcome.exception() if state.outcome else None
             delay = state.next_action.sleep if state.next_action else 0.0
             logger.warning("subscription %s: %s; retrying in %.1fs", sub.name, exc, delay)
+            self._quiet.failed()
             if failures >= STALLED_AFTER_FAILURES:
                 await self.store.set_state(sub.name, status="stalled", error=str(exc))
             else:
@@ -246,5 +269,8 @@ class PollLoop:
         )
         async for attempt in retrying:
             with attempt:
+                if first_failure is not None:  # the failure above, as tenacity's first attempt
+                    failed, first_failure = first_failure, None
+                    raise failed
                 return await self._poll(params)
         raise AssertionError("unreachable: tenacity either returns or raises")

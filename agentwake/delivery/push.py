@@ -33,6 +33,7 @@ from agentwake.delivery.common import (
     RETRY_INITIAL_S,
     RETRY_MAX_S,
     STALLED_AFTER_FAILURES,
+    QuietWrites,
     Sleep,
     Summary,
     subscription_key,
@@ -155,6 +156,7 @@ class PushLoop:
     connection: ServerConnection
     store: Store
     on_new_events: Callable[[int], None] = lambda count: None
+    # After each batch, with the subscription's stored cursor (just written, or already there).
     on_stored: Callable[[str | None], None] = lambda cursor: None
     sleep: Sleep = anyio.sleep
     retry_initial_s: float = RETRY_INITIAL_S
@@ -167,6 +169,7 @@ class PushLoop:
     _since_quiet: int = field(default=0, init=False)
     _lost: Summary = field(default_factory=Summary, init=False)
     _errors: Summary = field(default_factory=Summary, init=False)
+    _quiet: QuietWrites = field(default_factory=QuietWrites, init=False)
 
     @property
     def dead_after_s(self) -> float:
@@ -202,6 +205,7 @@ class PushLoop:
                 failures = 1 if progressed else failures + 1
                 # An overrun that stored its prefix is our lag, not the server failing: no wait.
                 at_once = progressed and isinstance(exc, StreamOverrun)
+                self._quiet.failed()
                 if failures >= STALLED_AFTER_FAILURES:
                     await self.store.set_state(sub.name, status="stalled", error=str(exc))
                 else:
@@ -350,6 +354,7 @@ class PushLoop:
                     text = f"server reported an error on the stream: {peer(message)} ({code})"
                     self._errors.note(logger, f"subscription {sub.name}: {text}")
                     await self.store.count_stream_error(sub.name, text)
+                    self._quiet.failed()
                     metrics.observe_stream_error(sub.name)
                 elif method == protocol.NOTIFICATION_TERMINATED:
                     await self._store(key, pending, stored)
@@ -366,6 +371,10 @@ class PushLoop:
 
     async def _store(self, key: SubscriptionKey, pending: _Pending, stored: str | None) -> str | None:
         if not pending:
+            return stored
+        quiet = not (pending.events or pending.rejected or pending.truncated) and pending.cursor == stored
+        if quiet and self._quiet.skip():
+            self.on_stored(stored)  # nothing to write: the stored cursor already is this one
             return stored
         result = await self.store.ingest(
             key,
@@ -386,6 +395,7 @@ class PushLoop:
         before, self.received = self.received, self.received + len(pending.events)
         if self.received // PROGRESS_EVERY > before // PROGRESS_EVERY:
             logger.info("subscription %s: streamed %d events so far", self.subscription.name, self.received)
+        self._quiet.wrote()
         stored = pending.cursor if pending.cursor is not None else stored
         self.on_stored(stored)
         return stored
