@@ -311,3 +311,35 @@ def test_actions_show_each_runs_tokens_and_cost(tmp_path: Path) -> None:
     assert shown.returncode == 0, shown.stderr
     assert "cost" in shown.stdout and "$0.2500" in shown.stdout
     assert shown.stdout.count(" 120 ") == 2  # tokens: prompt and completion together
+
+
+def test_status_counts_dead_events_and_shows_why(tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    cfg = config(tmp_path)
+    core = SqliteCore.open(cfg.store.path)
+    add_events(core, cfg, "a", 2)
+    [first, _] = core.claim(2)
+    core.finish([first.id], "dead", "gave up after 3 attempt(s): LLM call failed")
+    core.close()
+    (tmp_path / "agentwake.toml").write_text(f'[store]\npath = "{cfg.store.path}"\n')
+
+    def status(*args: str) -> str:
+        shown = subprocess.run(
+            [sys.executable, "-m", "agentwake.cli", "status", *args, "-c", str(tmp_path / "agentwake.toml")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "COLUMNS": "250"},
+        )
+        assert shown.returncode == 0, shown.stderr
+        return shown.stdout
+
+    [row] = json.loads(status("--json"))
+    assert (row["events_dead"], row["events_failed"]) == (1, 0)
+    assert row["last_failure"] == "gave up after 3 attempt(s): LLM call failed"
+    text = status()
+    assert "0 (1 dead)" in text and "gave up after 3 attempt(s)" in text

@@ -127,7 +127,7 @@ def _status_table(rows: list[dict[str, Any]]) -> Table:
             str(r["duplicates"]),
             str(r["gaps"]) + (f" ({r['rejected']} rejected)" if r.get("rejected") else ""),
             str(r["events_done"]),
-            str(r["events_failed"]),
+            str(r["events_failed"]) + (f" ({r['events_dead']} dead)" if r.get("events_dead") else ""),
             str(r.get("events_ignored", 0)),
             _describe_webhook(r["webhook"]),
             _last_error(r),
@@ -160,6 +160,7 @@ def _status_block(r: dict[str, Any]) -> Table:
         "  events",
         f"{r['events_received']} received, {r['duplicates']} duplicates, {r['gaps']} gaps;"
         f" {r['events_done']} done, {r['events_failed']} failed"
+        + (f", {r['events_dead']} dead (agentwake retry ID)" if r.get("events_dead") else "")
         + (f", {r['events_ignored']} ignored" if r.get("events_ignored") else "")
         + (f"; {r['rejected']} rejected" if r.get("rejected") else ""),
     )

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from agentwake.configfile import StoreLocation
     from agentwake.store import StoreReader
 
-EVENT_STATES_SHOWN = ("pending", "processing", "done", "failed", "ignored")
+EVENT_STATES_SHOWN = ("pending", "processing", "done", "failed", "dead", "ignored")
 RUN_STATUSES_SHOWN = ("completed", "failed", "interrupted", "running")
 RESULT_CHARS = 200
 # `status --watch`: seconds between two refreshes, unless --interval says otherwise.

@@ -57,7 +57,7 @@ class Views(SqliteBase):
         ]
 
     def run_counts(self) -> dict[str, dict[str, Any]]:
-        """Per subscription: agent runs by status, failed events and the last failure."""
+        """Per subscription: agent runs by status, events by state and the last failure (failed or dead)."""
         counts: dict[str, dict[str, Any]] = {}
         for sub, status, count in self.conn.execute(
             "SELECT e.subscription, r.status, count(*) FROM runs r JOIN events e ON e.id = r.event_row"
@@ -70,7 +70,7 @@ class Views(SqliteBase):
             counts.setdefault(sub, {})[f"events_{state}"] = count
         for sub, error in self.conn.execute(
             "SELECT subscription, last_error FROM events WHERE id IN"
-            " (SELECT max(id) FROM events WHERE state = 'failed' GROUP BY subscription)"
+            " (SELECT max(id) FROM events WHERE state IN ('failed', 'dead') GROUP BY subscription)"
         ).fetchall():
             counts.setdefault(sub, {})["last_failure"] = error
         return counts
