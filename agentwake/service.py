@@ -55,6 +55,8 @@ POLICY_POLL_S: Final = 2.0
 # After a stop signal, how long the delivery loops get to end cleanly (push streams cancelled on
 # their servers, connections closed) before everything is cancelled.
 STOP_GRACE_S: Final = 2.0
+# After this long the subscriptions are up and their objects are frozen for the garbage collector.
+SETTLE_S: Final = 20.0
 # How often the running service writes its heartbeat into the store; `status` counts a service
 # whose last heartbeat is older than three of these as not running.
 HEARTBEAT_S: Final = 5.0
@@ -159,6 +161,7 @@ async def run_service(
                 policy.who_decides_the_rest(),
             )
             await tg.start(supervisor.run)
+            tg.start_soon(_freeze_when_settled, name="gc-freeze")
             if endpoint is not None:  # /healthz, /readyz, /metrics and the approvals page
                 from agentwake.web.app import Endpoint
 
@@ -179,6 +182,14 @@ async def run_service(
                     logger.warning("could not record the stop in the store: %s", exc)
             await store.close()
         logger.info("agentwake stopped; cursors are saved in %s", config.store.path)
+
+
+async def _freeze_when_settled(after_s: float = SETTLE_S) -> None:
+    """Once the subscriptions are up, their long-lived objects (loops, streams, scopes: some
+    20 KB each) are frozen, so that the collector's full passes stop scanning them."""
+    await anyio.sleep(after_s)
+    gc.collect()
+    gc.freeze()
 
 
 async def _heartbeat(store: Store, service_id: int, interval_s: float, health: Health | None = None) -> None:
