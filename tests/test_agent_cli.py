@@ -522,6 +522,7 @@ def test_status_json_counts_events_and_runs(shared_run: AgentRun) -> None:
         "events_processing": 0,
         "events_done": 1,
         "events_failed": 0,
+        "events_dead": 0,
         "events_ignored": 0,
         "runs_completed": 1,
         "runs_failed": 0,
