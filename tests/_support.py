@@ -57,6 +57,20 @@ async def set_cursor(store: Store, key: SubscriptionKey, cursor: str) -> None:
     await store.ingest(key, [], cursor)
 
 
+def fake_agent_toml(llm_url: str, **settings: object) -> str:
+    """The ``[agent]`` table of a model served by tests/fake_llm.py at ``llm_url`` (key in FAKE_LLM_KEY),
+    with the repository's prompts and ``settings`` on top."""
+    lines = [
+        "[agent]",
+        'model = "openai/fake"',
+        f"api_base = {json.dumps(llm_url)}",
+        'api_key_env = "FAKE_LLM_KEY"',
+        f"prompts = {json.dumps(str(REPO / 'prompts'))}",
+        *(f"{key} = {json.dumps(value)}" for key, value in settings.items()),
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def start_from_cursor(config: Path, cursor: str = "0") -> Path:
     """Persist ``cursor`` for the config's first subscription, as an earlier run would have left it
     (with "0" the demo's backlog is delivered on start: a null cursor bootstraps at the head and

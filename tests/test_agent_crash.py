@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-from _support import RunningService, agentwake_run, demo_server_toml, start_from_cursor
-from conftest import REPO
+from _support import RunningService, agentwake_run, demo_server_toml, fake_agent_toml, start_from_cursor
 from fake_llm import FakeLLM, hold, text, tool_calls
 
 from agentwake.store.sqlite import SqliteCore
@@ -56,16 +55,7 @@ path = "aw.db"
 [log]
 level = "INFO"
 
-[agent]
-model = "openai/fake"
-api_base = "{llm_url}"
-api_key_env = "FAKE_LLM_KEY"
-attempt_backoff_s = 0
-llm_retries = 0
-concurrency = 1
-timeout_s = 30
-prompts = "{REPO / "prompts"}"
-
+{fake_agent_toml(llm_url, attempt_backoff_s=0, llm_retries=0, concurrency=1, timeout_s=30)}
 {demo_server_toml(demo_db, DEMO_BACKLOG="1")}
 [[subscriptions]]
 name = "tickets"

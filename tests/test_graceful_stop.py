@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-from _support import agentwake_run, demo_server_toml, start_from_cursor
-from conftest import REPO
+from _support import agentwake_run, demo_server_toml, fake_agent_toml, start_from_cursor
 from fake_llm import FakeLLM, hold, text
 
 from agentwake.store.sqlite import SqliteCore
@@ -33,15 +32,7 @@ path = "aw.db"
 [service]
 stop_timeout_s = {stop_timeout_s}
 
-[agent]
-model = "openai/fake"
-api_base = "{llm_url}"
-api_key_env = "FAKE_LLM_KEY"
-llm_retries = 0
-concurrency = 1
-timeout_s = 60
-prompts = "{REPO / "prompts"}"
-
+{fake_agent_toml(llm_url, llm_retries=0, concurrency=1, timeout_s=60)}
 {demo_server_toml(tmp_path / "demo.db", DEMO_BACKLOG="1")}
 [[subscriptions]]
 name = "tickets"

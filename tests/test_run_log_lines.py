@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 from _rig import Rig
-from _support import agentwake_run, demo_server_toml, start_from_cursor
-from conftest import REPO
+from _support import agentwake_run, demo_server_toml, fake_agent_toml, start_from_cursor
 from fake_llm import FakeLLM, error, text, tool_calls
 from rich.console import Console
 from typer.testing import CliRunner
@@ -154,15 +153,7 @@ async def test_the_service_logs_each_run_on_its_stderr(tmp_path: Path) -> None:
 [store]
 path = "aw.db"
 
-[agent]
-model = "openai/fake"
-api_base = "{fake.url}"
-api_key_env = "FAKE_LLM_KEY"
-llm_retries = 2
-retry_initial_s = 0.01
-retry_max_s = 0.05
-prompts = "{REPO / "prompts"}"
-
+{fake_agent_toml(fake.url, llm_retries=2, retry_initial_s=0.01, retry_max_s=0.05)}
 {demo_server_toml(tmp_path / "demo.db", DEMO_BACKLOG="1")}
 [[subscriptions]]
 name = "tickets"

@@ -20,7 +20,7 @@ from typing import Any, Final
 
 import anyio
 import pytest
-from _support import agentwake_run, demo_server_toml, start_from_cursor
+from _support import agentwake_run, demo_server_toml, fake_agent_toml, start_from_cursor
 from conftest import REPO
 from fake_llm import FakeLLM, hold, text, tool_calls
 
@@ -70,16 +70,7 @@ def scenario(tmp_path: Path, llm_url: str) -> Scenario:
 [store]
 path = "aw.db"
 
-[agent]
-model = "openai/fake"
-api_base = "{llm_url}"
-api_key_env = "FAKE_LLM_KEY"
-attempt_backoff_s = 0
-llm_retries = 0
-concurrency = 1
-timeout_s = 30
-prompts = "{REPO / "prompts"}"
-
+{fake_agent_toml(llm_url, attempt_backoff_s=0, llm_retries=0, concurrency=1, timeout_s=30)}
 {demo_server_toml(tmp_path / "demo.db", DEMO_BACKLOG="1")}
 [servers.notes]
 command = "python"
