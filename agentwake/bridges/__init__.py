@@ -1,0 +1,1 @@
+"""Bridges: MCP Events servers for upstreams that have no MCP events of their own."""
