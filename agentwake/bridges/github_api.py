@@ -1,0 +1,450 @@
+"""The GitHub REST calls the GitHub bridge makes: its tools' writes and its poller's conditional GETs.
+
+A thin ``httpx`` client for the handful of endpoints the bridge relays, not a GitHub SDK:
+every call validates its inputs before anything is sent (a repository is ``owner/name``,
+an issue number a positive int, a label name goes out as one percent-encoded path
+segment), sends GitHub's versioned media type, follows no redirect and retries nothing
+(a tool's write must not happen twice because a response was lost).
+
+Every failure is a ``GitHubError`` naming the method, the path and the upstream's own
+message, bounded; a rate limit is a ``RateLimited`` carrying when to try again; a
+connection that fails is status 0. The token lives in the client's headers only: no
+exception text, repr or log line carries it.
+
+The polling calls are conditional: given the ETag of the last page they send
+``If-None-Match``, and a 304 (which GitHub does not count against the rate limit) comes
+back as a ``Page`` with ``changed=False``.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final, Literal, Self
+from urllib.parse import quote
+
+import httpx
+
+from agentwake.jsontext import encode_json
+from agentwake.text import peer
+
+GITHUB_API: Final = "https://api.github.com"
+API_VERSION: Final = "2022-11-28"
+MEDIA_TYPE: Final = "application/vnd.github+json"
+
+# How much of the upstream's message an error carries.
+MESSAGE_CHARS: Final = 300
+# GitHub's guidance for a secondary rate limit that says nothing about when: wait a minute.
+DEFAULT_RETRY_S: Final = 60.0
+CLOSE_REASONS: Final = frozenset({"completed", "not_planned"})
+MAX_PER_PAGE: Final = 100
+
+# GitHub's rules: an owner is at most 39 characters, a repository name at most 100.
+_OWNER: Final = re.compile(r"[A-Za-z0-9_.-]{1,39}")
+_NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,100}")
+# A token goes into a header as it is: anything else would make the HTTP library quote it in an error.
+_TOKEN: Final = re.compile(r"[\x21-\x7e]+")
+
+Method = Literal["GET", "POST", "PATCH", "DELETE"]
+
+
+class GitHubError(Exception):
+    """A GitHub API call that failed: a non-2xx answer, a body that is not what the endpoint returns,
+    or (status 0) no answer at all."""
+
+    def __init__(self, status: int, method: str, path: str, message: str, *, reason: str = "") -> None:
+        self.status = status
+        self.method = method
+        self.path = path
+        self.message = message
+        outcome = f"{status} {reason}".rstrip() if status else "no response"
+        super().__init__(f"GitHub API: {method} {path}: {outcome}: {message}")
+
+
+class RateLimited(GitHubError):
+    """A 403 or 429 that is GitHub's rate limit (primary or secondary); ``retry_at`` is epoch seconds."""
+
+    def __init__(
+        self, status: int, method: str, path: str, message: str, *, reason: str = "", retry_at: float
+    ) -> None:
+        super().__init__(status, method, path, message, reason=reason)
+        self.retry_at = retry_at
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    """The quota as the last response's ``X-RateLimit-*`` headers told it (None until one did)."""
+
+    limit: int | None = None
+    remaining: int | None = None
+    reset_at: float | None = None
+    resource: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """A conditional GET's outcome: the items, or ``changed=False`` when the upstream answered 304."""
+
+    changed: bool
+    items: list[dict[str, Any]]
+    etag: str | None
+    poll_interval_s: int | None
+
+
+# -- input validation --------------------------------------------------------------------------
+
+
+def repo_path(repo: str) -> str:
+    """``/repos/owner/name`` for ``owner/name``; ValueError for anything else."""
+    if not isinstance(repo, str):
+        raise ValueError("a repository is a string 'owner/name'")
+    parts = repo.split("/")
+    if len(parts) != 2:
+        raise ValueError(f"a repository is 'owner/name', not {peer(repo, 100)!r}")
+    owner, name = parts
+    for part, pattern in ((owner, _OWNER), (name, _NAME)):
+        # "." and ".." would be dot segments: the URL would lose them and reach another path.
+        if not pattern.fullmatch(part) or part in (".", ".."):
+            raise ValueError(
+                f"a repository is 'owner/name' of letters, digits, '-', '_' and '.', not {peer(repo, 100)!r}"
+            )
+    return f"/repos/{owner}/{name}"
+
+
+def _issue_number(number: int) -> int:
+    if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+        raise ValueError(f"an issue or pull request number is a positive integer, not {peer(number, 40)}")
+    return number
+
+
+def _strings(values: Sequence[str], what: str) -> list[str]:
+    # A bare string is a Sequence[str] too: "bug" must not become ["b", "u", "g"].
+    if isinstance(values, str | bytes) or not all(isinstance(v, str) and v for v in values):
+        raise ValueError(f"{what} must be a list of non-empty strings")
+    return list(values)
+
+
+def _per_page(per_page: int) -> int:
+    if isinstance(per_page, bool) or not isinstance(per_page, int) or not 1 <= per_page <= MAX_PER_PAGE:
+        raise ValueError(f"per_page is 1 to {MAX_PER_PAGE}, not {peer(per_page, 40)}")
+    return per_page
+
+
+def path_segment(value: str) -> str:
+    """``value`` as exactly one path segment: every reserved character quoted, dot segments too."""
+    if not value:
+        raise ValueError("a path segment cannot be empty")
+    if value.strip(".") == "":
+        return "%2E" * len(value)
+    return quote(value, safe="")
+
+
+# -- response reading --------------------------------------------------------------------------
+
+
+def _header_int(headers: httpx.Headers, name: str) -> int | None:
+    try:
+        return int(headers[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def read_rate_limit(headers: httpx.Headers, previous: RateLimit) -> RateLimit:
+    """The quota from a response's headers; the previous one when the response has none (a proxy's)."""
+    if not any(name.lower().startswith("x-ratelimit-") for name in headers):
+        return previous
+    reset = _header_int(headers, "X-RateLimit-Reset")
+    return RateLimit(
+        limit=_header_int(headers, "X-RateLimit-Limit"),
+        remaining=_header_int(headers, "X-RateLimit-Remaining"),
+        reset_at=float(reset) if reset is not None else None,
+        resource=headers.get("X-RateLimit-Resource"),
+    )
+
+
+def _retry_after(value: str, now: float) -> float | None:
+    """Retry-After as epoch seconds: delta seconds (what GitHub sends) or an HTTP date."""
+    value = value.strip()
+    if value.isdigit():
+        return now + int(value)
+    try:
+        return email.utils.parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError):
+        return None
+
+
+def _upstream_message(response: httpx.Response) -> str:
+    """GitHub's ``message`` (with its validation ``errors``), else the start of whatever the body was."""
+    try:
+        body = response.json()
+    except ValueError:
+        return peer(response.text, MESSAGE_CHARS) if response.content else ""
+    if not isinstance(body, dict):
+        return peer(encode_json(body), MESSAGE_CHARS)
+    message = body.get("message")
+    text = message if isinstance(message, str) else ""
+    errors = body.get("errors")
+    if errors:
+        text = f"{text} {encode_json(errors)}".strip()
+    return peer(text or encode_json(body), MESSAGE_CHARS)
+
+
+def _rate_limit_retry_at(response: httpx.Response, message: str, now: float) -> float | None:
+    """When to try again if this 403/429 is a rate limit; None if it is a plain refusal."""
+    if response.status_code not in (403, 429):
+        return None
+    retry_after = response.headers.get("Retry-After")
+    if retry_after is not None:
+        retry_at = _retry_after(retry_after, now)
+        return retry_at if retry_at is not None else now + DEFAULT_RETRY_S
+    if response.headers.get("X-RateLimit-Remaining") == "0":
+        reset = _header_int(response.headers, "X-RateLimit-Reset")
+        return float(reset) if reset is not None else now + DEFAULT_RETRY_S
+    # A secondary limit may come with neither header; a 429 is a rate limit by definition.
+    if response.status_code == 429 or "rate limit" in message.lower():
+        return now + DEFAULT_RETRY_S
+    return None
+
+
+def _error(response: httpx.Response, method: str, path: str) -> GitHubError:
+    message = _upstream_message(response)
+    status, reason = response.status_code, response.reason_phrase
+    retry_at = _rate_limit_retry_at(response, message, time.time())
+    if retry_at is not None:
+        return RateLimited(status, method, path, message, reason=reason, retry_at=retry_at)
+    return GitHubError(status, method, path, message, reason=reason)
+
+
+# -- the client --------------------------------------------------------------------------------
+
+
+class GitHubAPI:
+    """GitHub's REST API at ``base_url`` (GitHub Enterprise: ``https://ghe.example/api/v3``)."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str = GITHUB_API,
+        token: str | None = None,
+        timeout_s: float = 30.0,
+        user_agent: str = "agentwake-bridge",
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        # The URL is not quoted back: a mistyped one may hold a credential.
+        try:
+            url = httpx.URL(base_url)
+        except httpx.InvalidURL:
+            url = httpx.URL()
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError("the API base URL must be an http(s) URL with a host")
+        if url.userinfo:
+            raise ValueError("the API base URL must not carry credentials: pass the token as token")
+        if token is not None and not _TOKEN.fullmatch(token):
+            raise ValueError("the GitHub token must be printable ASCII without spaces")
+        headers = {"Accept": MEDIA_TYPE, "X-GitHub-Api-Version": API_VERSION, "User-Agent": user_agent}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        self.base_url = str(url)
+        self.rate_limit = RateLimit()
+        self._token = token
+        self._client = httpx.AsyncClient(
+            base_url=url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s),
+            follow_redirects=False,
+            transport=transport,
+        )
+
+    def __repr__(self) -> str:
+        authenticated = "with a token" if self._token else "without a token"
+        return f"<GitHubAPI {self.base_url} {authenticated}>"
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def viewer(self) -> dict[str, Any]:
+        """The account the token authenticates (GET /user)."""
+        return self._object(await self._call("GET", "/user"), "GET", "/user")
+
+    # -- tools ---------------------------------------------------------------------------------
+
+    async def get_issue(self, repo: str, number: int) -> dict[str, Any]:
+        """An issue (or a pull request, seen as an issue)."""
+        path = f"{repo_path(repo)}/issues/{_issue_number(number)}"
+        return self._object(await self._call("GET", path), "GET", path)
+
+    async def add_labels(self, repo: str, number: int, labels: Sequence[str]) -> list[dict[str, Any]]:
+        """Add labels (GitHub creates the ones the repository lacks); returns the issue's labels now."""
+        path = f"{repo_path(repo)}/issues/{_issue_number(number)}/labels"
+        body = {"labels": _strings(labels, "labels")}
+        return self._objects(await self._call("POST", path, json=body), "POST", path)
+
+    async def remove_label(self, repo: str, number: int, label: str) -> list[dict[str, Any]]:
+        """Remove one label; returns the issue's remaining labels."""
+        if not isinstance(label, str) or not label:
+            raise ValueError("a label is a non-empty string")
+        path = f"{repo_path(repo)}/issues/{_issue_number(number)}/labels/{path_segment(label)}"
+        return self._objects(await self._call("DELETE", path), "DELETE", path)
+
+    async def comment(self, repo: str, number: int, body: str) -> dict[str, Any]:
+        """Comment on an issue or pull request; returns the comment."""
+        if not isinstance(body, str):
+            raise ValueError("a comment body is a string")
+        path = f"{repo_path(repo)}/issues/{_issue_number(number)}/comments"
+        return self._object(await self._call("POST", path, json={"body": body}), "POST", path)
+
+    async def assign(self, repo: str, number: int, assignees: Sequence[str]) -> dict[str, Any]:
+        """Add assignees (GitHub ignores logins that cannot be assigned); returns the issue."""
+        path = f"{repo_path(repo)}/issues/{_issue_number(number)}/assignees"
+        body = {"assignees": _strings(assignees, "assignees")}
+        return self._object(await self._call("POST", path, json=body), "POST", path)
+
+    async def request_reviewers(
+        self, repo: str, number: int, reviewers: Sequence[str], team_reviewers: Sequence[str] = ()
+    ) -> dict[str, Any]:
+        """Request reviews on a pull request; returns the pull request."""
+        path = f"{repo_path(repo)}/pulls/{_issue_number(number)}/requested_reviewers"
+        body: dict[str, list[str]] = {"reviewers": _strings(reviewers, "reviewers")}
+        teams = _strings(team_reviewers, "team_reviewers")
+        if teams:
+            body["team_reviewers"] = teams
+        return self._object(await self._call("POST", path, json=body), "POST", path)
+
+    async def search_issues(self, query: str, *, per_page: int = 10) -> dict[str, Any]:
+        """GitHub's issue search: ``{"total_count", "incomplete_results", "items"}``."""
+        if not isinstance(query, str) or not query.strip():
+            raise ValueError("a search query is a non-empty string")
+        path = "/search/issues"
+        params = {"q": query, "per_page": str(_per_page(per_page))}
+        return self._object(await self._call("GET", path, params=params), "GET", path)
+
+    async def close_issue(self, repo: str, number: int, *, reason: str = "completed") -> dict[str, Any]:
+        """Close an issue as ``completed`` or ``not_planned``; returns the issue."""
+        if reason not in CLOSE_REASONS:
+            raise ValueError(f"a close reason is one of {sorted(CLOSE_REASONS)}, not {peer(reason, 40)!r}")
+        path = f"{repo_path(repo)}/issues/{_issue_number(number)}"
+        body = {"state": "closed", "state_reason": reason}
+        return self._object(await self._call("PATCH", path, json=body), "PATCH", path)
+
+    # -- polling -------------------------------------------------------------------------------
+
+    async def repo_events(self, repo: str, *, etag: str | None = None, per_page: int = 100) -> Page:
+        """The repository's activity feed, newest first."""
+        path = f"{repo_path(repo)}/events"
+        return await self._page(path, {"per_page": str(_per_page(per_page))}, etag, key=None)
+
+    async def repo_issues(
+        self, repo: str, *, etag: str | None = None, since: str | None = None, per_page: int = 100
+    ) -> Page:
+        """Issues and pull requests in every state, newest first; ``since`` bounds their last update."""
+        path = f"{repo_path(repo)}/issues"
+        params = {
+            "state": "all",
+            "sort": "created",
+            "direction": "desc",
+            "per_page": str(_per_page(per_page)),
+        }
+        if since is not None:
+            params["since"] = since
+        return await self._page(path, params, etag, key=None)
+
+    async def workflow_runs(self, repo: str, *, etag: str | None = None, per_page: int = 50) -> Page:
+        """The repository's completed workflow runs, newest first."""
+        path = f"{repo_path(repo)}/actions/runs"
+        params = {"status": "completed", "per_page": str(_per_page(per_page))}
+        return await self._page(path, params, etag, key="workflow_runs")
+
+    # -- internals -----------------------------------------------------------------------------
+
+    async def _page(self, path: str, params: dict[str, str], etag: str | None, *, key: str | None) -> Page:
+        headers = {"If-None-Match": etag} if etag else None
+        response = await self._call("GET", path, params=params, headers=headers, not_modified_ok=True)
+        poll_interval_s = _header_int(response.headers, "X-Poll-Interval")
+        if response.status_code == 304:
+            return Page(changed=False, items=[], etag=etag, poll_interval_s=poll_interval_s)
+        body = self._json(response, "GET", path)
+        if key is not None:
+            body = body.get(key) if isinstance(body, dict) else None
+        items = self._objects_of(body, response, "GET", path)
+        return Page(
+            changed=True, items=items, etag=response.headers.get("ETag"), poll_interval_s=poll_interval_s
+        )
+
+    async def _call(
+        self,
+        method: Method,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        json: Any = None,
+        headers: Mapping[str, str] | None = None,
+        not_modified_ok: bool = False,
+    ) -> httpx.Response:
+        try:
+            response = await self._client.request(method, path, params=params, json=json, headers=headers)
+        except httpx.TimeoutException:
+            raise GitHubError(0, method, path, "timed out") from None
+        except httpx.HTTPError as exc:
+            # from None: the cause holds the request, and with it the Authorization header.
+            raise GitHubError(0, method, path, self._scrub(f"{type(exc).__name__}: {exc}")) from None
+        self.rate_limit = read_rate_limit(response.headers, self.rate_limit)
+        if response.is_success or (not_modified_ok and response.status_code == 304):
+            return response
+        raise _error(response, method, path)
+
+    def _scrub(self, text: str) -> str:
+        """A message from a library, bounded, without the token even if the library quoted a header."""
+        if self._token:
+            text = text.replace(self._token, "[token]")
+        return peer(text, MESSAGE_CHARS)
+
+    @staticmethod
+    def _json(response: httpx.Response, method: str, path: str) -> Any:
+        try:
+            return response.json()
+        except ValueError:
+            raise GitHubError(
+                response.status_code,
+                method,
+                path,
+                f"the response is not JSON: {peer(response.text, 100)!r}",
+                reason=response.reason_phrase,
+            ) from None
+
+    def _object(self, response: httpx.Response, method: str, path: str) -> dict[str, Any]:
+        body = self._json(response, method, path)
+        if not isinstance(body, dict):
+            raise self._shape_error(response, method, path, "an object")
+        return body
+
+    def _objects(self, response: httpx.Response, method: str, path: str) -> list[dict[str, Any]]:
+        return self._objects_of(self._json(response, method, path), response, method, path)
+
+    def _objects_of(
+        self, body: Any, response: httpx.Response, method: str, path: str
+    ) -> list[dict[str, Any]]:
+        if not isinstance(body, list) or not all(isinstance(item, dict) for item in body):
+            raise self._shape_error(response, method, path, "a list of objects")
+        return body
+
+    @staticmethod
+    def _shape_error(response: httpx.Response, method: str, path: str, expected: str) -> GitHubError:
+        return GitHubError(
+            response.status_code,
+            method,
+            path,
+            f"expected {expected}, got {peer(response.text, 100)!r}",
+            reason=response.reason_phrase,
+        )
