@@ -1,0 +1,419 @@
+"""The GitHub bridge: GitHub webhooks or API polling in, MCP events out; GitHub actions as tools.
+
+Webhook ingress (``--listen``), in the order GitHub's deliveries are checked:
+
+1. the body is read whole (at most ``--max-body-bytes``, else 413) and
+   ``X-Hub-Signature-256`` (``sha256=`` + HMAC-SHA256 of the raw body with the webhook
+   secret) is compared in constant time: missing or wrong is 401, before anything else
+   of the delivery is looked at;
+2. ``X-GitHub-Event`` and ``X-GitHub-Delivery`` must be there (400);
+3. ``ping`` (sent when the webhook is created) is answered 200 ``pong``;
+4. a delivery id already received is a replay: answered 200 ``duplicate`` (so a sender
+   that retries stops) and stores nothing;
+5. the payload is mapped (``github_events``); an event we do not emit, or one the token's own
+   account caused (the agent's own comment must not wake it again), is remembered and
+   answered 202 ``ignored``;
+6. an event that happened more than ``--max-delivery-age`` ago is stale (400). GitHub
+   signs no timestamp, so the occurrence's own time in the signed body is the clock;
+   delivery ids are remembered for twice that long, so a replay is caught by one or the other;
+7. the event is committed to the log, then the delivery is answered 202 ``accepted``.
+
+Poll ingress (``--poll --repo OWNER/NAME``): per repository, the events API (issue
+comments, pull requests), the issues API (new issues) and the Actions runs API (failed
+workflow runs), each a conditional GET with the ETag of the last answer (a 304 costs
+GitHub no rate limit). ``X-Poll-Interval`` and the rate-limit headers set the pace. What
+was there before the first poll is not emitted; events ids are the webhook's, so both
+ingress paths may run at once without duplicates.
+
+Tools call the REST API (``github_api``) with the token named by ``--token-env``;
+``close_issue`` is registered only with ``--allow-tool close_issue``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any, Final
+from urllib.parse import parse_qs
+
+import anyio
+from aiohttp import web
+from pydantic import Field
+
+from agentwake.bridges import github_events
+from agentwake.bridges.framework import Bridge, BridgeEventType, BridgeOptions, BridgeServer
+from agentwake.bridges.github_api import GITHUB_API, GitHubAPI, GitHubError, Page, RateLimited
+from agentwake.bridges.log import NewEvent
+from agentwake.clock import iso, parse_iso
+
+logger = logging.getLogger("agentwake.bridge.github")
+
+DESCRIPTION: Final = (
+    "GitHub as MCP events: issues, comments, pull requests and failed CI from GitHub webhooks or"
+    " API polling, with tools to read, label, comment, assign, request reviews and search."
+)
+SIGNATURE_HEADER: Final = "X-Hub-Signature-256"
+DEFAULT_MAX_DELIVERY_AGE: Final = timedelta(hours=24)
+DEFAULT_POLL_INTERVAL_S: Final = 60.0
+# Below this many requests left, the poller waits for the rate limit's reset.
+RATE_LIMIT_RESERVE: Final = 50
+OWN_LOGIN_RETRY_S: Final = 60.0
+OPTIONAL_TOOLS: Final = ("close_issue",)
+TOOLS: Final = (
+    "get_issue",
+    "add_labels",
+    "remove_label",
+    "comment",
+    "assign",
+    "request_reviewers",
+    "search_issues",
+    "close_issue",
+)
+
+Repository = Annotated[
+    str,
+    Field(
+        pattern=r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$",
+        max_length=200,
+        description='The repository as "owner/name".',
+    ),
+]
+Number = Annotated[int, Field(ge=1, description="The issue or pull request number.")]
+
+
+@dataclass(frozen=True)
+class GitHubSettings:
+    """What ``agentwake bridge github`` takes beyond the common bridge options."""
+
+    webhook_secret: bytes | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
+    api_base: str = GITHUB_API
+    repos: tuple[str, ...] = ()
+    poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
+    max_delivery_age: timedelta = DEFAULT_MAX_DELIVERY_AGE
+    allowed_tools: tuple[str, ...] = ()
+    ignore_own_actions: bool = True
+
+
+def signature_valid(secret: bytes, body: bytes, header: str | None) -> bool:
+    """Whether ``header`` is GitHub's ``sha256=<hex HMAC-SHA256 of body>``, compared in constant time."""
+    if not header or not header.startswith("sha256="):
+        return False
+    expected = "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(expected.encode(), header.strip().encode("ascii", "replace"))
+
+
+def _refuse(status: int, reason: str) -> web.Response:
+    return web.json_response({"status": "refused", "error": reason}, status=status)
+
+
+class GitHubBridge(Bridge):
+    name = "github"
+    description = DESCRIPTION
+    event_types = tuple(
+        BridgeEventType(
+            name=name,
+            description=description,
+            payload_schema=github_events.PAYLOAD_SCHEMAS[name],
+            input_schema=github_events.ARGUMENTS_SCHEMA,
+            matches=github_events.matches,
+        )
+        for name, description in github_events.EVENT_TYPES.items()
+    )
+
+    def __init__(self, options: BridgeOptions, settings: GitHubSettings) -> None:
+        super().__init__(options)
+        unknown = set(settings.allowed_tools) - set(OPTIONAL_TOOLS)
+        if unknown:
+            raise ValueError(
+                f"--allow-tool: {', '.join(sorted(unknown))} is not an optional tool"
+                f" (the optional tools: {', '.join(OPTIONAL_TOOLS)})"
+            )
+        if options.listen and not settings.webhook_secret:
+            raise ValueError("--listen needs the webhook secret: set the variable --webhook-secret-env names")
+        if options.poll and not settings.repos:
+            raise ValueError("--poll needs at least one --repo OWNER/NAME")
+        self.settings = settings
+        self.api = GitHubAPI(base_url=settings.api_base, token=settings.token)
+
+    async def is_own_action(self, mapped: github_events.Mapped) -> bool:
+        """Whether the event was caused by the token's own account: the agent's comment must not
+        wake the agent again. Unknown (no token, GitHub unreachable) counts as not own."""
+        if not self.settings.ignore_own_actions or not self.settings.token:
+            return False
+        if self._own_login is None and time.monotonic() >= self._own_login_retry_at:
+            try:
+                self._own_login = str((await self.api.viewer())["login"])
+            except (GitHubError, KeyError) as exc:
+                self._own_login_retry_at = time.monotonic() + OWN_LOGIN_RETRY_S
+                logger.warning(
+                    "cannot learn the token's own account, so its actions may wake the agent: %s", exc
+                )
+        own = self._own_login
+        return own is not None and str(mapped.data.get("actor", "")).casefold() == own.casefold()
+
+    _own_login: str | None = None
+    _own_login_retry_at: float = 0.0
+
+    async def aclose(self) -> None:
+        await self.api.aclose()
+
+    # ---- webhook ingress -------------------------------------------------------
+
+    async def handle_webhook(self, request: web.Request) -> web.StreamResponse:
+        secret = self.settings.webhook_secret
+        assert secret is not None
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return _refuse(413, f"the body is over {self.options.max_body_bytes} bytes")
+        if not signature_valid(secret, body, request.headers.get(SIGNATURE_HEADER)):
+            logger.warning("webhook: refused a delivery with a missing or wrong %s", SIGNATURE_HEADER)
+            return _refuse(401, f"missing or wrong {SIGNATURE_HEADER}")
+        kind = request.headers.get("X-GitHub-Event", "")
+        delivery = request.headers.get("X-GitHub-Delivery", "")
+        if not kind or not delivery or len(delivery) > 200:
+            return _refuse(400, "X-GitHub-Event and X-GitHub-Delivery are required")
+        if kind == "ping":
+            return web.json_response({"status": "pong"})
+        if await self.server_of().seen_delivery(delivery):
+            logger.info("webhook: delivery %s was received before; ignored", delivery)
+            return web.json_response({"status": "duplicate", "delivery": delivery})
+        try:
+            payload = _payload(body, request.content_type)
+            mapped = github_events.from_webhook(kind, payload)
+        except (ValueError, github_events.Unmapped) as exc:
+            return _refuse(400, f"unreadable {kind} payload: {exc}")
+        if mapped is None or await self.is_own_action(mapped):
+            await self.accept([], source="webhook", delivery_id=delivery)
+            return web.json_response({"status": "ignored", "delivery": delivery}, status=202)
+        age = datetime.now(UTC) - mapped.occurred_at
+        if age > self.settings.max_delivery_age:
+            logger.warning(
+                "webhook: refused stale delivery %s (%s, %s old)", delivery, mapped.type, _short(age)
+            )
+            return _refuse(400, f"stale delivery: the event happened {_short(age)} ago")
+        added = await self.accept(
+            [NewEvent(mapped.type, mapped.event_id, mapped.occurred_at, mapped.data, payload)],
+            source="webhook",
+            delivery_id=delivery,
+        )
+        logger.info("webhook: %s %s (%s)", mapped.type, mapped.event_id, "new" if added else "already logged")
+        return web.json_response({"status": "accepted", "delivery": delivery}, status=202)
+
+    def server_of(self) -> BridgeServer:
+        assert self.server is not None
+        return self.server
+
+    # ---- poll ingress ----------------------------------------------------------
+
+    async def poll_forever(self) -> None:
+        while True:
+            wait = self.settings.poll_interval_s
+            for repo in self.settings.repos:
+                try:
+                    wait = max(wait, await self.poll_repo(repo))
+                except RateLimited as exc:
+                    pause = max(0.0, exc.retry_at - time.time())
+                    logger.warning("poll %s: rate limited; next poll in %.0fs", repo, pause)
+                    wait = max(wait, pause)
+                except GitHubError as exc:
+                    logger.warning("poll %s: %s", repo, exc)
+            limit = self.api.rate_limit
+            if limit.remaining is not None and limit.remaining < RATE_LIMIT_RESERVE and limit.reset_at:
+                wait = max(wait, limit.reset_at - time.time())
+            await anyio.sleep(wait)
+
+    async def poll_repo(self, repo: str) -> float:
+        """One round over a repository's feeds; returns the interval GitHub asks for (or 0)."""
+        log = self.server_of().log
+        since = await anyio.to_thread.run_sync(log.get_state, f"{repo}:since")
+        if since is None:
+            # Whole seconds, as GitHub's timestamps are: an item of this very second is news.
+            since = iso(datetime.now(UTC).replace(microsecond=0))
+            await anyio.to_thread.run_sync(log.set_state, f"{repo}:since", since)
+        baseline = parse_iso(since) or datetime.now(UTC)
+        events = await self._poll_feed(
+            f"{repo}:events",
+            lambda etag: self.api.repo_events(repo, etag=etag),
+            github_events.from_repo_event,
+            baseline,
+        )
+        await self._poll_feed(
+            f"{repo}:issues",
+            lambda etag: self.api.repo_issues(repo, etag=etag, since=since),
+            lambda item: github_events.from_issue(item, repo),
+            baseline,
+        )
+        await self._poll_feed(
+            f"{repo}:runs",
+            lambda etag: self.api.workflow_runs(repo, etag=etag),
+            lambda run: github_events.from_workflow_run(run, repo),
+            baseline,
+        )
+        return float(events.poll_interval_s or 0)
+
+    async def _poll_feed(
+        self,
+        key: str,
+        fetch: Callable[[str | None], Awaitable[Page]],
+        mapper: Callable[[dict[str, Any]], github_events.Mapped | None],
+        baseline: datetime,
+    ) -> Page:
+        """One conditional GET of a feed: its new events into the log, then its ETag stored.
+
+        In that order: a crash in between fetches the page again, and the log's event ids
+        drop what it already kept. What happened before ``baseline`` (the first poll) is history.
+        """
+        log = self.server_of().log
+        etag_key = f"{key}:etag"
+        etag = await anyio.to_thread.run_sync(log.get_state, etag_key)
+        page = await fetch(etag)
+        if not page.changed:
+            return page
+        fresh = []
+        for item in page.items:
+            try:
+                mapped = mapper(item)
+            except github_events.Unmapped as exc:
+                logger.warning("poll %s: skipped an item: %s", key, exc)
+                continue
+            if mapped is not None and mapped.occurred_at >= baseline and not await self.is_own_action(mapped):
+                fresh.append(NewEvent(mapped.type, mapped.event_id, mapped.occurred_at, mapped.data, item))
+        if fresh:
+            added = await self.accept(fresh, source="poll")
+            if added:
+                logger.info("poll %s: %d new event(s)", key, added)
+        if page.etag is not None:
+            await anyio.to_thread.run_sync(log.set_state, etag_key, page.etag)
+        return page
+
+    # ---- tools -----------------------------------------------------------------
+
+    def register_tools(self, server: BridgeServer) -> None:
+        from mcp.server.mcpserver.exceptions import ToolError
+
+        mcp, api = server.mcp, self.api
+
+        async def call(action: Any) -> Any:
+            try:
+                return await action
+            except (GitHubError, ValueError) as exc:
+                raise ToolError(str(exc)) from None
+
+        @mcp.tool()
+        async def get_issue(repository: Repository, number: Number) -> dict[str, Any]:
+            """Read an issue or pull request: title, body, labels, state, assignees."""
+            result: dict[str, Any] = await call(api.get_issue(repository, number))
+            return result
+
+        @mcp.tool()
+        async def add_labels(
+            repository: Repository,
+            number: Number,
+            labels: Annotated[
+                list[Annotated[str, Field(min_length=1, max_length=50)]], Field(min_length=1, max_length=20)
+            ],
+        ) -> list[dict[str, Any]]:
+            """Add labels to an issue or pull request; returns its labels."""
+            result: list[dict[str, Any]] = await call(api.add_labels(repository, number, labels))
+            return result
+
+        @mcp.tool()
+        async def remove_label(
+            repository: Repository, number: Number, label: Annotated[str, Field(min_length=1, max_length=50)]
+        ) -> list[dict[str, Any]]:
+            """Remove one label from an issue or pull request; returns the labels left."""
+            result: list[dict[str, Any]] = await call(api.remove_label(repository, number, label))
+            return result
+
+        @mcp.tool()
+        async def comment(
+            repository: Repository,
+            number: Number,
+            body: Annotated[str, Field(min_length=1, max_length=65_536)],
+        ) -> dict[str, Any]:
+            """Comment on an issue or pull request (Markdown); returns the comment."""
+            result: dict[str, Any] = await call(api.comment(repository, number, body))
+            return result
+
+        @mcp.tool()
+        async def assign(
+            repository: Repository,
+            number: Number,
+            assignees: Annotated[
+                list[Annotated[str, Field(min_length=1, max_length=39)]], Field(min_length=1, max_length=10)
+            ],
+        ) -> dict[str, Any]:
+            """Assign people (GitHub logins) to an issue or pull request."""
+            result: dict[str, Any] = await call(api.assign(repository, number, assignees))
+            return result
+
+        @mcp.tool()
+        async def request_reviewers(
+            repository: Repository,
+            number: Number,
+            reviewers: Annotated[
+                list[Annotated[str, Field(min_length=1, max_length=39)]], Field(max_length=15)
+            ] = [],  # noqa: B006
+            team_reviewers: Annotated[
+                list[Annotated[str, Field(min_length=1, max_length=100)]], Field(max_length=15)
+            ] = [],  # noqa: B006
+        ) -> dict[str, Any]:
+            """Request reviews on a pull request from people (logins) and teams (slugs)."""
+            if not reviewers and not team_reviewers:
+                raise ToolError("give at least one reviewer or team_reviewer")
+            result: dict[str, Any] = await call(
+                api.request_reviewers(repository, number, list(reviewers), list(team_reviewers))
+            )
+            return result
+
+        @mcp.tool()
+        async def search_issues(
+            query: Annotated[str, Field(min_length=1, max_length=256)],
+            per_page: Annotated[int, Field(ge=1, le=30)] = 5,
+        ) -> dict[str, Any]:
+            """Search issues and pull requests with GitHub's search syntax (e.g. 'repo:o/r is:issue crash on start'),
+            to find likely duplicates."""
+            result: dict[str, Any] = await call(api.search_issues(query, per_page=per_page))
+            return result
+
+        if "close_issue" in self.settings.allowed_tools:
+
+            @mcp.tool()
+            async def close_issue(
+                repository: Repository,
+                number: Number,
+                reason: Annotated[str, Field(pattern="^(completed|not_planned)$")] = "completed",
+            ) -> dict[str, Any]:
+                """Close an issue as completed or not_planned (e.g. a duplicate)."""
+                result: dict[str, Any] = await call(api.close_issue(repository, number, reason=reason))
+                return result
+
+
+def _payload(body: bytes, content_type: str) -> dict[str, Any]:
+    """The JSON payload, sent as JSON or, when the webhook is so configured, form-encoded."""
+    if content_type == "application/x-www-form-urlencoded":
+        fields = parse_qs(body.decode("utf-8", "replace"))
+        if "payload" not in fields:
+            raise ValueError("a form-encoded delivery without its payload field")
+        text = fields["payload"][0]
+    else:
+        text = body.decode("utf-8")
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError("the payload is not a JSON object")
+    return value
+
+
+def _short(age: timedelta) -> str:
+    seconds = int(age.total_seconds())
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds} s"

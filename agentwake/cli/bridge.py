@@ -1,0 +1,335 @@
+"""``agentwake bridge NAME``: run a bridge, an MCP Events server for an upstream without one.
+
+Options come from flags or from the environment variable each one names (AGENTWAKE_BRIDGE_*
+for every bridge, AGENTWAKE_GITHUB_* for GitHub's own). Secrets come only from the
+environment, from variables the flags name (``--webhook-secret-env``, ``--token-env``,
+``--mcp-token-env``), so they never show in a process listing or a config file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from agentwake.cli.common import HELP_MARKUP, HelpGroup, app, fail, run_async
+
+if TYPE_CHECKING:
+    from agentwake.bridges.framework import BridgeOptions
+
+bridge_app = typer.Typer(
+    help="Run a bridge: an MCP Events server for an upstream (GitHub) that has none of its own.",
+    no_args_is_help=True,
+    rich_markup_mode=HELP_MARKUP,
+    cls=HelpGroup,
+)
+app.add_typer(bridge_app, name="bridge")
+
+StateDir = Annotated[
+    Path,
+    typer.Option(
+        "--state-dir",
+        metavar="DIR",
+        envvar="AGENTWAKE_BRIDGE_STATE_DIR",
+        show_envvar=True,
+        help="Folder for the bridge's event log and webhook subscriptions (SQLite, owner-only).",
+    ),
+]
+Http = Annotated[
+    str | None,
+    typer.Option(
+        "--http",
+        metavar="HOST:PORT",
+        envvar="AGENTWAKE_BRIDGE_HTTP",
+        help="Serve MCP over Streamable HTTP at http://HOST:PORT/mcp instead of stdio.",
+    ),
+]
+McpTokenEnv = Annotated[
+    str | None,
+    typer.Option(
+        "--mcp-token-env",
+        metavar="VAR",
+        help="With --http: the variable holding the bearer token MCP callers must send"
+        " (webhook delivery needs an authenticated caller).",
+    ),
+]
+Listen = Annotated[
+    str | None,
+    typer.Option(
+        "--listen",
+        metavar="HOST:PORT",
+        envvar="AGENTWAKE_BRIDGE_LISTEN",
+        help="Receive the upstream's webhooks here (POST on --webhook-path); port 0 picks a free one.",
+    ),
+]
+WebhookPath = Annotated[
+    str,
+    typer.Option("--webhook-path", metavar="PATH", help="The path the upstream's webhooks are posted to."),
+]
+Poll = Annotated[
+    bool,
+    typer.Option("--poll", help="Poll the upstream's API instead of (or as well as) receiving webhooks."),
+]
+NextPollMs = Annotated[
+    int,
+    typer.Option(
+        "--next-poll-ms",
+        metavar="MS",
+        min=100,
+        help="The poll interval the bridge recommends to MCP clients.",
+    ),
+]
+HeartbeatMs = Annotated[
+    int,
+    typer.Option("--heartbeat-ms", metavar="MS", min=1, max=30_000, help="Push stream heartbeat interval."),
+]
+MaxEvents = Annotated[
+    int,
+    typer.Option("--max-events", metavar="N", min=1, help="The event log keeps at most this many events."),
+]
+RetentionDays = Annotated[
+    float,
+    typer.Option("--retention-days", metavar="DAYS", min=0.01, help="The event log keeps events this long."),
+]
+KeepRaw = Annotated[
+    bool,
+    typer.Option(
+        "--keep-raw/--no-keep-raw", help="Keep each event's raw upstream payload in the log (debugging)."
+    ),
+]
+EventsWebhookAllow = Annotated[
+    list[str],
+    typer.Option(
+        "--events-webhook-allow",
+        metavar="CIDR",
+        help="Networks MCP webhook delivery may reach despite the SSRF guard (e.g. 127.0.0.0/8 on one machine).",
+    ),
+]
+EventsWebhookCa = Annotated[
+    Path | None,
+    typer.Option(
+        "--events-webhook-ca", metavar="PEM", help="PEM CA bundle trusted for MCP webhook delivery's TLS."
+    ),
+]
+EventsWebhookTtlMs = Annotated[
+    int,
+    typer.Option(
+        "--events-webhook-ttl-ms",
+        metavar="MS",
+        min=1000,
+        help="The longest MCP webhook subscription TTL granted.",
+    ),
+]
+LogLevel = Annotated[
+    str,
+    typer.Option(
+        "--log-level", metavar="LEVEL", help="DEBUG, INFO, WARNING or ERROR (the log goes to stderr)."
+    ),
+]
+
+
+def secret_from(variable: str | None, *, flag: str) -> str | None:
+    """The value of the environment variable a flag names; a named but unset variable is an error."""
+    if variable is None:
+        return None
+    value = os.environ.get(variable)
+    if not value:
+        raise fail(f"{flag} names ${variable}, which is not set (or empty)", code=2)
+    return value
+
+
+def bridge_options(
+    *,
+    state_dir: Path,
+    http: str | None,
+    mcp_token_env: str | None,
+    listen: str | None,
+    webhook_path: str,
+    poll: bool,
+    next_poll_ms: int,
+    heartbeat_ms: int,
+    max_events: int,
+    retention_days: float,
+    keep_raw: bool,
+    events_webhook_allow: list[str],
+    events_webhook_ca: Path | None,
+    events_webhook_ttl_ms: int,
+) -> BridgeOptions:
+    from agentwake.bridges.framework import BridgeOptions, host_port
+
+    try:
+        for value, flag in ((http, "--http"), (listen, "--listen")):
+            if value is not None:
+                host_port(value, what=flag)
+    except ValueError as exc:
+        raise fail(exc, code=2) from None
+    if not webhook_path.startswith("/"):
+        raise fail(f"--webhook-path must start with /, not {webhook_path!r}", code=2)
+    if mcp_token_env and not http:
+        raise fail(
+            "--mcp-token-env is for --http (over stdio the caller is whoever started the bridge)", code=2
+        )
+    return BridgeOptions(
+        state_dir=state_dir,
+        http=http,
+        mcp_token=secret_from(mcp_token_env, flag="--mcp-token-env"),
+        listen=listen,
+        webhook_path=webhook_path,
+        poll=poll,
+        next_poll_ms=next_poll_ms,
+        heartbeat_ms=heartbeat_ms,
+        max_events=max_events,
+        retention=timedelta(days=retention_days),
+        keep_raw=keep_raw,
+        events_webhook_ttl_ms=events_webhook_ttl_ms,
+        events_webhook_allow=tuple(events_webhook_allow),
+        events_webhook_ca=events_webhook_ca,
+    )
+
+
+def _log_to_stderr(level: str) -> None:
+    numeric = logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        raise fail(f"--log-level must be DEBUG, INFO, WARNING or ERROR, not {level!r}", code=2)
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="bridge %(levelname)s %(message)s")
+    logging.getLogger("agentwake.bridge").setLevel(numeric)
+
+
+@bridge_app.command("github")
+def github(
+    state_dir: StateDir = Path(".agentwake-bridge/github"),
+    http: Http = None,
+    mcp_token_env: McpTokenEnv = None,
+    listen: Listen = None,
+    webhook_path: WebhookPath = "/webhook",
+    webhook_secret_env: Annotated[
+        str,
+        typer.Option(
+            "--webhook-secret-env",
+            metavar="VAR",
+            help="The variable holding the webhook's secret (needed with --listen).",
+        ),
+    ] = "GITHUB_WEBHOOK_SECRET",
+    max_delivery_age_s: Annotated[
+        float,
+        typer.Option(
+            "--max-delivery-age",
+            metavar="SECONDS",
+            min=60,
+            help="A delivery whose event happened longer ago is refused as stale.",
+        ),
+    ] = 86_400,
+    poll: Poll = False,
+    repo: Annotated[
+        list[str],
+        typer.Option(
+            "--repo",
+            metavar="OWNER/NAME",
+            envvar="AGENTWAKE_GITHUB_REPOS",
+            help="A repository to poll (repeat the flag; the variable takes a space-separated list).",
+        ),
+    ] = [],  # noqa: B006
+    poll_interval_s: Annotated[
+        float,
+        typer.Option(
+            "--poll-interval",
+            metavar="SECONDS",
+            min=1,
+            help="Seconds between polls of a repository; GitHub's X-Poll-Interval may ask for more.",
+        ),
+    ] = 60,
+    token_env: Annotated[
+        str,
+        typer.Option(
+            "--token-env", metavar="VAR", help="The variable holding the GitHub token for tools and polling."
+        ),
+    ] = "GITHUB_TOKEN",
+    api_base: Annotated[
+        str,
+        typer.Option(
+            "--api-base",
+            metavar="URL",
+            envvar="AGENTWAKE_GITHUB_API_BASE",
+            help="The REST API's base URL (GitHub Enterprise: https://HOST/api/v3).",
+        ),
+    ] = "https://api.github.com",
+    allow_tool: Annotated[
+        list[str],
+        typer.Option(
+            "--allow-tool", metavar="TOOL", help="Offer a tool that is off by default: close_issue."
+        ),
+    ] = [],  # noqa: B006
+    ignore_own_actions: Annotated[
+        bool,
+        typer.Option(
+            "--ignore-own-actions/--keep-own-actions",
+            help="Drop events the token's own account caused (the agent's comments), so they cannot wake it again.",
+        ),
+    ] = True,
+    next_poll_ms: NextPollMs = 2_000,
+    heartbeat_ms: HeartbeatMs = 30_000,
+    max_events: MaxEvents = 50_000,
+    retention_days: RetentionDays = 7.0,
+    keep_raw: KeepRaw = True,
+    events_webhook_allow: EventsWebhookAllow = [],  # noqa: B006
+    events_webhook_ca: EventsWebhookCa = None,
+    events_webhook_ttl_ms: EventsWebhookTtlMs = 86_400_000,
+    log_level: LogLevel = "INFO",
+) -> None:
+    """Serve GitHub as MCP events (from its webhooks or by polling its API), with GitHub tools."""
+    _log_to_stderr(log_level)
+    options = bridge_options(
+        state_dir=state_dir,
+        http=http,
+        mcp_token_env=mcp_token_env,
+        listen=listen,
+        webhook_path=webhook_path,
+        poll=poll,
+        next_poll_ms=next_poll_ms,
+        heartbeat_ms=heartbeat_ms,
+        max_events=max_events,
+        retention_days=retention_days,
+        keep_raw=keep_raw,
+        events_webhook_allow=events_webhook_allow,
+        events_webhook_ca=events_webhook_ca,
+        events_webhook_ttl_ms=events_webhook_ttl_ms,
+    )
+    from agentwake.bridges.framework import BridgeServer
+    from agentwake.bridges.github import GitHubBridge, GitHubSettings
+
+    repos = tuple(name for entry in repo for name in entry.split())
+    secret = os.environ.get(webhook_secret_env) if listen else None
+    if listen and not secret:
+        raise fail(
+            f"--listen needs the webhook secret in ${webhook_secret_env} (--webhook-secret-env)", code=2
+        )
+    token = os.environ.get(token_env) or None
+    try:
+        bridge = GitHubBridge(
+            options,
+            GitHubSettings(
+                webhook_secret=secret.encode() if secret else None,
+                token=token,
+                api_base=api_base,
+                repos=repos,
+                poll_interval_s=poll_interval_s,
+                max_delivery_age=timedelta(seconds=max_delivery_age_s),
+                allowed_tools=tuple(allow_tool),
+                ignore_own_actions=ignore_own_actions,
+            ),
+        )
+        server = BridgeServer(bridge)
+    except (ValueError, OSError) as exc:
+        raise fail(exc, code=2) from None
+    if token is None:
+        logging.getLogger("agentwake.bridge").warning(
+            "no GitHub token in $%s: tools will fail and polling is limited to public repositories", token_env
+        )
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends the bridge quietly
+        run_async(server.serve)
