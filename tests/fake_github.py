@@ -709,6 +709,7 @@ class FakeGitHub:
             raw_path.removeprefix(self.path_prefix) if raw_path.startswith(self.path_prefix + "/") else "/"
         )
         call = _Call(recorded, [unquote(s) for s in routed.split("/")[1:]], raw_body)
+        injected = self._failures[0].headers if self._failures else None
         try:
             response = self._refusal(call)
             if response is None:
@@ -717,7 +718,7 @@ class FakeGitHub:
                 response = await self._route(call)
         except ApiError as error:
             response = web.json_response(error.body, status=error.status)
-        self._spend(response, call)
+        self._spend(response, call, injected)
         return response
 
     def _refusal(self, call: _Call) -> web.Response | None:
@@ -738,22 +739,22 @@ class FakeGitHub:
             return web.json_response({"message": message, "documentation_url": DOCS}, status=403)
         return None
 
-    def _spend(self, response: web.Response, call: _Call) -> None:
+    def _spend(self, response: web.Response, call: _Call, injected: dict[str, str] | None = None) -> None:
         # A 304 is free on GitHub; everything else the fake answered costs one request.
         if response.status != 304 and response.status != 401 and self.rate_limit_remaining > 0:
             self.rate_limit_remaining -= 1
         resource = "search" if call.segments[:1] == ["search"] else "core"
-        response.headers.update(
-            {
-                "X-RateLimit-Limit": str(RATE_LIMIT),
-                "X-RateLimit-Remaining": str(self.rate_limit_remaining),
-                "X-RateLimit-Used": str(max(0, RATE_LIMIT - self.rate_limit_remaining)),
-                "X-RateLimit-Reset": str(self.rate_limit_reset),
-                "X-RateLimit-Resource": resource,
-                "X-GitHub-Api-Version-Selected": "2022-11-28",
-                "X-GitHub-Request-Id": secrets.token_hex(8).upper(),
-            }
-        )
+        standard = {
+            "X-RateLimit-Limit": str(RATE_LIMIT),
+            "X-RateLimit-Remaining": str(self.rate_limit_remaining),
+            "X-RateLimit-Used": str(max(0, RATE_LIMIT - self.rate_limit_remaining)),
+            "X-RateLimit-Reset": str(self.rate_limit_reset),
+            "X-RateLimit-Resource": resource,
+            "X-GitHub-Api-Version-Selected": "2022-11-28",
+            "X-GitHub-Request-Id": secrets.token_hex(8).upper(),
+        }
+        # Headers a test injected with fail_next win over the fake's own rate-limit headers.
+        response.headers.update({**standard, **(injected or {})})
 
     async def _route(self, call: _Call) -> web.Response:
         method, s = call.recorded.method, call.segments

@@ -102,6 +102,8 @@ class Bridge:
     name: str = ""
     description: str = ""
     event_types: Sequence[BridgeEventType] = ()
+    # How long a webhook delivery id is remembered, to recognise a replay.
+    delivery_memory: timedelta = timedelta(days=2)
 
     def __init__(self, options: BridgeOptions) -> None:
         self.options = options
@@ -117,6 +119,9 @@ class Bridge:
     async def poll_forever(self) -> None:
         """Poll the upstream's API into the log until cancelled (with ``--poll``)."""
         raise NotImplementedError(f"the {self.name} bridge cannot poll")
+
+    async def background(self) -> None:
+        """Work the bridge does while it serves, whatever its ingress (e.g. learn its own account)."""
 
     async def aclose(self) -> None:
         """Release what the bridge holds (its API client)."""
@@ -139,6 +144,7 @@ class BridgeServer:
             max_events=options.max_events,
             retention=options.retention,
             keep_raw=options.keep_raw,
+            delivery_memory=bridge.delivery_memory,
         )
         self.webhook_store = SqliteWebhookStore(options.state_dir / "webhooks.db")
         self.events = EventsExtension(
@@ -197,9 +203,10 @@ class BridgeServer:
             head = await anyio.to_thread.run_sync(log.head)
             if cursor is None:
                 return EventResult(events=[], cursor=str(head))
-            if not cursor.isdigit() or int(cursor) > head:
+            position = _position(cursor)
+            if position is None or position > head:
                 return EventResult(events=[], cursor=str(head), truncated=True)
-            read = await anyio.to_thread.run_sync(log.read, spec.name, int(cursor), ctx.max_events)
+            read = await anyio.to_thread.run_sync(log.read, spec.name, position, ctx.max_events)
             events = [
                 Event(
                     name=spec.name,
@@ -243,6 +250,7 @@ class BridgeServer:
         """Serve MCP (stdio or HTTP), the webhook listener and the poller until cancelled or stdin ends."""
         try:
             async with anyio.create_task_group() as tg, self.events.running():
+                tg.start_soon(self.bridge.background)
                 if self.options.listen:
                     await self._start_webhook_listener(tg)
                 if self.options.poll:
@@ -304,6 +312,14 @@ def announce(line: str) -> None:
     """One line on stderr for whoever started the bridge (stdout is the MCP channel over stdio)."""
     sys.stderr.write(f"bridge: {line}\n")
     sys.stderr.flush()
+
+
+def _position(cursor: str) -> int | None:
+    """The log position a cursor names, or None for one the log never handed out."""
+    # str.isdigit alone lets "²" through, and int() refuses more than 4300 digits.
+    if not (cursor.isascii() and cursor.isdigit() and len(cursor) <= 19):
+        return None
+    return int(cursor)
 
 
 def _not_before(ctx: EventContext, occurred_at: str) -> bool:

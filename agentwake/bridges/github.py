@@ -64,6 +64,8 @@ DEFAULT_POLL_INTERVAL_S: Final = 60.0
 # Below this many requests left, the poller waits for the rate limit's reset.
 RATE_LIMIT_RESERVE: Final = 50
 OWN_LOGIN_RETRY_S: Final = 60.0
+# Short: a webhook waits for it when it was not learnt at start, and GitHub gives a delivery 10 s.
+OWN_LOGIN_TIMEOUT_S: Final = 5.0
 OPTIONAL_TOOLS: Final = ("close_issue",)
 TOOLS: Final = (
     "get_issue",
@@ -141,20 +143,34 @@ class GitHubBridge(Bridge):
             raise ValueError("--poll needs at least one --repo OWNER/NAME")
         self.settings = settings
         self.api = GitHubAPI(base_url=settings.api_base, token=settings.token)
+        # Beyond the stale bound a replay is refused as stale; within it, by its remembered id.
+        self.delivery_memory = max(2 * settings.max_delivery_age, Bridge.delivery_memory)
+
+    async def background(self) -> None:
+        # Learnt at start, so the first webhook does not wait for GitHub's answer.
+        await self._learn_own_login()
+
+    async def _learn_own_login(self) -> None:
+        if not self.settings.ignore_own_actions or not self.settings.token or self._own_login is not None:
+            return
+        if time.monotonic() < self._own_login_retry_at:
+            return
+        self._own_login_retry_at = time.monotonic() + OWN_LOGIN_RETRY_S
+        try:
+            with anyio.fail_after(OWN_LOGIN_TIMEOUT_S):
+                self._own_login = str((await self.api.viewer())["login"])
+        except (GitHubError, KeyError, TimeoutError) as exc:
+            logger.warning(
+                "cannot learn the token's own account, so its actions may wake the agent: %s",
+                exc or "no answer in time",
+            )
 
     async def is_own_action(self, mapped: github_events.Mapped) -> bool:
         """Whether the event was caused by the token's own account: the agent's comment must not
         wake the agent again. Unknown (no token, GitHub unreachable) counts as not own."""
         if not self.settings.ignore_own_actions or not self.settings.token:
             return False
-        if self._own_login is None and time.monotonic() >= self._own_login_retry_at:
-            try:
-                self._own_login = str((await self.api.viewer())["login"])
-            except (GitHubError, KeyError) as exc:
-                self._own_login_retry_at = time.monotonic() + OWN_LOGIN_RETRY_S
-                logger.warning(
-                    "cannot learn the token's own account, so its actions may wake the agent: %s", exc
-                )
+        await self._learn_own_login()
         own = self._own_login
         return own is not None and str(mapped.data.get("actor", "")).casefold() == own.casefold()
 
@@ -238,7 +254,8 @@ class GitHubBridge(Bridge):
             # Whole seconds, as GitHub's timestamps are: an item of this very second is news.
             since = iso(datetime.now(UTC).replace(microsecond=0))
             await anyio.to_thread.run_sync(log.set_state, f"{repo}:since", since)
-        baseline = parse_iso(since) or datetime.now(UTC)
+        # Nor what the log would already have pruned: logged again, it would come back as news.
+        baseline = max(parse_iso(since) or datetime.now(UTC), datetime.now(UTC) - self.options.retention)
         events = await self._poll_feed(
             f"{repo}:events",
             lambda etag: self.api.repo_events(repo, etag=etag),

@@ -167,10 +167,13 @@ class EventLog:
                         self._db.execute("COMMIT")
                         return []
                 for event in events:
+                    # Not a bare INSERT OR IGNORE: an ignored insert still uses up a seq, so the
+                    # count bound (head - max_events) would prune events it should keep.
                     cursor = self._db.execute(
                         "INSERT OR IGNORE INTO events"
                         " (event_id, type, occurred_at, received_at, source, data, raw)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        " SELECT ?, ?, ?, ?, ?, ?, ?"
+                        " WHERE NOT EXISTS (SELECT 1 FROM events WHERE event_id = ?)",
                         (
                             event.event_id,
                             event.type,
@@ -179,6 +182,7 @@ class EventLog:
                             source,
                             json.dumps(event.data, ensure_ascii=False, separators=(",", ":")),
                             json.dumps(event.raw, ensure_ascii=False) if self.keep_raw else None,
+                            event.event_id,
                         ),
                     )
                     if cursor.rowcount:
