@@ -204,7 +204,9 @@ async def bootstrapped(store: Path, names: list[str], service: RunningService) -
             while not started() >= set(names):  # noqa: ASYNC110
                 await anyio.sleep(0.05)
     except TimeoutError:
-        raise AssertionError(f"subscriptions not started: {set(names) - started()}\n{service.log()}") from None
+        raise AssertionError(
+            f"subscriptions not started: {set(names) - started()}\n{service.log()}"
+        ) from None
 
 
 async def settled(store: Path, count: int) -> list[tuple[str, str]]:

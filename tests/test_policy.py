@@ -639,7 +639,8 @@ def test_a_policy_dir_that_is_a_file_is_an_error(tmp_path: Path) -> None:
 
 
 def bundled_decision(name: str, data: dict[str, Any], subscription: str = "tickets") -> Decision:
-    policy = load_policy(REPO / "policies", "agent", base=REPO)
+    # The bundled config's [policy] default: the catch-all that 99-default.toml no longer holds.
+    policy = load_policy(REPO / "policies", load_config(REPO / "agentwake.toml").policy.default, base=REPO)
     cleaned = sanitize(data)
     event = InboxEvent(1, "demo", subscription, name, "E-1", "2031-05-01T12:00:00Z", data, 1)
     return policy.decide(policy_view(event, cleaned.injection_score))
@@ -706,10 +707,10 @@ def test_the_bundled_policies_decide_as_their_comments_say(
 ) -> None:
     decision = bundled_decision(name, data)
     assert (decision.rule, decision.action, decision.tools) == (rule, action, tools)
-    assert decision.where is not None and decision.where.split(":")[0] in (
-        "10-triage.toml",
-        "99-default.toml",
-    )
+    if rule == "default":
+        assert decision.why.startswith("none of the") and decision.why.endswith("rule(s) matched")
+    else:
+        assert decision.where is not None and decision.where.split(":")[0] == "10-triage.toml"
 
 
 def test_the_packaged_policies_are_overridden_file_by_file(tmp_path: Path) -> None:
@@ -761,20 +762,21 @@ def test_the_packaged_starter_policy_is_comments_only_so_the_default_action_deci
 
 def test_the_bundled_policies_load_with_their_prompts_and_p1_priority() -> None:
     policy = load_policy(REPO / "policies", "agent", base=REPO)
-    assert [f.name for f in policy.files] == ["10-triage.toml", "99-default.toml"]
-    assert [r.rule.name for r in policy.rules] == [
+    assert [f.name for f in policy.files] == ["10-triage.toml", "99-default.toml", "github-triage.toml"]
+    assert [r.rule.name for r in policy.rules if r.file.name == "10-triage.toml"] == [
         "ignore-bots",
         "hold-suspicious",
         "page-on-p1",
         "log-other-alerts",
         "label-tickets",
-        "default",
     ]
+    # Each file takes only its own server's events, so the demo and GitHub rules share the folder.
+    assert {r.rule.match.server for r in policy.rules} == {"demo", "github"}
     for loaded in policy.rules:
         if loaded.rule.prompt:
             assert (REPO / "prompts" / loaded.rule.prompt).is_file()
     p1 = bundled_decision("alert.fired", {"alertId": "A-1", "severity": "P1"})
-    assert (p1.prompt, p1.priority, p1.where) == ("alert.fired.md.j2", 10, "10-triage.toml:21")
+    assert (p1.prompt, p1.priority, p1.where) == ("alert.fired.md.j2", 10, "10-triage.toml:26")
     assert "injection_score ge 0.5" in bundled_decision("ticket.created", {**TICKET, "title": INJECTION}).why
 
 

@@ -18,7 +18,9 @@ from agentwake.cli import app
 from agentwake.policy import load_policy
 from agentwake.worker import Worker
 
-pytestmark = pytest.mark.anyio
+# pydantic builds some of litellm's models lazily and warns about a ReadOnly TypedDict item inside
+# litellm in whichever test first gets there (see tests/test_agent_units.py); nothing of agentwake's.
+pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore:.*ReadOnly. qualifier:UserWarning")]
 
 READ_ONLY = """
 [[rules]]

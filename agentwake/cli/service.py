@@ -407,10 +407,19 @@ def _unmatched(glob: str, cfg: AgentwakeConfig, catalogs: dict[str, list[str]]) 
 def _check_tools(
     cfg: AgentwakeConfig, rules: list[Any], catalogs: dict[str, list[str]], report: CheckReport
 ) -> None:
-    """Each rule's tool globs must name tools that exist; a subscription's that match nothing warn."""
+    """Each rule's tool globs must name tools that exist; a subscription's that match nothing warn.
+
+    A rule whose ``match.server`` names no configured server can never match, so its tools are
+    not checked: one policy folder may hold rules for servers only some configs have.
+    """
     import fnmatch
 
     for loaded in rules:
+        server_glob = loaded.rule.match.server
+        if server_glob is not None and not any(
+            fnmatch.fnmatchcase(name, server_glob) for name in cfg.servers
+        ):
+            continue
         for glob in loaded.rule.tools or []:
             unmatched = _unmatched(glob, cfg, catalogs)
             if unmatched is not None:
