@@ -1,0 +1,455 @@
+"""PagerDuty's V3 webhooks and REST API items as the PagerDuty bridge's MCP events. Pure: no I/O.
+
+The bridge learns of one incident change by a V3 webhook delivery or by polling the REST API
+(``GET /incidents`` for new incidents, ``GET /log_entries`` for what happened to them). Either
+way maps here to the same event with the same ``event_id``, so agentwake's dedup (server,
+event name, eventId) wakes the agent once, whichever way arrived first:
+
+    incident.triggered      incident.triggered:<incident id>
+    incident.acknowledged   incident.acknowledged:<incident id>:<when, to the second>
+    incident.resolved       incident.resolved:<incident id>:<when, to the second>
+    incident.escalated      incident.escalated:<incident id>:<when, to the second>
+
+An incident is triggered once, so its id is enough. It may be acknowledged, escalated and
+(after a reopen) resolved several times, and neither ingress path has an id for the change
+that the other knows (a webhook's ``event.id`` is not a log entry's id), so the time stands
+in: the webhook's ``occurred_at`` (PagerDuty sends milliseconds) and the log entry's
+``created_at`` (seconds), both cut to the second in UTC. They agree when PagerDuty stamps both
+within the same second; when they do not, the agent hears of that change twice.
+
+``data`` is small and typed, never the raw JSON: strings are kept as PagerDuty sent them
+(agentwake sanitizes later) but each one is bounded and lists are capped. A payload of a type
+we emit with a missing or ill-typed field raises ``Unmapped`` naming the field, never its
+value; everything we do not emit maps to None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from agentwake.clock import iso, parse_iso
+
+TITLE_CHARS: Final = 1024  # PagerDuty's own limit on an incident title
+NAME_CHARS: Final = 256
+URL_CHARS: Final = 2048
+ID_CHARS: Final = 64
+MAX_ASSIGNEES: Final = 50
+DRAFT_2020_12: Final = "https://json-schema.org/draft/2020-12/schema"
+PING: Final = "pagey.ping"
+URGENCIES: Final = ("high", "low")
+
+EVENT_TYPES: dict[str, str] = {
+    "incident.triggered": "An incident was triggered (opened) on a PagerDuty service.",
+    "incident.acknowledged": "An incident was acknowledged.",
+    "incident.resolved": "An incident was resolved.",
+    "incident.escalated": (
+        "An incident was escalated to another level of its escalation policy, by someone or by its"
+        " acknowledgement timeout."
+    ),
+}
+# What each log entry type (GET /log_entries) is as an event, and the status it leaves the incident in.
+_LOG_ENTRY_TYPES: Final = {
+    "trigger_log_entry": ("incident.triggered", "triggered"),
+    "acknowledge_log_entry": ("incident.acknowledged", "acknowledged"),
+    "resolve_log_entry": ("incident.resolved", "resolved"),
+    "escalate_log_entry": ("incident.escalated", "triggered"),
+}
+# The event types that carry who the incident is assigned to now.
+_WITH_ASSIGNEES: Final = frozenset({"incident.triggered", "incident.escalated"})
+
+
+@dataclass(frozen=True, slots=True)
+class Mapped:
+    """One MCP event: its type, an id stable across webhook and polling, when it happened, its payload,
+    and the PagerDuty id of who caused it (None when nobody did, or the item does not say)."""
+
+    type: str
+    event_id: str
+    occurred_at: datetime
+    data: dict[str, Any]
+    actor_id: str | None = None
+
+
+class Unmapped(ValueError):
+    """A payload of a type we emit with a missing or ill-typed field; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """What a V3 webhook body says about itself: its event's id and type."""
+
+    event_id: str
+    event_type: str
+
+
+# ---- payload schemas -----------------------------------------------------------------
+
+
+def _text(description: str, limit: int, *, nullable: bool = False) -> dict[str, Any]:
+    return {
+        "type": ["string", "null"] if nullable else "string",
+        "maxLength": limit,
+        "description": description,
+    }
+
+
+def _common() -> dict[str, dict[str, Any]]:
+    return {
+        "incidentId": _text("The incident's PagerDuty id (what the tools take).", ID_CHARS),
+        "number": {"type": "integer", "description": "The incident's number in the account (#1234)."},
+        "title": _text("The incident's title.", TITLE_CHARS),
+        "status": _text(
+            'The incident\'s status after the change: "triggered", "acknowledged" or "resolved".', NAME_CHARS
+        ),
+        "urgency": _text('The incident\'s urgency: "high" or "low".', NAME_CHARS),
+        "priority": _text(
+            'The incident\'s priority ("P1"...), or null when it has none.', NAME_CHARS, nullable=True
+        ),
+        "service": {
+            "type": "object",
+            "properties": {
+                "id": _text("The service's PagerDuty id.", ID_CHARS),
+                "name": _text("The service's name.", NAME_CHARS),
+            },
+            "required": ["id", "name"],
+            "additionalProperties": False,
+            "description": "The service the incident is on.",
+        },
+        "url": _text("The incident's web page.", URL_CHARS),
+        "actor": _text(
+            "Who or what caused the change (a user's name, a service or integration), or null (a timeout,"
+            " or a polled new incident, whose creator the incidents list does not name).",
+            NAME_CHARS,
+            nullable=True,
+        ),
+        "actorType": _text(
+            'The kind of actor: "user", "service", "integration"..., or null with no actor.',
+            NAME_CHARS,
+            nullable=True,
+        ),
+        "occurredAt": {
+            "type": "string",
+            "format": "date-time",
+            "description": "When it happened on PagerDuty, ISO 8601 in UTC.",
+        },
+    }
+
+
+def _schema(kind: str) -> dict[str, Any]:
+    properties = _common()
+    if kind in _WITH_ASSIGNEES:
+        properties["assignees"] = {
+            "type": "array",
+            "items": {"type": "string", "maxLength": NAME_CHARS},
+            "maxItems": MAX_ASSIGNEES,
+            "description": (
+                "The names of the users the incident is assigned to after the change ([] for none);"
+                " polled, as the log entry lists them, else as the incident is assigned when polled."
+            ),
+        }
+    return {
+        "$schema": DRAFT_2020_12,
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+
+
+PAYLOAD_SCHEMAS: dict[str, dict[str, Any]] = {kind: _schema(kind) for kind in EVENT_TYPES}
+
+ARGUMENTS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "service": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": NAME_CHARS,
+            "description": "Only incidents of this service: its id (PIJ90N7) or its name, in any case.",
+        },
+        "urgency": {
+            "type": "string",
+            "enum": list(URGENCIES),
+            "description": 'Only incidents of this urgency: "high" or "low".',
+        },
+    },
+    "additionalProperties": False,
+}
+
+
+# ---- reading a payload ---------------------------------------------------------------
+
+
+def _bounded(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters, a cut shown by a trailing ellipsis."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _kind(value: Any) -> str:
+    """A JSON value's type as a message names it (never the value: it may be huge)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object" if isinstance(value, Mapping) else type(value).__name__
+
+
+@dataclass(frozen=True, slots=True)
+class _Object:
+    """A JSON object of a payload, read field by field; a wrong field raises Unmapped naming its path."""
+
+    raw: Mapping[str, Any]
+    path: str
+
+    @classmethod
+    def of(cls, value: Any, path: str) -> _Object:
+        if not isinstance(value, Mapping):
+            raise Unmapped(f"{path or '(payload)'}: must be an object, not {_kind(value)}")
+        return cls(value, path)
+
+    def name(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def _wrong(self, key: str, expected: str) -> Unmapped:
+        return Unmapped(f"{self.name(key)}: must be {expected}, not {_kind(self.raw[key])}")
+
+    def get(self, key: str) -> Any:
+        if key not in self.raw:
+            raise Unmapped(f"{self.name(key)}: missing")
+        return self.raw[key]
+
+    def object(self, key: str) -> _Object:
+        return _Object.of(self.get(key), self.name(key))
+
+    def optional_object(self, key: str) -> _Object | None:
+        value = self.raw.get(key)
+        return None if value is None else _Object.of(value, self.name(key))
+
+    def integer(self, key: str) -> int:
+        value = self.get(key)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self._wrong(key, "an integer")
+        return value
+
+    def text(self, key: str, limit: int) -> str:
+        value = self.get(key)
+        if not isinstance(value, str):
+            raise self._wrong(key, "a string")
+        return _bounded(value, limit)
+
+    def optional_text(self, key: str, limit: int) -> str | None:
+        if self.raw.get(key) is None:
+            return None
+        return self.text(key, limit)
+
+    def moment(self, key: str) -> datetime:
+        value = self.get(key)
+        parsed = parse_iso(value) if isinstance(value, str) else None
+        if parsed is None:
+            raise self._wrong(key, "an ISO 8601 time")
+        return parsed.astimezone(UTC)
+
+    def objects(self, key: str, limit: int) -> list[_Object]:
+        """The first ``limit`` elements of an array of objects (absent or null: none)."""
+        value = self.raw.get(key)
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise self._wrong(key, "an array")
+        return [_Object.of(item, f"{self.name(key)}[{index}]") for index, item in enumerate(value[:limit])]
+
+
+@dataclass(frozen=True, slots=True)
+class _Actor:
+    """Who caused a change, from a webhook's ``agent`` or a log entry's; all None for nobody."""
+
+    id: str | None = None
+    name: str | None = None
+    type: str | None = None
+
+    @classmethod
+    def read(cls, agent: _Object | None) -> _Actor:
+        if agent is None:
+            return cls()
+        kind = agent.optional_text("type", NAME_CHARS)
+        return cls(
+            agent.optional_text("id", ID_CHARS),
+            agent.optional_text("summary", NAME_CHARS),
+            # "user_reference" and "user" are the same kind of actor to a policy.
+            kind.removesuffix("_reference") if kind else None,
+        )
+
+
+def _id_time(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _event_id(kind: str, incident_id: str, occurred_at: datetime) -> str:
+    if kind == "incident.triggered":
+        return f"{kind}:{incident_id}"
+    return f"{kind}:{incident_id}:{_id_time(occurred_at)}"
+
+
+def _priority(incident: _Object) -> str | None:
+    priority = incident.optional_object("priority")
+    return None if priority is None else priority.text("summary", NAME_CHARS)
+
+
+def _service(incident: _Object) -> dict[str, str]:
+    service = incident.object("service")
+    return {"id": service.text("id", ID_CHARS), "name": service.text("summary", NAME_CHARS)}
+
+
+def _names(references: list[_Object]) -> list[str]:
+    return [reference.text("summary", NAME_CHARS) for reference in references]
+
+
+def _assignees(incident: _Object) -> list[str]:
+    """The assignees' names: a webhook's incident lists ``assignees``, the REST API's ``assignments``."""
+    if "assignees" in incident.raw:
+        return _names(incident.objects("assignees", MAX_ASSIGNEES))
+    assignments = incident.objects("assignments", MAX_ASSIGNEES)
+    return _names([assignment.object("assignee") for assignment in assignments])
+
+
+def _event(
+    kind: str, incident: _Object, status: str, occurred_at: datetime, actor: _Actor, assignees: list[str]
+) -> Mapped:
+    incident_id = incident.text("id", ID_CHARS)
+    data: dict[str, Any] = {
+        "incidentId": incident_id,
+        # A webhook's incident has "number", the REST API's "incident_number".
+        "number": incident.integer("number" if "number" in incident.raw else "incident_number"),
+        "title": incident.text("title", TITLE_CHARS),
+        "status": status,
+        "urgency": incident.text("urgency", NAME_CHARS),
+        "priority": _priority(incident),
+        "service": _service(incident),
+        "url": incident.text("html_url", URL_CHARS),
+        "actor": actor.name,
+        "actorType": actor.type,
+        "occurredAt": iso(occurred_at),
+    }
+    if kind in _WITH_ASSIGNEES:
+        data["assignees"] = assignees
+    return Mapped(kind, _event_id(kind, incident_id, occurred_at), occurred_at, data, actor.id)
+
+
+# ---- the entry points ----------------------------------------------------------------
+
+
+def envelope(payload: Any) -> Envelope:
+    """The id and type of a V3 webhook body's event; Unmapped if it has none."""
+    event = _Object.of(payload, "").object("event")
+    return Envelope(event.text("id", NAME_CHARS), event.text("event_type", NAME_CHARS))
+
+
+def from_webhook(payload: dict[str, Any]) -> Mapped | None:
+    """A V3 webhook body as an event, or None if its event type is not one we emit."""
+    event = _Object.of(payload, "").object("event")
+    kind = event.text("event_type", NAME_CHARS)
+    if kind not in EVENT_TYPES:
+        return None  # pagey.ping, incident.annotated, service.updated...
+    incident = event.object("data")
+    return _event(
+        kind,
+        incident,
+        incident.text("status", NAME_CHARS),
+        event.moment("occurred_at"),
+        _Actor.read(event.optional_object("agent")),
+        _assignees(incident) if kind in _WITH_ASSIGNEES else [],
+    )
+
+
+def from_incident(item: dict[str, Any]) -> Mapped:
+    """One item of GET /incidents as incident.triggered (the list names no creator: actor is null)."""
+    incident = _Object.of(item, "incident")
+    return _event(
+        "incident.triggered",
+        incident,
+        "triggered",
+        incident.moment("created_at"),
+        _Actor(),
+        _assignees(incident),
+    )
+
+
+def from_log_entry(item: dict[str, Any]) -> Mapped | None:
+    """One item of GET /log_entries (asked with ``include[]=incidents``, so that its ``incident`` is the
+    whole incident) as an event, or None for a log entry type we do not emit."""
+    entry = _Object.of(item, "log_entry")
+    emitted = _LOG_ENTRY_TYPES.get(entry.text("type", NAME_CHARS))
+    if emitted is None:
+        return None  # notify, annotate, assign, snooze...
+    kind, status = emitted
+    incident = entry.object("incident")
+    assignees: list[str] = []
+    if kind in _WITH_ASSIGNEES:
+        # Whom the change assigned, as the entry lists them; else whom the incident has now.
+        listed = "assignees" in entry.raw
+        assignees = _names(entry.objects("assignees", MAX_ASSIGNEES)) if listed else _assignees(incident)
+    actor = _Actor.read(entry.optional_object("agent"))
+    return _event(kind, incident, status, entry.moment("created_at"), actor, assignees)
+
+
+# ---- the subscription filter ---------------------------------------------------------
+
+
+def matches(arguments: dict[str, Any], data: dict[str, Any]) -> bool:
+    """Whether an event's data passes a subscription's arguments; an absent argument lets all through."""
+    service = arguments.get("service")
+    if service is not None and not _service_matches(service, data.get("service")):
+        return False
+    urgency = arguments.get("urgency")
+    return urgency is None or urgency == data.get("urgency")
+
+
+def _service_matches(wanted: Any, service: Any) -> bool:
+    if not isinstance(wanted, str) or not isinstance(service, dict):
+        return False
+    # A subscription names a service as a person types it: its id or its name, in any case.
+    return any(
+        isinstance(value, str) and value.casefold() == wanted.casefold()
+        for value in (service.get("id"), service.get("name"))
+    )
+
+
+# ---- the tools' brief form -----------------------------------------------------------
+
+
+def brief(incident: dict[str, Any]) -> dict[str, Any]:
+    """An incident of the REST API in a few fields, for a list an agent reads whole. Lenient: a
+    field PagerDuty left out is null rather than an error, since this is an answer, not an event."""
+
+    def text(value: Any, limit: int) -> str | None:
+        return _bounded(value, limit) if isinstance(value, str) else None
+
+    def part(key: str) -> dict[str, Any]:
+        value = incident.get(key)
+        return value if isinstance(value, dict) else {}
+
+    service, priority = part("service"), part("priority")
+    number = incident.get("incident_number", incident.get("number"))
+    return {
+        "id": text(incident.get("id"), ID_CHARS),
+        "number": number if isinstance(number, int) and not isinstance(number, bool) else None,
+        "title": text(incident.get("title"), TITLE_CHARS),
+        "status": text(incident.get("status"), NAME_CHARS),
+        "urgency": text(incident.get("urgency"), NAME_CHARS),
+        "priority": text(priority.get("summary"), NAME_CHARS),
+        "service": {
+            "id": text(service.get("id"), ID_CHARS),
+            "name": text(service.get("summary"), NAME_CHARS),
+        },
+        "createdAt": text(incident.get("created_at"), NAME_CHARS),
+        "url": text(incident.get("html_url"), URL_CHARS),
+    }
