@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from agentwake.bridges.framework import BridgeOptions
 
 bridge_app = typer.Typer(
-    help="Run a bridge: an MCP Events server for an upstream (GitHub) that has none of its own.",
+    help="Run a bridge: an MCP Events server for an upstream (GitHub, PagerDuty, Slack) that has none of its own.",
     no_args_is_help=True,
     rich_markup_mode=HELP_MARKUP,
     cls=HelpGroup,
