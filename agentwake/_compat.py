@@ -11,7 +11,9 @@ minor release that test passes on.
                                                 the dispatcher's synchronous, wire-order look at each
                                                 notification; the public bindings queue per method,
                                                 drop the oldest on overflow and may reorder
-    mcp.client.ClientSession._stamp             protocol-era headers on a request we send raw
+    mcp.client.ClientSession._stamp             protocol-era headers (and, 2026-era, ``_meta``) on a
+                                                request we send raw, or beside the session (polls
+                                                over agentwake.stdio)
     mcp.client.ClientSession._dispatcher        sending a request raw: with nulls kept in its params
                                                 (the SDK's models drop them) and with our own id; and
                                                 reading the handshake's result as sent (the SDK's
@@ -20,6 +22,10 @@ minor release that test passes on.
                                                 the SDK's HTTP client defaults (timeouts, redirects)
     mcp.server.session.ServerSession._connection
                                                 the connection behind a request, to notify it later
+    mcp.server._streamable_http_modern._SSE_PING_INTERVAL
+                                                how long a 2026-era SSE response may be silent before
+                                                the SDK writes ``: ping``; tests shorten it to see the
+                                                pings (and their absence on events/stream) in seconds
     aiohttp.web.Server._loop, ._kwargs          building our own RequestHandler subclass as
                                                 web.Server.__call__ does
     jsonschema Validator._resolver (and evolve's ``_resolver``)
@@ -31,8 +37,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-from collections.abc import Awaitable, Callable, Mapping
-from contextlib import AsyncExitStack
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
@@ -81,6 +87,7 @@ PRIVATE_ATTRIBUTES: Final = (
     PrivateAttribute("mcp.client.session", "ClientSession", "_dispatcher", on_instance=True),
     PrivateAttribute("mcp.shared._httpx_utils", None, "create_mcp_http_client"),
     PrivateAttribute("mcp.server.session", "ServerSession", "_connection", on_instance=True),
+    PrivateAttribute("mcp.server._streamable_http_modern", None, "_SSE_PING_INTERVAL"),
     PrivateAttribute("aiohttp.web_server", "Server", "_loop", on_instance=True),
     PrivateAttribute("aiohttp.web_server", "Server", "_kwargs", on_instance=True),
     PrivateAttribute("jsonschema.validators", "Draft202012Validator", "_resolver", on_instance=True),
@@ -182,6 +189,17 @@ async def send_raw_request(
     return dict(await session._dispatcher.send_raw_request(method, params, opts))
 
 
+def stamped_params(session: ClientSession, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` as the session would send them (2026-era: with its ``_meta``), for a request sent
+    without it. ``params`` itself is stamped; the headers the stamp also sets are for HTTP only."""
+    data: dict[str, Any] = {"method": method, "params": params}
+    session._stamp(data, {})
+    stamped: dict[str, Any] = data["params"]
+    if "_meta" in stamped and not stamped["_meta"]:
+        del stamped["_meta"]  # as the SDK's dispatcher leaves out an empty one
+    return stamped
+
+
 def http_client(headers: Mapping[str, str] | None) -> httpx2.AsyncClient:
     """An HTTP client with the SDK's own defaults for MCP transports."""
     return create_mcp_http_client(headers=dict(headers) if headers else None)
@@ -195,6 +213,20 @@ def connection_of(ctx: ServerRequestContext[Any, Any]) -> Connection | None:
     the request returns, so notifying a client later needs the connection itself."""
     connection: Connection | None = getattr(ctx.session, "_connection", None)
     return connection
+
+
+@contextmanager
+def modern_sse_ping_interval(seconds: float) -> Iterator[float]:
+    """Within the block, the SDK pings a 2026-era SSE response after ``seconds`` of silence
+    (15 by default); yields the interval it replaced. Process-wide, read at each wait."""
+    from mcp.server import _streamable_http_modern as modern
+
+    previous: float = modern._SSE_PING_INTERVAL
+    modern._SSE_PING_INTERVAL = seconds
+    try:
+        yield previous
+    finally:
+        modern._SSE_PING_INTERVAL = previous
 
 
 # ---- aiohttp ------------------------------------------------------------------------------

@@ -107,6 +107,18 @@ async def test_a_raw_request_keeps_null_params() -> None:
     assert raw["content"][0]["text"] == "ok"
 
 
+def test_the_modern_sse_ping_interval_is_shortened_within_the_block_and_restored() -> None:
+    """``mcp.server._streamable_http_modern._SSE_PING_INTERVAL``, a module-level float the SDK reads at each wait."""
+    from mcp.server import _streamable_http_modern as modern
+
+    before = modern._SSE_PING_INTERVAL
+    assert isinstance(before, float)
+    with _compat.modern_sse_ping_interval(0.25) as previous:
+        inside = modern._SSE_PING_INTERVAL
+    after = modern._SSE_PING_INTERVAL
+    assert (previous, inside, after) == (before, 0.25, before)
+
+
 def test_a_validator_follows_a_reference_from_the_resolver_it_is_given() -> None:
     schema = {"$defs": {"n": {"type": "integer"}}, "properties": {"x": {"$ref": "#/$defs/n"}}}
     validator = Draft202012Validator(schema)

@@ -167,6 +167,7 @@ class PushLoop:
     errors: int = field(default=0, init=False)
     received: int = field(default=0, init=False)
     _since_quiet: int = field(default=0, init=False)
+    _since_heartbeat: int = field(default=0, init=False)
     _lost: Summary = field(default_factory=Summary, init=False)
     _errors: Summary = field(default_factory=Summary, init=False)
     _quiet: QuietWrites = field(default_factory=QuietWrites, init=False)
@@ -321,18 +322,10 @@ class PushLoop:
                     if usable_cursor(cursor_sent):
                         pending.cursor = cursor_sent
                     self._since_quiet += 1
+                    self._since_heartbeat += 1
                 elif method in (protocol.NOTIFICATION_ACTIVE, protocol.NOTIFICATION_HEARTBEAT):
-                    if method == protocol.NOTIFICATION_HEARTBEAT and self._since_quiet:
-                        # A heartbeat comes after a quiet spell: whatever was owed has arrived. Worth
-                        # an INFO line only after a backlog, not after every few events of steady traffic.
-                        level = logging.INFO if self._since_quiet >= PROGRESS_EVERY else logging.DEBUG
-                        logger.log(
-                            level,
-                            "subscription %s: stream caught up after %d events",
-                            sub.name,
-                            self._since_quiet,
-                        )
-                        self._since_quiet = 0
+                    if method == protocol.NOTIFICATION_HEARTBEAT:
+                        self._note_heartbeat()
                     if method == protocol.NOTIFICATION_ACTIVE and params.get("truncated"):
                         stored = await self._store(key, pending, stored)
                         pending = _Pending(truncated=True)
@@ -368,6 +361,22 @@ class PushLoop:
                         subscription=sub.name,
                     )
             stored = await self._store(key, pending, stored)
+
+    def _note_heartbeat(self) -> None:
+        """Caught up at the first heartbeat with no event since the one before: a server heartbeats
+        on a clock, busy or not, so a heartbeat between events says nothing of the backlog."""
+        quiet, self._since_heartbeat = self._since_heartbeat == 0, 0
+        if not (quiet and self._since_quiet):
+            return
+        # Worth an INFO line only after a backlog, not after every few events of steady traffic.
+        level = logging.INFO if self._since_quiet >= PROGRESS_EVERY else logging.DEBUG
+        logger.log(
+            level,
+            "subscription %s: stream caught up after %d events",
+            self.subscription.name,
+            self._since_quiet,
+        )
+        self._since_quiet = 0
 
     async def _store(self, key: SubscriptionKey, pending: _Pending, stored: str | None) -> str | None:
         if not pending:

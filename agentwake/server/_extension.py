@@ -8,7 +8,7 @@
         return EventResult(events=[...], cursor=new_cursor)
 
     server = MCPServer("demo", extensions=[events])
-    events.install(server)   # also advertise capabilities.events on the wire
+    events.install(server)   # advertise the capability on every era; before streamable_http_app()
 
 This module is the extension itself: declaring types, the request handlers,
 emit, and the lifecycle hooks. events/list and events/poll are served here, push
@@ -60,7 +60,12 @@ from agentwake.server._params import (
 )
 from agentwake.server._read import maybe_await, read_events
 from agentwake.server._shared import SERVED_MODES, UNCONFIGURED_MODES, EventType
-from agentwake.server._stream import DEFAULT_HEARTBEAT_MS, MAX_HEARTBEAT_MS, PushStream
+from agentwake.server._stream import (
+    DEFAULT_HEARTBEAT_MS,
+    MAX_HEARTBEAT_MS,
+    PushStream,
+    WithoutPushStreamPings,
+)
 from agentwake.server._types import (
     CheckFunction,
     DeliveryModeName,
@@ -123,8 +128,8 @@ class EventsExtension(Extension):
         webhook: WebhookSettings | None = None,
         principal_of: Callable[[ServerRequestContext[Any, Any]], str | None] | None = None,
     ) -> None:
-        """``heartbeat_ms`` is how long a push stream may stay silent before a heartbeat
-        (1 to 30000, the spec's "at least every 30 seconds"). ``max_streams`` caps open
+        """``heartbeat_ms`` is the interval between a push stream's heartbeats, sent however
+        busy the stream is (1 to 30000, the spec's "at least every 30 seconds"). ``max_streams`` caps open
         push streams across all connections (-32013 beyond it); None means no cap.
 
         ``webhook`` turns on webhook delivery (events/subscribe, events/unsubscribe) and
@@ -194,13 +199,28 @@ class EventsExtension(Extension):
         return tuple(bindings)
 
     def install(self, server: Any) -> None:
-        """Advertise ``capabilities.events`` on the wire too (the spec's own spelling).
+        """Wire the extension into ``server`` beyond what the SDK does with ``extensions=[...]``.
 
-        The SDK advertises extensions only under ``capabilities.extensions`` and only
-        on 2026-era connections, so handshake-era clients also get the capability
-        under ``capabilities.experimental``.
+        The capability is advertised on every protocol era under each name a client may
+        read it by: ``capabilities.extensions["io.modelcontextprotocol/events"]`` (the
+        extensions mechanism; the SDK itself sends it only on 2026-era connections),
+        ``capabilities.events`` (the design sketch's example) and
+        ``capabilities.experimental["io.modelcontextprotocol/events"]`` (for handshake-era
+        clients whose models keep only ``experimental``).
+
+        Call it before ``server.streamable_http_app()``: the apps that builds drop the SDK's
+        SSE comment pings from events/stream responses (``WithoutPushStreamPings``).
         """
         server.middleware.append(self._advertise_capability)
+        build_app = getattr(server, "streamable_http_app", None)
+        if callable(build_app):
+
+            def streamable_http_app(*args: Any, **kwargs: Any) -> Any:
+                app = build_app(*args, **kwargs)
+                app.add_middleware(WithoutPushStreamPings)
+                return app
+
+            server.streamable_http_app = streamable_http_app
 
     async def _advertise_capability(
         self, ctx: ServerRequestContext[Any, Any], call_next: Any
@@ -208,10 +228,11 @@ class EventsExtension(Extension):
         result: HandlerResult = await call_next(ctx)
         if ctx.method in ("initialize", "server/discover") and isinstance(result, dict):
             capabilities = result.setdefault("capabilities", {})
-            capabilities["events"] = {"listChanged": True}
-            experimental = capabilities.get("experimental") or {}
-            experimental[protocol.EXTENSION_ID] = {"listChanged": True}
-            capabilities["experimental"] = experimental
+            for spelling in ("extensions", "experimental"):
+                declared = capabilities.get(spelling) or {}
+                declared[protocol.EXTENSION_ID] = self.settings()
+                capabilities[spelling] = declared
+            capabilities["events"] = self.settings()
         return result
 
     # ---- declaring event types ---------------------------------------------------

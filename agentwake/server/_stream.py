@@ -4,8 +4,10 @@ A stream is the request handler itself. It reads with the same ``EventsExtension
 events/poll (the check function for check types, the ring buffer for emit-only
 types) and writes notifications on the request's own channel, the server
 session's ``related_request_id``: newline-delimited JSON on stdout over stdio,
-``data:`` frames of the POST's SSE response over Streamable HTTP. A second task
-sends a heartbeat whenever the stream has been quiet for the heartbeat interval.
+``data:`` frames of the POST's SSE response over Streamable HTTP. A second task,
+one timer per stream, sends a heartbeat every heartbeat interval whatever else
+the stream carries, so its cursor (the position checked up to, which can be
+ahead of the last matching event) reaches the client during steady traffic too.
 
 Every send is awaited, one at a time, so a client that reads slowly slows the
 stream down (pipe or TCP back-pressure) and nothing is queued per stream. For
@@ -13,12 +15,16 @@ emit-only types the ring buffer is the only buffer: a stream that falls behind
 its retention gets a fresh ``active`` with ``truncated: true`` and goes on.
 
 Order on the wire: ``active`` first, then ``event``s (with a fresh ``active``
-``truncated: true`` before the events that follow a gap), ``heartbeat``s in
-quiet periods, ``error`` for a failed read (the stream stays open and retries),
+``truncated: true`` before the events that follow a gap), a ``heartbeat`` every
+interval between them, ``error`` for a failed read (the stream stays open and retries),
 and ``terminated`` followed by the ``StreamEventsResult`` when the server ends
 the subscription. A client cancels with ``notifications/cancelled`` (stdio) or
 by closing the response (HTTP); the SDK then cancels the handler, and the
 stream's ``on_unsubscribe`` hooks run shielded.
+
+Over Streamable HTTP the SDK also writes SSE comment pings (``: ping``) on its
+responses; the spec keeps that form off push streams (it carries no cursor), so
+``WithoutPushStreamPings`` drops them from events/stream responses only.
 
 A stream sees the extension only through ``StreamHost`` (a Protocol), so this
 module never imports ``_extension``.
@@ -28,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any, Final, Protocol, cast
@@ -74,6 +80,14 @@ STREAM_NOTIFICATIONS: Final = frozenset(
 
 DEFAULT_HEARTBEAT_MS: Final = 30_000
 MAX_HEARTBEAT_MS: Final = 30_000
+
+# Set by a push stream in its HTTP request's ASGI scope: this response carries no comment pings.
+PUSH_RESPONSE_SCOPE_KEY: Final = "agentwake.events_stream"
+
+AsgiMessage = MutableMapping[str, Any]
+AsgiReceive = Callable[[], Awaitable[AsgiMessage]]
+AsgiSend = Callable[[AsgiMessage], Awaitable[None]]
+AsgiApp = Callable[[MutableMapping[str, Any], AsgiReceive, AsgiSend], Awaitable[None]]
 
 
 def stream_result() -> dict[str, Any]:
@@ -147,7 +161,6 @@ class PushStream:
         self._meta = {protocol.SUBSCRIPTION_ID_META: subscription_id}
         self._wake = anyio.Event()
         self._lock = anyio.Lock()
-        self._last_frame = anyio.current_time()
         self._close_requested = False
         self._close_error: MCPError | None = None
 
@@ -176,16 +189,14 @@ class PushStream:
     async def serve(self) -> dict[str, Any]:
         """Run the stream until the server ends it (returns the result) or the client cancels."""
         extension = self.extension
+        mark_push_response(self.request)
         await extension.fire_hooks("subscribe", self.lease, request=self.request, mode="push")
         try:
             # A failure here is the request's JSON-RPC error: no stream was opened.
             self.cursor = self.requested_cursor
             first = await self._read(self.opening_ctx, self.requested_cursor)
             start = start_cursor(self.event_type, first, fallback=self.requested_cursor)
-            await self._send(
-                NOTIFICATION_ACTIVE,
-                {"cursor": self._wire(start), "truncated": first.truncated and self.event_type.replay},
-            )
+            await self._activate(start, truncated=first.truncated and self.event_type.replay)
             # If the heartbeat finds the client gone it cancels this group; the result is then
             # written nowhere (the transport drops it), which is all an abandoned stream needs.
             result = stream_result()
@@ -211,7 +222,7 @@ class PushStream:
             if batch is not None:
                 if batch.truncated and not opening and self.event_type.replay:
                     start = start_cursor(self.event_type, batch, fallback=self.cursor)
-                    await self._send(NOTIFICATION_ACTIVE, {"cursor": self._wire(start), "truncated": True})
+                    await self._activate(start, truncated=True)
                 await self._deliver(batch)
                 delay = 0.0 if batch.has_more else idle_delay(self.extension, self.event_type, batch)
             else:
@@ -270,23 +281,33 @@ class PushStream:
             params["cursor"] = self._wire(cursor)
             async with self._lock:
                 await self._send_locked(NOTIFICATION_EVENT, params)
-                self.cursor = cursor
+                # Under the lock, so a heartbeat never sees the last event sent but not the batch's end.
+                self.cursor = batch.cursor if index == last else cursor
         self.cursor = batch.cursor
 
+    async def _activate(self, cursor: str | None, *, truncated: bool) -> None:
+        """Send ``active``; heartbeats until the next event then carry its cursor, not an older one."""
+        async with self._lock:
+            await self._send_locked(
+                NOTIFICATION_ACTIVE, {"cursor": self._wire(cursor), "truncated": truncated}
+            )
+            self.cursor = cursor
+
     async def _heartbeats(self, stream_scope: anyio.CancelScope) -> None:
-        """Heartbeat after every quiet interval; also, about once an interval, see if the client left."""
+        """A heartbeat every interval, however busy the stream (the spec's "at least every");
+        before each, see if the client left."""
         interval = self.extension.heartbeat_ms / 1000
+        due = anyio.current_time() + interval
         while True:
-            quiet_for = anyio.current_time() - self._last_frame
-            if quiet_for < interval:
-                await anyio.sleep(interval - quiet_for)
+            await anyio.sleep_until(due)
+            # The next one is due an interval after this one was, never in the past (no catch-up burst).
+            due = max(due + interval, anyio.current_time())
             if await self._client_gone():
                 logger.info("events/stream %s: the client closed the response", self.subscription_id)
                 stream_scope.cancel()
                 return
             async with self._lock:
-                if anyio.current_time() - self._last_frame >= interval:
-                    await self._send_locked(NOTIFICATION_HEARTBEAT, {"cursor": self._wire(self.cursor)})
+                await self._send_locked(NOTIFICATION_HEARTBEAT, {"cursor": self._wire(self.cursor)})
 
     async def _client_gone(self) -> bool:
         """Whether a handshake-era Streamable HTTP client closed this request's response.
@@ -323,6 +344,56 @@ class PushStream:
         await self.request.session.send_notification(
             cast(Any, notification), related_request_id=self.subscription_id
         )
-        self._last_frame = anyio.current_time()
         # The in-process dispatcher delivers without a checkpoint: let others run between frames.
         await anyio.lowlevel.checkpoint()
+
+
+# ---- no SSE comment pings on push responses ------------------------------------------------
+
+
+def mark_push_response(request: ServerRequestContext[Any, Any]) -> None:
+    """Mark this request's HTTP response as a push stream's, for ``WithoutPushStreamPings``.
+
+    The handler's Starlette request shares its ASGI scope with the response the SDK
+    writes; stdio has no HTTP request and nothing to mark.
+    """
+    scope = getattr(getattr(request, "request", None), "scope", None)
+    if isinstance(scope, MutableMapping):
+        scope[PUSH_RESPONSE_SCOPE_KEY] = True
+
+
+def _only_comments(body: bytes) -> bool:
+    """Whether an SSE chunk is nothing but comment lines (the SDK's ``: ping``)."""
+    lines = [line for line in body.splitlines() if line]
+    return bool(lines) and all(line.startswith(b":") for line in lines)
+
+
+class WithoutPushStreamPings:
+    """ASGI middleware: drop the SSE comment pings the SDK writes on events/stream responses.
+
+    The SDK pings every SSE response (sse_starlette's ``ping`` on 2025-era POSTs, a
+    15 s idle ping on 2026-era ones) with no per-response switch. A push stream's
+    heartbeats are its keepalive, so on a response its handler marked
+    (``mark_push_response``) comment-only chunks go nowhere; every other response,
+    and every other chunk, is passed on untouched.
+    """
+
+    def __init__(self, app: AsgiApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: AsgiReceive, send: AsgiSend) -> None:
+        if scope.get("type") != "http" or scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_without_pings(message: AsgiMessage) -> None:
+            if (
+                message.get("type") == "http.response.body"
+                and message.get("more_body", False)
+                and scope.get(PUSH_RESPONSE_SCOPE_KEY)
+                and _only_comments(bytes(message.get("body", b"")))
+            ):
+                return
+            await send(message)
+
+        await self.app(scope, receive, send_without_pings)
