@@ -19,6 +19,7 @@ EXPECTED = [
     "policies/10-triage.toml",
     "policies/99-default.toml",
     "policies/github-triage.toml",
+    "policies/triage.toml",
     "prompts/alert.fired.md.j2",
     "prompts/event.md.j2",
     "prompts/github.answer-comment.md.j2",
@@ -30,6 +31,10 @@ EXPECTED = [
     "prompts/github.triage-issue.md.j2",
     "prompts/system.md.j2",
     "prompts/ticket.created.md.j2",
+    "prompts/triage.pagerduty-p1.md.j2",
+    "prompts/triage.settings.md.j2",
+    "prompts/triage.slack-incident-action.md.j2",
+    "prompts/triage.slack-mention.md.j2",
 ]
 
 

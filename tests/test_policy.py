@@ -762,7 +762,12 @@ def test_the_packaged_starter_policy_is_comments_only_so_the_default_action_deci
 
 def test_the_bundled_policies_load_with_their_prompts_and_p1_priority() -> None:
     policy = load_policy(REPO / "policies", "agent", base=REPO)
-    assert [f.name for f in policy.files] == ["10-triage.toml", "99-default.toml", "github-triage.toml"]
+    assert [f.name for f in policy.files] == [
+        "10-triage.toml",
+        "99-default.toml",
+        "github-triage.toml",
+        "triage.toml",
+    ]
     assert [r.rule.name for r in policy.rules if r.file.name == "10-triage.toml"] == [
         "ignore-bots",
         "hold-suspicious",
@@ -770,8 +775,9 @@ def test_the_bundled_policies_load_with_their_prompts_and_p1_priority() -> None:
         "log-other-alerts",
         "label-tickets",
     ]
-    # Each file takes only its own server's events, so the demo and GitHub rules share the folder.
-    assert {r.rule.match.server for r in policy.rules} == {"demo", "github"}
+    # Each file takes only its own servers' events, so the demo, GitHub, PagerDuty and Slack rules
+    # share the folder.
+    assert {r.rule.match.server for r in policy.rules} == {"demo", "github", "pagerduty", "slack"}
     for loaded in policy.rules:
         if loaded.rule.prompt:
             assert (REPO / "prompts" / loaded.rule.prompt).is_file()
