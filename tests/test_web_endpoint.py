@@ -352,7 +352,13 @@ async def test_healthz_is_503_while_the_store_cannot_be_written(tmp_path: Path) 
             locker = sqlite3.connect(config.store.path, isolation_level=None)
             locker.execute("BEGIN EXCLUSIVE")
             try:
-                body = await wait_json(http, f"{endpoint.url}/healthz", lambda status, body: status == 503)
+                # Under load the beats may first look late ("no store write succeeded for ..."):
+                # wait for the failed write's own reason.
+                body = await wait_json(
+                    http,
+                    f"{endpoint.url}/healthz",
+                    lambda status, body: status == 503 and "cannot be written" in str(body.get("reason")),
+                )
             finally:
                 locker.execute("ROLLBACK")
                 locker.close()
