@@ -30,8 +30,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# One worker per core, at most 4 (pytest-xdist): most tests wait on subprocesses and sockets.
+# `make unit PYTEST_WORKERS=0` runs them in this process, one after another.
+PYTEST_WORKERS ?= auto
 unit: $(STAMP) browser
-	LITELLM_LOCAL_MODEL_COST_MAP=True $(BIN)/pytest
+	LITELLM_LOCAL_MODEL_COST_MAP=True $(BIN)/pytest -n $(PYTEST_WORKERS) --maxprocesses 4
 
 # tests/test_approvals_page.py drives Debian's chromium through playwright (installed with '.[dev]'):
 # playwright's own browser download cannot work here. Installed once when root; otherwise the test skips.
