@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -179,3 +181,97 @@ async def agentwake_run(config: Path, **env: str) -> AsyncIterator[RunningServic
     finally:
         with anyio.CancelScope(shield=True):
             await process.aclose()
+
+
+# -- the bridges end to end: `agentwake run` spawning `agentwake bridge <kind>` over stdio ----------
+
+QUICK_BRIDGE = ["--next-poll-ms", "200", "--heartbeat-ms", "1000"]
+
+
+def bridge_server_toml(kind: str, state_dir: Path, args: list[str], env: Iterable[str]) -> str:
+    """The ``[servers.<kind>]`` table that spawns ``agentwake bridge <kind>`` with its state in
+    ``state_dir``, ``args`` then short poll and heartbeat intervals; each of ``env`` is the inside of
+    a ``${...}`` expansion (``NAME`` or ``NAME:-``) passed on as the variable it names."""
+    argv = ["-m", "agentwake.cli", "bridge", kind, "--state-dir", str(state_dir), *args, *QUICK_BRIDGE]
+    env_toml = ", ".join(f'{spec.split(":", 1)[0]} = "${{{spec}}}"' for spec in env)
+    return (
+        f"[servers.{kind}]\n"
+        f"command = {json.dumps(sys.executable)}\n"
+        f"args = {json.dumps(argv)}\n"
+        f"env = {{ {env_toml} }}\n\n"
+    )
+
+
+def write_bridge_config(
+    tmp_path: Path, servers: str, llm_url: str, subscriptions: str, *, policies: Path | tuple[str, str]
+) -> Path:
+    """agentwake.toml in ``tmp_path``: its store aw.db there, ``servers``, the fake LLM's agent and
+    ``subscriptions``; ``policies`` a folder, or (file name, TOML) of the one file of a new one."""
+    if isinstance(policies, tuple):
+        name, policy = policies
+        folder = tmp_path / "policies"
+        folder.mkdir()
+        (folder / name).write_text(policy)
+        policies = folder
+    config = tmp_path / "agentwake.toml"
+    config.write_text(
+        f'[store]\npath = "{tmp_path / "aw.db"}"\n\n'
+        + servers
+        + f'[policy]\ndir = {json.dumps(str(policies))}\ndefault = "log"\n\n'
+        + fake_agent_toml(llm_url)
+        + subscriptions
+    )
+    return config
+
+
+def read_db(path: Path, query: str) -> list[tuple[Any, ...]]:
+    """Rows from another process's SQLite file, read-only while it runs."""
+    if not path.exists():
+        return []
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return db.execute(query).fetchall()
+    except sqlite3.OperationalError:  # not created yet
+        return []
+    finally:
+        db.close()
+
+
+async def until_rows(
+    path: Path, query: str, done: Callable[[list[tuple[Any, ...]]], Any], service: RunningService
+) -> list[tuple[Any, ...]]:
+    """The rows of ``query`` once ``done(rows)`` holds. Another process's SQLite file: there is nothing
+    to wait on but the file itself."""
+    try:
+        with anyio.fail_after(60):
+            while not done(rows := read_db(path, query)):  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+    except TimeoutError:
+        raise AssertionError(f"{query}: {read_db(path, query)}\n{service.log()}") from None
+    return rows
+
+
+async def bootstrapped(store: Path, names: Iterable[str], service: RunningService) -> None:
+    """Until every subscription has its first cursor: an event sent before would predate it."""
+    wanted = set(names)
+
+    def started() -> set[str]:
+        return {name for name, cursor in read_db(store, "SELECT name, cursor FROM subscriptions") if cursor}
+
+    # Another process's SQLite file: there is nothing to wait on but the file itself.
+    try:
+        with anyio.fail_after(60):
+            while not started() >= wanted:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+    except TimeoutError:
+        raise AssertionError(f"subscriptions not started: {wanted - started()}\n{service.log()}") from None
+
+
+async def settled(store: Path, count: int) -> list[tuple[str, str]]:
+    """Until ``count`` events are in the inbox and none is still being handled; (subscription, state)."""
+    with anyio.fail_after(60):
+        while True:
+            rows = [(sub, state) for sub, state in read_db(store, "SELECT subscription, state FROM events")]
+            if len(rows) >= count and all(state not in ("pending", "processing") for _, state in rows):
+                return rows
+            await anyio.sleep(0.05)

@@ -31,7 +31,6 @@ import hashlib
 import itertools
 import json
 import secrets
-import signal
 import sys
 import time
 from collections import deque
@@ -39,11 +38,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http import HTTPStatus
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 from urllib.parse import quote, unquote
 
-import anyio
+from _fake_http import Headers, RecordingFake, until_stopped
 from aiohttp import web
 
 HTML_BASE = "https://github.com"
@@ -58,22 +56,6 @@ STATE_REASONS = {"completed", "not_planned", "reopened", "duplicate"}
 def now_iso() -> str:
     """GitHub's timestamp form: UTC to the second with a trailing Z."""
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-class Headers(dict[str, str]):
-    """A request's headers, looked up by name in any case (``headers["authorization"]`` works too)."""
-
-    def __init__(self, items: Iterable[tuple[str, str]] = ()) -> None:
-        super().__init__((name.lower(), value) for name, value in items)
-
-    def __getitem__(self, name: str) -> str:
-        return super().__getitem__(name.lower())
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and super().__contains__(name.lower())
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return super().get(name.lower(), default)
 
 
 @dataclass(frozen=True)
@@ -156,16 +138,14 @@ def _page(items: list[dict[str, Any]], query: dict[str, str]) -> list[dict[str, 
     return items[(page - 1) * per_page : page * per_page]
 
 
-class FakeGitHub:
+class FakeGitHub(RecordingFake[Recorded]):
     """GitHub's REST API in memory, served on 127.0.0.1 on a free port."""
 
     def __init__(self, *, token: str | None = "test-token", port: int = 0, path_prefix: str = "") -> None:
         """``path_prefix`` (like GitHub Enterprise's ``/api/v3``) goes into ``url`` and every recorded path."""
+        super().__init__(port)
         self.token = token
-        self.port = port
         self.path_prefix = path_prefix.rstrip("/")
-        self.url = ""
-        self.requests: list[Recorded] = []
         # Knobs a test may change at any time.
         self.poll_interval_s = 60
         self.rate_limit_remaining = RATE_LIMIT
@@ -176,82 +156,9 @@ class FakeGitHub:
         self._users: dict[str, dict[str, Any]] = {}
         self._ids = itertools.count(1_000_001)
         self._failures: deque[_Failure] = deque()
-        self._arrived: anyio.Event | None = None
-        self._runner: web.AppRunner | None = None
 
-    # -- lifecycle -----------------------------------------------------------------------------
-
-    async def start(self) -> str:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-        await runner.setup()
-        try:
-            site = web.TCPSite(runner, host="127.0.0.1", port=self.port)
-            await site.start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._runner = runner
-        self.port = runner.addresses[0][1]
-        self.url = f"http://127.0.0.1:{self.port}{self.path_prefix}"
-        return self.url
-
-    async def close(self) -> None:
-        if self._runner is not None:
-            runner, self._runner = self._runner, None
-            with anyio.CancelScope(shield=True):
-                await runner.cleanup()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
-
-    # -- what was asked ------------------------------------------------------------------------
-
-    def calls(self, method: str | None = None, path_prefix: str | None = None) -> list[Recorded]:
-        """The requests so far, of one method and/or under one raw path prefix."""
-        return [
-            r
-            for r in self.requests
-            if (method is None or r.method == method.upper())
-            and (path_prefix is None or r.path.startswith(path_prefix))
-        ]
-
-    # ASYNC109: the agreed interface takes a timeout argument.
-    async def wait_for(self, method: str, path: str, *, timeout: float = 10, count: int = 1) -> Recorded:  # noqa: ASYNC109
-        """The ``count``-th request with this method and raw path, waiting for it if it has not come yet."""
-
-        def matching() -> list[Recorded]:
-            return [r for r in self.requests if r.method == method.upper() and r.path == path]
-
-        try:
-            with anyio.fail_after(timeout):
-                while len(matching()) < count:
-                    await self._arrival().wait()
-        except TimeoutError:
-            seen = ", ".join(f"{r.method} {r.path}" for r in self.requests[-10:]) or "nothing"
-            raise TimeoutError(
-                f"no {method} {path} (#{count}) within {timeout} s; last seen: {seen}"
-            ) from None
-        return matching()[count - 1]
-
-    def _arrival(self) -> anyio.Event:
-        # Created lazily so it belongs to the loop that first waits on it.
-        if self._arrived is None:
-            self._arrived = anyio.Event()
-        return self._arrived
-
-    def _record(self, recorded: Recorded) -> None:
-        self.requests.append(recorded)
-        arrived, self._arrived = self._arrived, None
-        if arrived is not None:
-            arrived.set()
+    def _base_path(self) -> str:
+        return self.path_prefix
 
     # -- state: set up -------------------------------------------------------------------------
 
@@ -1040,11 +947,7 @@ async def _serve(port: int, token: str | None, repos: list[str], viewer: str) ->
             fake.add_repo(repo)
         sys.stdout.write(fake.url + "\n")
         sys.stdout.flush()
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
-        await stop.wait()
+        await until_stopped()
 
 
 def main(argv: list[str] | None = None) -> None:

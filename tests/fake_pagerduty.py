@@ -36,19 +36,16 @@ import hmac
 import itertools
 import json
 import os
-import signal
 import sys
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import aiohttp
-import anyio
+from _fake_http import Headers, RecordingFake, until_stopped
 from aiohttp import web
 
 WEB = "https://acme.pagerduty.com"
@@ -71,6 +68,28 @@ def sign(body: bytes, *secrets_: str) -> str:
     return ",".join("v1=" + hmac.new(s.encode(), body, hashlib.sha256).hexdigest() for s in secrets_)
 
 
+def webhook_headers(
+    signature: str, *, webhook_id: str | None = None, subscription: str = "PSUB0FAKE"
+) -> dict[str, str]:
+    """The headers of a V3 webhook delivery as PagerDuty sends them (a new ``X-Webhook-Id`` unless given)."""
+    return {
+        "Content-Type": "application/json",
+        "User-Agent": "PagerDuty-Webhook/V3.0",
+        "X-PagerDuty-Signature": signature,
+        "X-Webhook-Id": webhook_id or str(uuid.uuid4()),
+        "X-Webhook-Subscription": subscription,
+    }
+
+
+async def post_webhook(
+    url: str, body: bytes, signature: str, *, webhook_id: str | None = None, subscription: str = "PSUB0FAKE"
+) -> tuple[int, str]:
+    """POST one V3 webhook delivery to ``url``; the answer's status code and its ``status``."""
+    headers = webhook_headers(signature, webhook_id=webhook_id, subscription=subscription)
+    async with aiohttp.ClientSession() as session, session.post(url, data=body, headers=headers) as answer:
+        return answer.status, (await answer.json())["status"]
+
+
 def rest_time(moment: datetime) -> str:
     """The REST API's timestamp form: UTC to the second."""
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -79,22 +98,6 @@ def rest_time(moment: datetime) -> str:
 def webhook_time(moment: datetime) -> str:
     """A V3 webhook's ``occurred_at``: UTC with milliseconds."""
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
-
-
-class Headers(dict[str, str]):
-    """A request's headers, looked up by name in any case."""
-
-    def __init__(self, items: Iterable[tuple[str, str]] = ()) -> None:
-        super().__init__((name.lower(), value) for name, value in items)
-
-    def __getitem__(self, name: str) -> str:
-        return super().__getitem__(name.lower())
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and super().__contains__(name.lower())
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return super().get(name.lower(), default)
 
 
 @dataclass(frozen=True)
@@ -150,15 +153,13 @@ def _reference(kind: str, item: dict[str, Any]) -> dict[str, Any]:
     return {key: item[key] for key in ("id", "summary", "self", "html_url")} | {"type": f"{kind}_reference"}
 
 
-class FakePagerDuty:
+class FakePagerDuty(RecordingFake[Recorded]):
     """PagerDuty's REST API in memory, served on 127.0.0.1 on a free port."""
 
     def __init__(self, *, api_key: str | None = "test-key", port: int = 0, account_key: bool = False) -> None:
+        super().__init__(port)
         self.api_key = api_key
         self.account_key = account_key
-        self.port = port
-        self.url = ""
-        self.requests: list[Recorded] = []
         self.rate_limit_remaining = RATE_LIMIT
         # Where and how every change is also delivered as a V3 webhook (the program's --webhook).
         self.webhook_url: str | None = None
@@ -171,86 +172,14 @@ class FakePagerDuty:
         self._incidents: dict[str, _Incident] = {}
         self._log: list[tuple[datetime, dict[str, Any]]] = []  # oldest first; served newest first
         self._failures: deque[_Failure] = deque()
-        self._arrived: anyio.Event | None = None
-        self._runner: web.AppRunner | None = None
         self._deliveries: set[asyncio.Task[None]] = set()
         # Whom the key authenticates: the agent of a user-level key's writes.
         self.bot = self.add_user("agentwake bot", "oncall-bot@example.com")
 
-    # -- lifecycle -----------------------------------------------------------------------------
-
-    async def start(self) -> str:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, host="127.0.0.1", port=self.port).start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._runner = runner
-        self.port = runner.addresses[0][1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        return self.url
-
     async def close(self) -> None:
         for task in self._deliveries:
             task.cancel()
-        if self._runner is not None:
-            runner, self._runner = self._runner, None
-            with anyio.CancelScope(shield=True):
-                await runner.cleanup()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
-
-    # -- what was asked ------------------------------------------------------------------------
-
-    def calls(self, method: str | None = None, path_prefix: str | None = None) -> list[Recorded]:
-        """The requests so far, of one method and/or under one path prefix."""
-        return [
-            r
-            for r in self.requests
-            if (method is None or r.method == method.upper())
-            and (path_prefix is None or r.path.startswith(path_prefix))
-        ]
-
-    # ASYNC109: the agreed interface takes a timeout argument.
-    async def wait_for(self, method: str, path: str, *, timeout: float = 10, count: int = 1) -> Recorded:  # noqa: ASYNC109
-        """The ``count``-th request with this method and path, waiting for it if it has not come yet."""
-
-        def matching() -> list[Recorded]:
-            return [r for r in self.requests if r.method == method.upper() and r.path == path]
-
-        try:
-            with anyio.fail_after(timeout):
-                while len(matching()) < count:
-                    await self._arrival().wait()
-        except TimeoutError:
-            seen = ", ".join(f"{r.method} {r.path}" for r in self.requests[-10:]) or "nothing"
-            raise TimeoutError(
-                f"no {method} {path} (#{count}) within {timeout} s; last seen: {seen}"
-            ) from None
-        return matching()[count - 1]
-
-    def _arrival(self) -> anyio.Event:
-        # Created lazily so it belongs to the loop that first waits on it.
-        if self._arrived is None:
-            self._arrived = anyio.Event()
-        return self._arrived
-
-    def _record(self, recorded: Recorded) -> None:
-        self.requests.append(recorded)
-        arrived, self._arrived = self._arrived, None
-        if arrived is not None:
-            arrived.set()
+        await super().close()
 
     # -- state: set up -------------------------------------------------------------------------
 
@@ -535,13 +464,7 @@ class FakePagerDuty:
         task.add_done_callback(self._deliveries.discard)
 
     async def _post(self, url: str, body: bytes) -> None:
-        headers = {
-            "Content-Type": "application/json",
-            "User-Agent": "PagerDuty-Webhook/V3.0",
-            "X-PagerDuty-Signature": sign(body, self.webhook_secret),
-            "X-Webhook-Id": str(uuid.uuid4()),
-            "X-Webhook-Subscription": "PSUB0FAKE",
-        }
+        headers = webhook_headers(sign(body, self.webhook_secret))
         try:
             async with (
                 aiohttp.ClientSession() as session,
@@ -793,11 +716,7 @@ async def _serve(port: int, api_key: str | None, services: list[str], webhook: s
             sys.stderr.write(f"fake pagerduty: {line}\n")
         sys.stdout.write(fake.url + "\n")
         sys.stdout.flush()
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
-        await stop.wait()
+        await until_stopped()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -31,7 +31,6 @@ import hashlib
 import hmac
 import itertools
 import json
-import signal
 import sys
 import time
 import uuid
@@ -42,6 +41,7 @@ from typing import Any, Self
 
 import aiohttp
 import anyio
+from _fake_http import serve, until_stopped
 from aiohttp import web
 
 TEAM = "T0FAKE"
@@ -153,15 +153,7 @@ class FakeSlack:
         app.router.add_route("*", "/api/{method}", self._api)
         app.router.add_get("/link/", self._socket)
         app.router.add_post("/_fake/say", self._say)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-        await runner.setup()
-        try:
-            site = web.TCPSite(runner, host="127.0.0.1", port=self.port)
-            await site.start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._runner = runner
+        self._runner = runner = await serve(app, self.port)
         self.port = runner.addresses[0][1]
         self.url = f"http://127.0.0.1:{self.port}/api/"
         return self
@@ -679,11 +671,7 @@ async def _serve(args: argparse.Namespace) -> None:
         for channel in args.channel:
             fake.add_channel(channel, channel.lower())
         line(fake.url)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
-        await stop.wait()
+        await until_stopped()
 
 
 def main(argv: list[str] | None = None) -> None:

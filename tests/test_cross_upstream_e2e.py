@@ -15,19 +15,14 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
-import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-import anyio
 import pytest
-from _support import RunningService, agentwake_run, fake_agent_toml
+from _support import agentwake_run, bridge_server_toml, read_db, until_rows, write_bridge_config
 from conftest import REPO
 from fake_llm import FakeLLM, Reply, text, tool_calls
-from fake_pagerduty import FakePagerDuty, sign
+from fake_pagerduty import FakePagerDuty, post_webhook, sign
 from fake_slack import FakeSlack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -93,72 +88,28 @@ def triage_the_incident_the_prompt_names(body: dict[str, Any]) -> Reply:
 
 
 def write_config(tmp_path: Path, pd: FakePagerDuty, slack: FakeSlack, llm: FakeLLM) -> Path:
-    quick = ["--next-poll-ms", "200", "--heartbeat-ms", "1000"]
-    pagerduty = [
-        *("-m", "agentwake.cli", "bridge", "pagerduty", "--state-dir", str(tmp_path / "pagerduty")),
-        *("--api-base", pd.url, "--from-email", pd.bot["email"], "--listen", "127.0.0.1:0", *quick),
-    ]
-    slack_args = [
-        *("-m", "agentwake.cli", "bridge", "slack", "--state-dir", str(tmp_path / "slack")),
-        *("--socket-mode", "--api-base", slack.url, *quick),
-    ]
-    config = tmp_path / "agentwake.toml"
-    config.write_text(
-        f'[store]\npath = "{tmp_path / "aw.db"}"\n\n'
-        "[servers.pagerduty]\n"
-        f"command = {json.dumps(sys.executable)}\n"
-        f"args = {json.dumps(pagerduty)}\n"
-        'env = { PAGERDUTY_WEBHOOK_SECRET = "${PAGERDUTY_WEBHOOK_SECRET}",'
-        ' PAGERDUTY_API_KEY = "${PAGERDUTY_API_KEY}" }\n\n'
-        "[servers.slack]\n"
-        f"command = {json.dumps(sys.executable)}\n"
-        f"args = {json.dumps(slack_args)}\n"
-        'env = { SLACK_BOT_TOKEN = "${SLACK_BOT_TOKEN}", SLACK_APP_TOKEN = "${SLACK_APP_TOKEN}" }\n\n'
-        # The repository's own folder: triage.toml beside the demo's and GitHub's rules.
-        f'[policy]\ndir = {json.dumps(str(REPO / "policies"))}\ndefault = "log"\n\n'
-        + fake_agent_toml(llm.url)
-        + SUBSCRIPTIONS
+    pagerduty = bridge_server_toml(
+        "pagerduty",
+        tmp_path / "pagerduty",
+        ["--api-base", pd.url, "--from-email", pd.bot["email"], "--listen", "127.0.0.1:0"],
+        ["PAGERDUTY_WEBHOOK_SECRET", "PAGERDUTY_API_KEY"],
     )
-    return config
-
-
-def read_db(path: Path, query: str) -> list[tuple[Any, ...]]:
-    """Rows from another process's SQLite file, read-only while it runs."""
-    if not path.exists():
-        return []
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        return db.execute(query).fetchall()
-    except sqlite3.OperationalError:  # not created yet
-        return []
-    finally:
-        db.close()
-
-
-async def until_rows(path: Path, query: str, done: Any, service: RunningService) -> list[tuple[Any, ...]]:
-    """The rows of ``query`` once ``done(rows)`` holds. Another process's SQLite file: there is nothing
-    to wait on but the file itself."""
-    try:
-        with anyio.fail_after(60):
-            while not done(rows := read_db(path, query)):  # noqa: ASYNC110
-                await anyio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"{query}: {read_db(path, query)}\n{service.log()}") from None
-    return rows
+    slack_server = bridge_server_toml(
+        "slack",
+        tmp_path / "slack",
+        ["--socket-mode", "--api-base", slack.url],
+        ["SLACK_BOT_TOKEN", "SLACK_APP_TOKEN"],
+    )
+    # The repository's own folder: triage.toml beside the demo's and GitHub's rules.
+    return write_bridge_config(
+        tmp_path, pagerduty + slack_server, llm.url, SUBSCRIPTIONS, policies=REPO / "policies"
+    )
 
 
 async def deliver(url: str, pd: FakePagerDuty, incident_id: str) -> tuple[int, str]:
     """The incident's incident.triggered webhook, signed as PagerDuty signs it."""
     body = json.dumps(pd.webhook("incident.triggered", incident_id)).encode()
-    headers = {
-        "Content-Type": "application/json",
-        "User-Agent": "PagerDuty-Webhook/V3.0",
-        "X-PagerDuty-Signature": sign(body, SECRET),
-        "X-Webhook-Id": str(uuid.uuid4()),
-        "X-Webhook-Subscription": "PSUB0TRIAGE",
-    }
-    async with aiohttp.ClientSession() as session, session.post(url, data=body, headers=headers) as answer:
-        return answer.status, (await answer.json())["status"]
+    return await post_webhook(url, body, sign(body, SECRET), subscription="PSUB0TRIAGE")
 
 
 async def test_a_p1_pagerduty_incident_is_acknowledged_noted_and_summed_up_in_slack(tmp_path: Path) -> None:

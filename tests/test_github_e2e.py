@@ -15,8 +15,6 @@ import hashlib
 import hmac
 import json
 import re
-import sqlite3
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -26,10 +24,16 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import anyio
 import pytest
 import trustme
-from _support import RunningService, agentwake_run, fake_agent_toml
+from _support import (
+    RunningService,
+    agentwake_run,
+    bootstrapped,
+    bridge_server_toml,
+    settled,
+    write_bridge_config,
+)
 from conftest import free_port
 from fake_github import FakeGitHub
 from fake_llm import FakeLLM, Reply, text, tool_calls
@@ -120,44 +124,22 @@ def write_config(
     subscriptions: str,
     webhook: bool,
 ) -> Path:
-    policies = tmp_path / "policies"
-    policies.mkdir()
-    (policies / "10-github.toml").write_text(POLICY)
-    args = [
-        "-m",
-        "agentwake.cli",
-        "bridge",
+    server = bridge_server_toml(
         "github",
-        "--state-dir",
-        str(tmp_path / "bridge"),
-        "--api-base",
-        github.url,
-        "--next-poll-ms",
-        "200",
-        "--heartbeat-ms",
-        "1000",
-        *bridge_args,
-    ]
-    text_ = (
-        f'[store]\npath = "{tmp_path / "aw.db"}"\n\n'
-        "[servers.github]\n"
-        f"command = {json.dumps(sys.executable)}\n"
-        f"args = {json.dumps(args)}\n"
-        'env = { GITHUB_WEBHOOK_SECRET = "${GITHUB_WEBHOOK_SECRET:-}", GITHUB_TOKEN = "${GITHUB_TOKEN}" }\n\n'
-        f'[policy]\ndir = "{policies}"\ndefault = "log"\n\n' + fake_agent_toml(llm.url) + "\n" + subscriptions
+        tmp_path / "bridge",
+        ["--api-base", github.url, *bridge_args],
+        ["GITHUB_WEBHOOK_SECRET:-", "GITHUB_TOKEN"],
     )
     if webhook:
         port = free_port()
-        text_ += (
+        subscriptions += (
             "\n[webhook]\n"
             f'listen = "127.0.0.1:{port}"\n'
             f'public_url = "https://127.0.0.1:{port}/hooks"\n'
             f'tls_cert = "{tmp_path / "receiver.pem"}"\n'
             f'tls_key = "{tmp_path / "receiver.pem"}"\n'
         )
-    config = tmp_path / "agentwake.toml"
-    config.write_text(text_)
-    return config
+    return write_bridge_config(tmp_path, server, llm.url, subscriptions, policies=("10-github.toml", POLICY))
 
 
 def trust(tmp_path: Path) -> Path:
@@ -175,50 +157,6 @@ async def upstreams() -> AsyncIterator[tuple[FakeGitHub, FakeLLM]]:
         for repo in (*MODES.values(), "acme/polled"):
             github.add_repo(repo)
         yield github, llm
-
-
-def read_store(store: Path, query: str) -> list[tuple[Any, ...]]:
-    """Rows from agentwake's store, read-only while the service runs."""
-    if not store.exists():
-        return []
-    db = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
-    try:
-        return db.execute(query).fetchall()
-    except sqlite3.OperationalError:  # not migrated yet
-        return []
-    finally:
-        db.close()
-
-
-async def bootstrapped(store: Path, names: list[str], service: RunningService) -> None:
-    """Until every subscription has its first cursor: an event sent before would predate it."""
-
-    def started() -> set[str]:
-        return {
-            name for name, cursor in read_store(store, "SELECT name, cursor FROM subscriptions") if cursor
-        }
-
-    # Another process's SQLite file: there is nothing to wait on but the file itself.
-    try:
-        with anyio.fail_after(60):
-            while not started() >= set(names):  # noqa: ASYNC110
-                await anyio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(
-            f"subscriptions not started: {set(names) - started()}\n{service.log()}"
-        ) from None
-
-
-async def settled(store: Path, count: int) -> list[tuple[str, str]]:
-    """Until ``count`` events are in the inbox and none is still being handled; (subscription, state)."""
-    with anyio.fail_after(60):
-        while True:
-            rows = [
-                (sub, state) for sub, state in read_store(store, "SELECT subscription, state FROM events")
-            ]
-            if len(rows) >= count and all(state not in ("pending", "processing") for _, state in rows):
-                return rows
-            await anyio.sleep(0.05)
 
 
 def webhook_url(service: RunningService, index: int) -> str:

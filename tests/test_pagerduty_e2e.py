@@ -13,19 +13,14 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
-import sys
-import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-import anyio
 import pytest
-from _support import RunningService, agentwake_run, fake_agent_toml
+from _support import agentwake_run, bridge_server_toml, until_rows, write_bridge_config
 from fake_llm import FakeLLM, Reply, text, tool_calls
-from fake_pagerduty import FakePagerDuty, sign
+from fake_pagerduty import FakePagerDuty, post_webhook, sign
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -65,78 +60,20 @@ def acknowledge_what_the_prompt_names(body: dict[str, Any]) -> Reply:
 
 
 def write_config(tmp_path: Path, pd: FakePagerDuty, llm: FakeLLM) -> Path:
-    policies = tmp_path / "policies"
-    policies.mkdir()
-    (policies / "10-pagerduty.toml").write_text(POLICY)
-    args = [
-        "-m",
-        "agentwake.cli",
-        "bridge",
+    args = ["--api-base", pd.url, "--from-email", pd.bot["email"], "--listen", "127.0.0.1:0"]
+    server = bridge_server_toml(
         "pagerduty",
-        "--state-dir",
-        str(tmp_path / "bridge"),
-        "--api-base",
-        pd.url,
-        "--from-email",
-        pd.bot["email"],
-        "--listen",
-        "127.0.0.1:0",
-        "--poll",
-        "--poll-interval",
-        "1",
-        "--next-poll-ms",
-        "200",
-        "--heartbeat-ms",
-        "1000",
-    ]
-    config = tmp_path / "agentwake.toml"
-    config.write_text(
-        f'[store]\npath = "{tmp_path / "aw.db"}"\n\n'
-        "[servers.pagerduty]\n"
-        f"command = {json.dumps(sys.executable)}\n"
-        f"args = {json.dumps(args)}\n"
-        'env = { PAGERDUTY_WEBHOOK_SECRET = "${PAGERDUTY_WEBHOOK_SECRET}",'
-        ' PAGERDUTY_API_KEY = "${PAGERDUTY_API_KEY}" }\n\n'
-        f'[policy]\ndir = "{policies}"\ndefault = "log"\n\n' + fake_agent_toml(llm.url) + SUBSCRIPTIONS
+        tmp_path / "bridge",
+        [*args, "--poll", "--poll-interval", "1"],
+        ["PAGERDUTY_WEBHOOK_SECRET", "PAGERDUTY_API_KEY"],
     )
-    return config
-
-
-def read_db(path: Path, query: str) -> list[tuple[Any, ...]]:
-    """Rows from another process's SQLite file, read-only while it runs."""
-    if not path.exists():
-        return []
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        return db.execute(query).fetchall()
-    except sqlite3.OperationalError:  # not created yet
-        return []
-    finally:
-        db.close()
-
-
-async def until_rows(path: Path, query: str, done: Any, service: RunningService) -> list[tuple[Any, ...]]:
-    """The rows of ``query`` once ``done(rows)`` holds. Another process's SQLite file: there is nothing
-    to wait on but the file itself."""
-    try:
-        with anyio.fail_after(60):
-            while not done(rows := read_db(path, query)):  # noqa: ASYNC110
-                await anyio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"{query}: {read_db(path, query)}\n{service.log()}") from None
-    return rows
+    return write_bridge_config(
+        tmp_path, server, llm.url, SUBSCRIPTIONS, policies=("10-pagerduty.toml", POLICY)
+    )
 
 
 async def post(url: str, body: bytes, signature: str, webhook_id: str | None = None) -> tuple[int, str]:
-    headers = {
-        "Content-Type": "application/json",
-        "User-Agent": "PagerDuty-Webhook/V3.0",
-        "X-PagerDuty-Signature": signature,
-        "X-Webhook-Id": webhook_id or str(uuid.uuid4()),
-        "X-Webhook-Subscription": "PSUB0E2E",
-    }
-    async with aiohttp.ClientSession() as session, session.post(url, data=body, headers=headers) as answer:
-        return answer.status, (await answer.json())["status"]
+    return await post_webhook(url, body, signature, webhook_id=webhook_id, subscription="PSUB0E2E")
 
 
 async def test_webhook_and_polled_incidents_are_acknowledged_and_annotated_by_the_agent(

@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
-from _support import RunningService, agentwake_run, fake_agent_toml
+from _support import agentwake_run, bootstrapped, bridge_server_toml, read_db, settled, write_bridge_config
 from fake_llm import FakeLLM, Reply, text, tool_calls
 from fake_slack import BOT_USER, CHANNEL, FakeSlack
 
@@ -79,77 +76,13 @@ def answer_what_the_prompt_names(body: dict[str, Any]) -> Reply:
 
 
 def write_config(tmp_path: Path, slack: FakeSlack, llm: FakeLLM) -> Path:
-    policies = tmp_path / "policies"
-    policies.mkdir()
-    (policies / "10-slack.toml").write_text(POLICY)
-    args = [
-        "-m",
-        "agentwake.cli",
-        "bridge",
+    server = bridge_server_toml(
         "slack",
-        "--state-dir",
-        str(tmp_path / "bridge"),
-        "--listen",
-        "127.0.0.1:0",
-        "--socket-mode",
-        "--api-base",
-        slack.url,
-        "--next-poll-ms",
-        "200",
-        "--heartbeat-ms",
-        "1000",
-    ]
-    env = ", ".join(
-        f'{name} = "${{{name}}}"' for name in ("SLACK_SIGNING_SECRET", "SLACK_BOT_TOKEN", "SLACK_APP_TOKEN")
+        tmp_path / "bridge",
+        ["--listen", "127.0.0.1:0", "--socket-mode", "--api-base", slack.url],
+        ["SLACK_SIGNING_SECRET", "SLACK_BOT_TOKEN", "SLACK_APP_TOKEN"],
     )
-    config = tmp_path / "agentwake.toml"
-    config.write_text(
-        f'[store]\npath = "{tmp_path / "aw.db"}"\n\n'
-        "[servers.slack]\n"
-        f"command = {json.dumps(sys.executable)}\n"
-        f"args = {json.dumps(args)}\n"
-        f"env = {{ {env} }}\n\n"
-        f'[policy]\ndir = "{policies}"\ndefault = "log"\n\n' + fake_agent_toml(llm.url) + SUBSCRIPTIONS
-    )
-    return config
-
-
-def read_db(path: Path, query: str) -> list[tuple[Any, ...]]:
-    """Rows from another process's SQLite file, read-only while it runs."""
-    if not path.exists():
-        return []
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        return db.execute(query).fetchall()
-    except sqlite3.OperationalError:  # not created yet
-        return []
-    finally:
-        db.close()
-
-
-async def bootstrapped(store: Path, names: set[str], service: RunningService) -> None:
-    """Until every subscription has its first cursor: an event sent before would predate it."""
-
-    def started() -> set[str]:
-        return {name for name, cursor in read_db(store, "SELECT name, cursor FROM subscriptions") if cursor}
-
-    # Another process's SQLite file: there is nothing to wait on but the file itself.
-    try:
-        with anyio.fail_after(60):
-            while not started() >= names:  # noqa: ASYNC110
-                await anyio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"subscriptions not started: {names - started()}\n{service.log()}") from None
-
-
-async def settled(store: Path, count: int) -> list[tuple[str, str]]:
-    """Until ``count`` events are in the inbox and none is still being handled; (subscription, state)."""
-    with anyio.fail_after(60):
-        while True:
-            rows = [(sub, state) for sub, state in read_db(store, "SELECT subscription, state FROM events")]
-            if len(rows) >= count and all(state not in ("pending", "processing") for _, state in rows):
-                return rows
-            await anyio.sleep(0.05)
+    return write_bridge_config(tmp_path, server, llm.url, SUBSCRIPTIONS, policies=("10-slack.toml", POLICY))
 
 
 async def test_signed_requests_and_socket_mode_reach_the_agent_and_its_own_posts_never_wake_it(

@@ -24,7 +24,7 @@ import secrets
 import socket
 import ssl
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -65,6 +65,48 @@ class BridgeEventType:
     payload_schema: dict[str, Any]
     input_schema: dict[str, Any]
     matches: Callable[[dict[str, Any], dict[str, Any]], bool]
+
+
+def bridge_event_types(
+    descriptions: Mapping[str, str],
+    payload_schemas: Mapping[str, dict[str, Any]],
+    input_schemas: Mapping[str, dict[str, Any]],
+    matches: Callable[[dict[str, Any], dict[str, Any]], bool],
+) -> tuple[BridgeEventType, ...]:
+    """One ``BridgeEventType`` per name of ``descriptions``, in its order."""
+    return tuple(
+        BridgeEventType(
+            name=name,
+            description=description,
+            payload_schema=payload_schemas[name],
+            input_schema=input_schemas[name],
+            matches=matches,
+        )
+        for name, description in descriptions.items()
+    )
+
+
+def check_optional_tools(allowed: Sequence[str], optional: Sequence[str]) -> None:
+    """ValueError unless every tool of ``--allow-tool`` is one of the bridge's optional ones."""
+    unknown = set(allowed) - set(optional)
+    if unknown:
+        raise ValueError(
+            f"--allow-tool: {', '.join(sorted(unknown))} is not an optional tool"
+            f" (the optional tools: {', '.join(optional)})"
+        )
+
+
+def refuse(status: int, reason: str) -> web.Response:
+    """A webhook delivery's refusal, as every bridge answers it."""
+    return web.json_response({"status": "refused", "error": reason}, status=status)
+
+
+def short_age(age: timedelta) -> str:
+    """An age as a log line or a refusal says it: seconds, or hours past one."""
+    seconds = int(age.total_seconds())
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds} s"
 
 
 @dataclass(frozen=True)
@@ -129,6 +171,10 @@ class Bridge:
     async def accept(self, events: Sequence[NewEvent], *, source: str, delivery_id: str | None = None) -> int:
         assert self.server is not None
         return await self.server.accept(events, source=source, delivery_id=delivery_id)
+
+    def server_of(self) -> BridgeServer:
+        assert self.server is not None
+        return self.server
 
 
 class BridgeServer:

@@ -47,7 +47,15 @@ from aiohttp import web
 from pydantic import Field
 
 from agentwake.bridges import github_events
-from agentwake.bridges.framework import Bridge, BridgeEventType, BridgeOptions, BridgeServer
+from agentwake.bridges.framework import (
+    Bridge,
+    BridgeOptions,
+    BridgeServer,
+    bridge_event_types,
+    check_optional_tools,
+    refuse,
+    short_age,
+)
 from agentwake.bridges.github_api import GITHUB_API, GitHubAPI, GitHubError, Page, RateLimited
 from agentwake.bridges.log import NewEvent
 from agentwake.clock import iso, parse_iso
@@ -111,32 +119,19 @@ def signature_valid(secret: bytes, body: bytes, header: str | None) -> bool:
     return hmac.compare_digest(expected.encode(), header.strip().encode("ascii", "replace"))
 
 
-def _refuse(status: int, reason: str) -> web.Response:
-    return web.json_response({"status": "refused", "error": reason}, status=status)
-
-
 class GitHubBridge(Bridge):
     name = "github"
     description = DESCRIPTION
-    event_types = tuple(
-        BridgeEventType(
-            name=name,
-            description=description,
-            payload_schema=github_events.PAYLOAD_SCHEMAS[name],
-            input_schema=github_events.ARGUMENTS_SCHEMA,
-            matches=github_events.matches,
-        )
-        for name, description in github_events.EVENT_TYPES.items()
+    event_types = bridge_event_types(
+        github_events.EVENT_TYPES,
+        github_events.PAYLOAD_SCHEMAS,
+        dict.fromkeys(github_events.EVENT_TYPES, github_events.ARGUMENTS_SCHEMA),
+        github_events.matches,
     )
 
     def __init__(self, options: BridgeOptions, settings: GitHubSettings) -> None:
         super().__init__(options)
-        unknown = set(settings.allowed_tools) - set(OPTIONAL_TOOLS)
-        if unknown:
-            raise ValueError(
-                f"--allow-tool: {', '.join(sorted(unknown))} is not an optional tool"
-                f" (the optional tools: {', '.join(OPTIONAL_TOOLS)})"
-            )
+        check_optional_tools(settings.allowed_tools, OPTIONAL_TOOLS)
         if options.listen and not settings.webhook_secret:
             raise ValueError("--listen needs the webhook secret: set the variable --webhook-secret-env names")
         if options.poll and not settings.repos:
@@ -188,14 +183,14 @@ class GitHubBridge(Bridge):
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return _refuse(413, f"the body is over {self.options.max_body_bytes} bytes")
+            return refuse(413, f"the body is over {self.options.max_body_bytes} bytes")
         if not signature_valid(secret, body, request.headers.get(SIGNATURE_HEADER)):
             logger.warning("webhook: refused a delivery with a missing or wrong %s", SIGNATURE_HEADER)
-            return _refuse(401, f"missing or wrong {SIGNATURE_HEADER}")
+            return refuse(401, f"missing or wrong {SIGNATURE_HEADER}")
         kind = request.headers.get("X-GitHub-Event", "")
         delivery = request.headers.get("X-GitHub-Delivery", "")
         if not kind or not delivery or len(delivery) > 200:
-            return _refuse(400, "X-GitHub-Event and X-GitHub-Delivery are required")
+            return refuse(400, "X-GitHub-Event and X-GitHub-Delivery are required")
         if kind == "ping":
             return web.json_response({"status": "pong"})
         if await self.server_of().seen_delivery(delivery):
@@ -205,16 +200,16 @@ class GitHubBridge(Bridge):
             payload = _payload(body, request.content_type)
             mapped = github_events.from_webhook(kind, payload)
         except (ValueError, github_events.Unmapped) as exc:
-            return _refuse(400, f"unreadable {kind} payload: {exc}")
+            return refuse(400, f"unreadable {kind} payload: {exc}")
         if mapped is None or await self.is_own_action(mapped):
             await self.accept([], source="webhook", delivery_id=delivery)
             return web.json_response({"status": "ignored", "delivery": delivery}, status=202)
         age = datetime.now(UTC) - mapped.occurred_at
         if age > self.settings.max_delivery_age:
             logger.warning(
-                "webhook: refused stale delivery %s (%s, %s old)", delivery, mapped.type, _short(age)
+                "webhook: refused stale delivery %s (%s, %s old)", delivery, mapped.type, short_age(age)
             )
-            return _refuse(400, f"stale delivery: the event happened {_short(age)} ago")
+            return refuse(400, f"stale delivery: the event happened {short_age(age)} ago")
         added = await self.accept(
             [NewEvent(mapped.type, mapped.event_id, mapped.occurred_at, mapped.data, payload)],
             source="webhook",
@@ -222,10 +217,6 @@ class GitHubBridge(Bridge):
         )
         logger.info("webhook: %s %s (%s)", mapped.type, mapped.event_id, "new" if added else "already logged")
         return web.json_response({"status": "accepted", "delivery": delivery}, status=202)
-
-    def server_of(self) -> BridgeServer:
-        assert self.server is not None
-        return self.server
 
     # ---- poll ingress ----------------------------------------------------------
 
@@ -427,10 +418,3 @@ def _payload(body: bytes, content_type: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError("the payload is not a JSON object")
     return value
-
-
-def _short(age: timedelta) -> str:
-    seconds = int(age.total_seconds())
-    if seconds >= 3600:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds} s"

@@ -18,17 +18,16 @@ back as a ``Page`` with ``changed=False``.
 
 from __future__ import annotations
 
-import email.utils
 import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, Final, Literal, Self
+from typing import Any, Final, Literal
 from urllib.parse import quote
 
 import httpx
 
+from agentwake.bridges import _http
 from agentwake.jsontext import encode_json
 from agentwake.text import peer
 
@@ -37,7 +36,7 @@ API_VERSION: Final = "2022-11-28"
 MEDIA_TYPE: Final = "application/vnd.github+json"
 
 # How much of the upstream's message an error carries.
-MESSAGE_CHARS: Final = 300
+MESSAGE_CHARS: Final = _http.MESSAGE_CHARS
 # GitHub's guidance for a secondary rate limit that says nothing about when: wait a minute.
 DEFAULT_RETRY_S: Final = 60.0
 CLOSE_REASONS: Final = frozenset({"completed", "not_planned"})
@@ -52,27 +51,15 @@ _TOKEN: Final = re.compile(r"[\x21-\x7e]+")
 Method = Literal["GET", "POST", "PATCH", "DELETE"]
 
 
-class GitHubError(Exception):
+class GitHubError(_http.ApiError):
     """A GitHub API call that failed: a non-2xx answer, a body that is not what the endpoint returns,
     or (status 0) no answer at all."""
 
-    def __init__(self, status: int, method: str, path: str, message: str, *, reason: str = "") -> None:
-        self.status = status
-        self.method = method
-        self.path = path
-        self.message = message
-        outcome = f"{status} {reason}".rstrip() if status else "no response"
-        super().__init__(f"GitHub API: {method} {path}: {outcome}: {message}")
+    upstream = "GitHub"
 
 
-class RateLimited(GitHubError):
+class RateLimited(_http.RetryAt, GitHubError):
     """A 403 or 429 that is GitHub's rate limit (primary or secondary); ``retry_at`` is epoch seconds."""
-
-    def __init__(
-        self, status: int, method: str, path: str, message: str, *, reason: str = "", retry_at: float
-    ) -> None:
-        super().__init__(status, method, path, message, reason=reason)
-        self.retry_at = retry_at
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,17 +153,6 @@ def read_rate_limit(headers: httpx.Headers, previous: RateLimit) -> RateLimit:
     )
 
 
-def _retry_after(value: str, now: float) -> float | None:
-    """Retry-After as epoch seconds: delta seconds (what GitHub sends) or an HTTP date."""
-    value = value.strip()
-    if value.isdigit():
-        return now + int(value)
-    try:
-        return email.utils.parsedate_to_datetime(value).timestamp()
-    except (TypeError, ValueError):
-        return None
-
-
 def _upstream_message(response: httpx.Response) -> str:
     """GitHub's ``message`` (with its validation ``errors``), else the start of whatever the body was."""
     try:
@@ -199,7 +175,7 @@ def _rate_limit_retry_at(response: httpx.Response, message: str, now: float) -> 
         return None
     retry_after = response.headers.get("Retry-After")
     if retry_after is not None:
-        retry_at = _retry_after(retry_after, now)
+        retry_at = _http.retry_after(retry_after, now)
         return retry_at if retry_at is not None else now + DEFAULT_RETRY_S
     if response.headers.get("X-RateLimit-Remaining") == "0":
         reset = _header_int(response.headers, "X-RateLimit-Reset")
@@ -222,8 +198,11 @@ def _error(response: httpx.Response, method: str, path: str) -> GitHubError:
 # -- the client --------------------------------------------------------------------------------
 
 
-class GitHubAPI:
+class GitHubAPI(_http.ApiClient):
     """GitHub's REST API at ``base_url`` (GitHub Enterprise: ``https://ghe.example/api/v3``)."""
+
+    error = GitHubError
+    redacted = "[token]"
 
     def __init__(
         self,
@@ -234,45 +213,18 @@ class GitHubAPI:
         user_agent: str = "agentwake-bridge",
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        # The URL is not quoted back: a mistyped one may hold a credential.
-        try:
-            url = httpx.URL(base_url)
-        except httpx.InvalidURL:
-            url = httpx.URL()
-        if url.scheme not in ("http", "https") or not url.host:
-            raise ValueError("the API base URL must be an http(s) URL with a host")
-        if url.userinfo:
-            raise ValueError("the API base URL must not carry credentials: pass the token as token")
+        url = _http.base_url(base_url, "token as token")
         if token is not None and not _TOKEN.fullmatch(token):
             raise ValueError("the GitHub token must be printable ASCII without spaces")
         headers = {"Accept": MEDIA_TYPE, "X-GitHub-Api-Version": API_VERSION, "User-Agent": user_agent}
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
-        self.base_url = str(url)
+        super().__init__(url, headers, token, timeout_s, transport)
         self.rate_limit = RateLimit()
-        self._token = token
-        self._client = httpx.AsyncClient(
-            base_url=url,
-            headers=headers,
-            timeout=httpx.Timeout(timeout_s),
-            follow_redirects=False,
-            transport=transport,
-        )
 
     def __repr__(self) -> str:
-        authenticated = "with a token" if self._token else "without a token"
+        authenticated = "with a token" if self._secret else "without a token"
         return f"<GitHubAPI {self.base_url} {authenticated}>"
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
 
     async def viewer(self) -> dict[str, Any]:
         """The account the token authenticates (GET /user)."""
@@ -392,36 +344,11 @@ class GitHubAPI:
         headers: Mapping[str, str] | None = None,
         not_modified_ok: bool = False,
     ) -> httpx.Response:
-        try:
-            response = await self._client.request(method, path, params=params, json=json, headers=headers)
-        except httpx.TimeoutException:
-            raise GitHubError(0, method, path, "timed out") from None
-        except httpx.HTTPError as exc:
-            # from None: the cause holds the request, and with it the Authorization header.
-            raise GitHubError(0, method, path, self._scrub(f"{type(exc).__name__}: {exc}")) from None
+        response = await self._send(method, path, params=params, json=json, headers=headers)
         self.rate_limit = read_rate_limit(response.headers, self.rate_limit)
         if response.is_success or (not_modified_ok and response.status_code == 304):
             return response
         raise _error(response, method, path)
-
-    def _scrub(self, text: str) -> str:
-        """A message from a library, bounded, without the token even if the library quoted a header."""
-        if self._token:
-            text = text.replace(self._token, "[token]")
-        return peer(text, MESSAGE_CHARS)
-
-    @staticmethod
-    def _json(response: httpx.Response, method: str, path: str) -> Any:
-        try:
-            return response.json()
-        except ValueError:
-            raise GitHubError(
-                response.status_code,
-                method,
-                path,
-                f"the response is not JSON: {peer(response.text, 100)!r}",
-                reason=response.reason_phrase,
-            ) from None
 
     def _object(self, response: httpx.Response, method: str, path: str) -> dict[str, Any]:
         body = self._json(response, method, path)
@@ -438,13 +365,3 @@ class GitHubAPI:
         if not isinstance(body, list) or not all(isinstance(item, dict) for item in body):
             raise self._shape_error(response, method, path, "a list of objects")
         return body
-
-    @staticmethod
-    def _shape_error(response: httpx.Response, method: str, path: str, expected: str) -> GitHubError:
-        return GitHubError(
-            response.status_code,
-            method,
-            path,
-            f"expected {expected}, got {peer(response.text, 100)!r}",
-            reason=response.reason_phrase,
-        )

@@ -26,12 +26,14 @@ its value; everything we do not emit maps to None.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final
 
-from agentwake.clock import iso, parse_iso
+from agentwake.bridges import _payload
+from agentwake.bridges._payload import boolean_schema, closed_schema, integer_schema, text_schema
+from agentwake.clock import iso
 
 EXCERPT_CHARS: Final = 1000
 TITLE_CHARS: Final = 512
@@ -41,7 +43,6 @@ URL_CHARS: Final = 2048
 MAX_LABELS: Final = 100
 MAX_PULL_REQUESTS: Final = 100
 FAILING_CONCLUSIONS: Final = frozenset({"failure", "timed_out", "startup_failure"})
-DRAFT_2020_12: Final = "https://json-schema.org/draft/2020-12/schema"
 
 EVENT_TYPES: dict[str, str] = {
     "issues.opened": "An issue was opened in a repository.",
@@ -81,27 +82,11 @@ class Mapped:
     data: dict[str, Any]
 
 
-class Unmapped(ValueError):
+class Unmapped(_payload.Unmapped):
     """A payload of a type we emit with a missing or ill-typed field; the message names the field."""
 
 
 # ---- payload schemas -----------------------------------------------------------------
-
-
-def _text(description: str, limit: int, *, nullable: bool = False) -> dict[str, Any]:
-    return {
-        "type": ["string", "null"] if nullable else "string",
-        "maxLength": limit,
-        "description": description,
-    }
-
-
-def _integer(description: str) -> dict[str, Any]:
-    return {"type": "integer", "description": description}
-
-
-def _boolean(description: str) -> dict[str, Any]:
-    return {"type": "boolean", "description": description}
 
 
 def _numbers(description: str) -> dict[str, Any]:
@@ -115,10 +100,12 @@ def _numbers(description: str) -> dict[str, Any]:
 
 def _common() -> dict[str, dict[str, Any]]:
     return {
-        "repository": _text('The repository, "owner/name".', NAME_CHARS),
-        "url": _text("The web page of what happened (its html_url).", URL_CHARS),
-        "actor": _text("The login of who caused the event.", NAME_CHARS),
-        "actorType": _text('The account type of the actor: "User", "Bot", "Organization"...', NAME_CHARS),
+        "repository": text_schema('The repository, "owner/name".', NAME_CHARS),
+        "url": text_schema("The web page of what happened (its html_url).", URL_CHARS),
+        "actor": text_schema("The login of who caused the event.", NAME_CHARS),
+        "actorType": text_schema(
+            'The account type of the actor: "User", "Bot", "Organization"...', NAME_CHARS
+        ),
         "occurredAt": {
             "type": "string",
             "format": "date-time",
@@ -135,84 +122,80 @@ def _common() -> dict[str, dict[str, Any]]:
 
 def _schema(fields: dict[str, dict[str, Any]]) -> dict[str, Any]:
     properties = {**fields, **_common()}
-    return {
-        "$schema": DRAFT_2020_12,
-        "type": "object",
-        "properties": properties,
-        "required": list(properties),
-        "additionalProperties": False,
-    }
+    return closed_schema(properties)
 
 
 def _author_schema(whose: str) -> dict[str, dict[str, Any]]:
     return {
-        "author": _text(f"The login of the {whose} author.", NAME_CHARS),
-        "authorType": _text(f'The account type of the {whose} author: "User", "Bot"...', NAME_CHARS),
+        "author": text_schema(f"The login of the {whose} author.", NAME_CHARS),
+        "authorType": text_schema(f'The account type of the {whose} author: "User", "Bot"...', NAME_CHARS),
     }
 
 
 def _body_schema(whose: str) -> dict[str, dict[str, Any]]:
     return {
-        "bodyExcerpt": _text(
+        "bodyExcerpt": text_schema(
             f"The first {EXCERPT_CHARS} characters of the {whose} body, as written; '' when empty.",
             EXCERPT_CHARS,
         ),
-        "bodyTruncated": _boolean("Whether the body is longer than the excerpt."),
+        "bodyTruncated": boolean_schema("Whether the body is longer than the excerpt."),
     }
 
 
 PAYLOAD_SCHEMAS: dict[str, dict[str, Any]] = {
     "issues.opened": _schema(
         {
-            "number": _integer("The issue number."),
-            "title": _text("The issue title.", TITLE_CHARS),
+            "number": integer_schema("The issue number."),
+            "title": text_schema("The issue title.", TITLE_CHARS),
             **_author_schema("issue's"),
             **_body_schema("issue's"),
-            "state": _text('The issue state now: "open" or "closed".', NAME_CHARS),
+            "state": text_schema('The issue state now: "open" or "closed".', NAME_CHARS),
         }
     ),
     "issue_comment.created": _schema(
         {
-            "number": _integer("The number of the issue or pull request commented on."),
-            "issueTitle": _text("The title of the issue or pull request.", TITLE_CHARS),
-            "isPullRequest": _boolean("Whether the comment is on a pull request."),
-            "commentId": _integer("The comment's id."),
+            "number": integer_schema("The number of the issue or pull request commented on."),
+            "issueTitle": text_schema("The title of the issue or pull request.", TITLE_CHARS),
+            "isPullRequest": boolean_schema("Whether the comment is on a pull request."),
+            "commentId": integer_schema("The comment's id."),
             **_author_schema("comment's"),
             **_body_schema("comment's"),
-            "issueUrl": _text("The web page of the issue or pull request.", URL_CHARS),
+            "issueUrl": text_schema("The web page of the issue or pull request.", URL_CHARS),
         }
     ),
     "pull_request.opened": _schema(
         {
-            "number": _integer("The pull request number."),
-            "title": _text("The pull request title.", TITLE_CHARS),
+            "number": integer_schema("The pull request number."),
+            "title": text_schema("The pull request title.", TITLE_CHARS),
             **_author_schema("pull request's"),
-            "draft": _boolean("Whether the pull request is a draft."),
-            "baseRef": _text("The branch it would merge into.", NAME_CHARS),
-            "headRef": _text("The branch it comes from.", NAME_CHARS),
+            "draft": boolean_schema("Whether the pull request is a draft."),
+            "baseRef": text_schema("The branch it would merge into.", NAME_CHARS),
+            "headRef": text_schema("The branch it comes from.", NAME_CHARS),
             **_body_schema("pull request's"),
         }
     ),
     "pull_request.review_requested": _schema(
         {
-            "number": _integer("The pull request number."),
-            "title": _text("The pull request title.", TITLE_CHARS),
+            "number": integer_schema("The pull request number."),
+            "title": text_schema("The pull request title.", TITLE_CHARS),
             **_author_schema("pull request's"),
-            "requestedReviewer": _text(
+            "requestedReviewer": text_schema(
                 "The login asked to review, or null for a team.", NAME_CHARS, nullable=True
             ),
-            "requestedTeam": _text(
+            "requestedTeam": text_schema(
                 "The slug of the team asked to review, or null.", NAME_CHARS, nullable=True
             ),
         }
     ),
     "check_run.completed": _schema(
         {
-            "checkRunId": _integer("The check run's id."),
-            "name": _text("The check's name.", NAME_CHARS),
-            "conclusion": _text('How it failed: "failure", "timed_out" or "startup_failure".', NAME_CHARS),
-            "headSha": _text("The commit checked.", NAME_CHARS),
-            "app": _text(
+            "checkRunId": integer_schema("The check run's id."),
+            "name": text_schema("The check's name.", NAME_CHARS),
+            "conclusion": text_schema(
+                'How it failed: "failure", "timed_out" or "startup_failure".', NAME_CHARS
+            ),
+            "headSha": text_schema("The commit checked.", NAME_CHARS),
+            "app": text_schema(
                 "The slug of the GitHub App that ran the check, or null.", NAME_CHARS, nullable=True
             ),
             "pullRequests": _numbers("The numbers of the pull requests of this repository the check is for."),
@@ -220,13 +203,15 @@ PAYLOAD_SCHEMAS: dict[str, dict[str, Any]] = {
     ),
     "workflow_run.completed": _schema(
         {
-            "runId": _integer("The workflow run's id."),
-            "runAttempt": _integer("The attempt, 1 for the first run and more for re-runs."),
-            "name": _text("The workflow's name, or null.", NAME_CHARS, nullable=True),
-            "conclusion": _text('How it failed: "failure", "timed_out" or "startup_failure".', NAME_CHARS),
-            "headBranch": _text("The branch the run was for, or null.", NAME_CHARS, nullable=True),
-            "headSha": _text("The commit the run was for.", NAME_CHARS),
-            "trigger": _text('The event that started the run: "push", "pull_request"...', NAME_CHARS),
+            "runId": integer_schema("The workflow run's id."),
+            "runAttempt": integer_schema("The attempt, 1 for the first run and more for re-runs."),
+            "name": text_schema("The workflow's name, or null.", NAME_CHARS, nullable=True),
+            "conclusion": text_schema(
+                'How it failed: "failure", "timed_out" or "startup_failure".', NAME_CHARS
+            ),
+            "headBranch": text_schema("The branch the run was for, or null.", NAME_CHARS, nullable=True),
+            "headSha": text_schema("The commit the run was for.", NAME_CHARS),
+            "trigger": text_schema('The event that started the run: "push", "pull_request"...', NAME_CHARS),
             "pullRequests": _numbers("The numbers of the pull requests the run is for."),
         }
     ),
@@ -256,96 +241,9 @@ ARGUMENTS_SCHEMA: dict[str, Any] = {
 # ---- reading a payload ---------------------------------------------------------------
 
 
-def _bounded(text: str, limit: int) -> str:
-    """``text`` in at most ``limit`` characters, a cut shown by a trailing ellipsis."""
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _kind(value: Any) -> str:
-    """A JSON value's type as a message names it (never the value: it may be huge)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object" if isinstance(value, Mapping) else type(value).__name__
-
-
-@dataclass(frozen=True, slots=True)
-class _Object:
-    """A JSON object of a payload, read field by field; a wrong field raises Unmapped naming its path."""
-
-    raw: Mapping[str, Any]
-    path: str
-
-    @classmethod
-    def of(cls, value: Any, path: str) -> _Object:
-        if not isinstance(value, Mapping):
-            raise Unmapped(f"{path or '(payload)'}: must be an object, not {_kind(value)}")
-        return cls(value, path)
-
-    def name(self, key: str) -> str:
-        return f"{self.path}.{key}" if self.path else key
-
-    def _wrong(self, key: str, expected: str) -> Unmapped:
-        value = self.raw[key]
-        return Unmapped(f"{self.name(key)}: must be {expected}, not {_kind(value)}")
-
-    def get(self, key: str) -> Any:
-        if key not in self.raw:
-            raise Unmapped(f"{self.name(key)}: missing")
-        return self.raw[key]
-
-    def object(self, key: str) -> _Object:
-        return _Object.of(self.get(key), self.name(key))
-
-    def optional_object(self, key: str) -> _Object | None:
-        value = self.raw.get(key)
-        return None if value is None else _Object.of(value, self.name(key))
-
-    def integer(self, key: str) -> int:
-        value = self.get(key)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self._wrong(key, "an integer")
-        return value
-
-    def boolean(self, key: str) -> bool:
-        value = self.get(key)
-        if not isinstance(value, bool):
-            raise self._wrong(key, "a boolean")
-        return value
-
-    def text(self, key: str, limit: int) -> str:
-        value = self.get(key)
-        if not isinstance(value, str):
-            raise self._wrong(key, "a string")
-        return _bounded(value, limit)
-
-    def optional_text(self, key: str, limit: int) -> str | None:
-        if self.raw.get(key) is None:
-            return None
-        return self.text(key, limit)
-
-    def moment(self, key: str) -> datetime:
-        value = self.get(key)
-        parsed = parse_iso(value) if isinstance(value, str) else None
-        if parsed is None:
-            raise self._wrong(key, "an ISO 8601 time")
-        return parsed.astimezone(UTC)
-
-    def items(self, key: str, limit: int) -> list[tuple[Any, str]]:
-        """The first ``limit`` elements of an array (absent or null: none), each with its path."""
-        value = self.raw.get(key)
-        if value is None:
-            return []
-        if not isinstance(value, list):
-            raise self._wrong(key, "an array")
-        return [(item, f"{self.name(key)}[{index}]") for index, item in enumerate(value[:limit])]
+class _Object(_payload.Fields):
+    __slots__ = ()
+    error = Unmapped
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,7 +282,7 @@ def _excerpt(holder: _Object) -> dict[str, Any]:
     if body is None:
         body = ""
     if not isinstance(body, str):
-        raise Unmapped(f"{holder.name('body')}: must be a string or null, not {_kind(body)}")
+        raise Unmapped(f"{holder.name('body')}: must be a string or null, not {_payload.kind(body)}")
     return {"bodyExcerpt": body[:EXCERPT_CHARS], "bodyTruncated": len(body) > EXCERPT_CHARS}
 
 
@@ -392,7 +290,7 @@ def _labels(holder: _Object) -> list[str]:
     names = []
     for label, path in holder.items("labels", MAX_LABELS):
         if isinstance(label, str):
-            names.append(_bounded(label, NAME_CHARS))
+            names.append(_payload.bounded(label, NAME_CHARS))
         else:
             names.append(_Object.of(label, path).text("name", NAME_CHARS))
     return names
@@ -642,7 +540,7 @@ def from_issue(item: dict[str, Any], repository: str) -> Mapped | None:
     if _is_pull_request(issue):
         return None
     author = _Account.read(issue.object("user"))
-    return _issue_opened(issue, _Origin(_bounded(repository, NAME_CHARS), author))
+    return _issue_opened(issue, _Origin(_payload.bounded(repository, NAME_CHARS), author))
 
 
 def from_workflow_run(run: dict[str, Any], repository: str) -> Mapped | None:
@@ -651,7 +549,9 @@ def from_workflow_run(run: dict[str, Any], repository: str) -> Mapped | None:
     if _failing(fields) is None:
         return None
     user = fields.optional_object("triggering_actor") or fields.object("actor")
-    return _workflow_run_completed(fields, _Origin(_bounded(repository, NAME_CHARS), _Account.read(user)))
+    return _workflow_run_completed(
+        fields, _Origin(_payload.bounded(repository, NAME_CHARS), _Account.read(user))
+    )
 
 
 # ---- the subscription filter ---------------------------------------------------------

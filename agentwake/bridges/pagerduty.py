@@ -51,7 +51,15 @@ from aiohttp import web
 from pydantic import Field
 
 from agentwake.bridges import pagerduty_events
-from agentwake.bridges.framework import Bridge, BridgeEventType, BridgeOptions, BridgeServer
+from agentwake.bridges.framework import (
+    Bridge,
+    BridgeOptions,
+    BridgeServer,
+    bridge_event_types,
+    check_optional_tools,
+    refuse,
+    short_age,
+)
 from agentwake.bridges.log import NewEvent
 from agentwake.bridges.pagerduty_api import (
     MAX_ESCALATION_LEVEL,
@@ -139,32 +147,19 @@ def signature_valid(secrets: Sequence[bytes], body: bytes, header: str | None) -
     return matched
 
 
-def _refuse(status: int, reason: str) -> web.Response:
-    return web.json_response({"status": "refused", "error": reason}, status=status)
-
-
 class PagerDutyBridge(Bridge):
     name = "pagerduty"
     description = DESCRIPTION
-    event_types = tuple(
-        BridgeEventType(
-            name=name,
-            description=description,
-            payload_schema=pagerduty_events.PAYLOAD_SCHEMAS[name],
-            input_schema=pagerduty_events.ARGUMENTS_SCHEMA,
-            matches=pagerduty_events.matches,
-        )
-        for name, description in pagerduty_events.EVENT_TYPES.items()
+    event_types = bridge_event_types(
+        pagerduty_events.EVENT_TYPES,
+        pagerduty_events.PAYLOAD_SCHEMAS,
+        dict.fromkeys(pagerduty_events.EVENT_TYPES, pagerduty_events.ARGUMENTS_SCHEMA),
+        pagerduty_events.matches,
     )
 
     def __init__(self, options: BridgeOptions, settings: PagerDutySettings) -> None:
         super().__init__(options)
-        unknown = set(settings.allowed_tools) - set(OPTIONAL_TOOLS)
-        if unknown:
-            raise ValueError(
-                f"--allow-tool: {', '.join(sorted(unknown))} is not an optional tool"
-                f" (the optional tools: {', '.join(OPTIONAL_TOOLS)})"
-            )
+        check_optional_tools(settings.allowed_tools, OPTIONAL_TOOLS)
         if options.listen and not settings.webhook_secrets:
             raise ValueError("--listen needs the webhook secret: set the variable --webhook-secret-env names")
         if options.poll and not settings.api_key:
@@ -180,10 +175,6 @@ class PagerDutyBridge(Bridge):
 
     async def aclose(self) -> None:
         await self.api.aclose()
-
-    def server_of(self) -> BridgeServer:
-        assert self.server is not None
-        return self.server
 
     # ---- whose actions are the agent's -------------------------------------------------
 
@@ -235,36 +226,38 @@ class PagerDutyBridge(Bridge):
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return _refuse(413, f"the body is over {self.options.max_body_bytes} bytes")
+            return refuse(413, f"the body is over {self.options.max_body_bytes} bytes")
         if not signature_valid(self.settings.webhook_secrets, body, request.headers.get(SIGNATURE_HEADER)):
             logger.warning("webhook: refused a delivery with a missing or wrong %s", SIGNATURE_HEADER)
-            return _refuse(401, f"missing or wrong {SIGNATURE_HEADER}")
+            return refuse(401, f"missing or wrong {SIGNATURE_HEADER}")
         delivery = peer(request.headers.get("X-Webhook-Id", "-"), 100)
         try:
             payload = json.loads(body)
             envelope = pagerduty_events.envelope(payload)
         except (ValueError, RecursionError) as exc:
             # Unmapped is a ValueError; json.loads raises RecursionError on a body nested too deep.
-            return _refuse(400, f"not a PagerDuty V3 webhook: {exc}")
+            return refuse(400, f"not a PagerDuty V3 webhook: {exc}")
         if envelope.event_type == pagerduty_events.PING:
             return web.json_response({"status": "pong"})
         event_id = envelope.event_id
         if not event_id or len(event_id) > MAX_EVENT_ID_CHARS:
-            return _refuse(400, f"event.id must be 1 to {MAX_EVENT_ID_CHARS} characters")
+            return refuse(400, f"event.id must be 1 to {MAX_EVENT_ID_CHARS} characters")
         if await self.server_of().seen_delivery(event_id):
             logger.info("webhook: event %s (delivery %s) was received before; ignored", event_id, delivery)
             return web.json_response({"status": "duplicate", "event": event_id})
         try:
             mapped = pagerduty_events.from_webhook(payload)
         except pagerduty_events.Unmapped as exc:
-            return _refuse(400, f"unreadable {envelope.event_type} payload: {exc}")
+            return refuse(400, f"unreadable {envelope.event_type} payload: {exc}")
         if mapped is None or await self.is_own_action(mapped):
             await self.accept([], source="webhook", delivery_id=event_id)
             return web.json_response({"status": "ignored", "event": event_id}, status=202)
         age = datetime.now(UTC) - mapped.occurred_at
         if age > self.settings.max_delivery_age:
-            logger.warning("webhook: refused stale event %s (%s, %s old)", event_id, mapped.type, _short(age))
-            return _refuse(400, f"stale delivery: the event happened {_short(age)} ago")
+            logger.warning(
+                "webhook: refused stale event %s (%s, %s old)", event_id, mapped.type, short_age(age)
+            )
+            return refuse(400, f"stale delivery: the event happened {short_age(age)} ago")
         added = await self.accept(
             [NewEvent(mapped.type, mapped.event_id, mapped.occurred_at, mapped.data, payload)],
             source="webhook",
@@ -457,10 +450,3 @@ _FEED_MAPPERS: Final[dict[str, Callable[[dict[str, Any]], pagerduty_events.Mappe
     "log_entries": pagerduty_events.from_log_entry,
     "incidents": pagerduty_events.from_incident,
 }
-
-
-def _short(age: timedelta) -> str:
-    seconds = int(age.total_seconds())
-    if seconds >= 3600:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds} s"

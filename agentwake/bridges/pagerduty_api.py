@@ -19,17 +19,16 @@ headers only: no exception text, repr or log line carries it.
 
 from __future__ import annotations
 
-import email.utils
 import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from types import TracebackType
-from typing import Any, Final, Literal, Self
+from typing import Any, Final, Literal
 
 import httpx
 
+from agentwake.bridges import _http
 from agentwake.clock import iso
 from agentwake.jsontext import encode_json
 from agentwake.text import peer
@@ -38,7 +37,7 @@ PAGERDUTY_API: Final = "https://api.pagerduty.com"
 MEDIA_TYPE: Final = "application/vnd.pagerduty+json;version=2"
 
 # How much of the upstream's message an error carries.
-MESSAGE_CHARS: Final = 300
+MESSAGE_CHARS: Final = _http.MESSAGE_CHARS
 # A 429 that says nothing about when: PagerDuty's limits are per minute.
 DEFAULT_RETRY_S: Final = 60.0
 MAX_LIMIT: Final = 100
@@ -57,27 +56,15 @@ Method = Literal["GET", "POST", "PUT"]
 Params = Sequence[tuple[str, str]]
 
 
-class PagerDutyError(Exception):
+class PagerDutyError(_http.ApiError):
     """A PagerDuty API call that failed: a non-2xx answer, a body that is not what the endpoint returns,
     or (status 0) no answer at all."""
 
-    def __init__(self, status: int, method: str, path: str, message: str, *, reason: str = "") -> None:
-        self.status = status
-        self.method = method
-        self.path = path
-        self.message = message
-        outcome = f"{status} {reason}".rstrip() if status else "no response"
-        super().__init__(f"PagerDuty API: {method} {path}: {outcome}: {message}")
+    upstream = "PagerDuty"
 
 
-class RateLimited(PagerDutyError):
+class RateLimited(_http.RetryAt, PagerDutyError):
     """A 429: PagerDuty's rate limit; ``retry_at`` is epoch seconds."""
-
-    def __init__(
-        self, status: int, method: str, path: str, message: str, *, reason: str = "", retry_at: float
-    ) -> None:
-        super().__init__(status, method, path, message, reason=reason)
-        self.retry_at = retry_at
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,17 +166,6 @@ def read_rate_limit(headers: httpx.Headers, previous: RateLimit, now: float) -> 
     )
 
 
-def _retry_after(value: str, now: float) -> float | None:
-    """Retry-After as epoch seconds: delta seconds or an HTTP date."""
-    value = value.strip()
-    if value.isdigit():
-        return now + int(value)
-    try:
-        return email.utils.parsedate_to_datetime(value).timestamp()
-    except (TypeError, ValueError):
-        return None
-
-
 def _upstream_message(response: httpx.Response) -> str:
     """PagerDuty's ``error.message`` with its ``errors``, else the start of whatever the body was."""
     try:
@@ -216,7 +192,7 @@ def _error(response: httpx.Response, method: str, path: str) -> PagerDutyError:
         return PagerDutyError(status, method, path, message, reason=reason)
     now = time.time()
     retry_after = response.headers.get("Retry-After")
-    retry_at = _retry_after(retry_after, now) if retry_after is not None else None
+    retry_at = _http.retry_after(retry_after, now) if retry_after is not None else None
     if retry_at is None:
         retry_at = _reset_at(response.headers, now)
     return RateLimited(
@@ -227,8 +203,11 @@ def _error(response: httpx.Response, method: str, path: str) -> PagerDutyError:
 # -- the client --------------------------------------------------------------------------------
 
 
-class PagerDutyAPI:
+class PagerDutyAPI(_http.ApiClient):
     """PagerDuty's REST API at ``base_url`` (EU service region: ``https://api.eu.pagerduty.com``)."""
+
+    error = PagerDutyError
+    redacted = "[key]"
 
     def __init__(
         self,
@@ -240,46 +219,19 @@ class PagerDutyAPI:
         user_agent: str = "agentwake-bridge",
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        # The URL is not quoted back: a mistyped one may hold a credential.
-        try:
-            url = httpx.URL(base_url)
-        except httpx.InvalidURL:
-            url = httpx.URL()
-        if url.scheme not in ("http", "https") or not url.host:
-            raise ValueError("the API base URL must be an http(s) URL with a host")
-        if url.userinfo:
-            raise ValueError("the API base URL must not carry credentials: pass the key as api_key")
+        url = _http.base_url(base_url, "key as api_key")
         if api_key is not None and not _KEY.fullmatch(api_key):
             raise ValueError("the PagerDuty API key must be printable ASCII without spaces")
         headers = {"Accept": MEDIA_TYPE, "User-Agent": user_agent}
         if api_key is not None:
             headers["Authorization"] = f"Token token={api_key}"
-        self.base_url = str(url)
         self.from_email = email_address(from_email) if from_email is not None else None
+        super().__init__(url, headers, api_key, timeout_s, transport)
         self.rate_limit = RateLimit()
-        self._key = api_key
-        self._client = httpx.AsyncClient(
-            base_url=url,
-            headers=headers,
-            timeout=httpx.Timeout(timeout_s),
-            follow_redirects=False,
-            transport=transport,
-        )
 
     def __repr__(self) -> str:
-        authenticated = "with a key" if self._key else "without a key"
+        authenticated = "with a key" if self._secret else "without a key"
         return f"<PagerDutyAPI {self.base_url} {authenticated}>"
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
 
     # -- who the key is ------------------------------------------------------------------------
 
@@ -396,38 +348,11 @@ class PagerDutyAPI:
                     "PagerDuty writes need the email of the user they are done as (--from-email)"
                 )
             headers = {"From": self.from_email}
-        try:
-            response = await self._client.request(
-                method, path, params=list(params or ()), json=json, headers=headers
-            )
-        except httpx.TimeoutException:
-            raise PagerDutyError(0, method, path, "timed out") from None
-        except httpx.HTTPError as exc:
-            # from None: the cause holds the request, and with it the Authorization header.
-            raise PagerDutyError(0, method, path, self._scrub(f"{type(exc).__name__}: {exc}")) from None
+        response = await self._send(method, path, params=list(params or ()), json=json, headers=headers)
         self.rate_limit = read_rate_limit(response.headers, self.rate_limit, time.time())
         if response.is_success:
             return response
         raise _error(response, method, path)
-
-    def _scrub(self, text: str) -> str:
-        """A message from a library, bounded, without the key even if the library quoted a header."""
-        if self._key:
-            text = text.replace(self._key, "[key]")
-        return peer(text, MESSAGE_CHARS)
-
-    @staticmethod
-    def _json(response: httpx.Response, method: str, path: str) -> Any:
-        try:
-            return response.json()
-        except ValueError:
-            raise PagerDutyError(
-                response.status_code,
-                method,
-                path,
-                f"the response is not JSON: {peer(response.text, 100)!r}",
-                reason=response.reason_phrase,
-            ) from None
 
     def _field(self, response: httpx.Response, method: str, path: str, key: str) -> dict[str, Any]:
         """The object under ``key`` of a response body (PagerDuty wraps each: ``{"incident": {...}}``)."""
@@ -446,13 +371,3 @@ class PagerDutyAPI:
         if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
             raise self._shape_error(response, method, path, f'an object with a list of objects "{key}"')
         return items, body
-
-    @staticmethod
-    def _shape_error(response: httpx.Response, method: str, path: str, expected: str) -> PagerDutyError:
-        return PagerDutyError(
-            response.status_code,
-            method,
-            path,
-            f"expected {expected}, got {peer(response.text, 100)!r}",
-            reason=response.reason_phrase,
-        )

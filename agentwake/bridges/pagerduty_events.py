@@ -25,19 +25,19 @@ value; everything we do not emit maps to None.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final
 
-from agentwake.clock import iso, parse_iso
+from agentwake.bridges import _payload
+from agentwake.bridges._payload import closed_schema, integer_schema, text_schema
+from agentwake.clock import iso
 
 TITLE_CHARS: Final = 1024  # PagerDuty's own limit on an incident title
 NAME_CHARS: Final = 256
 URL_CHARS: Final = 2048
 ID_CHARS: Final = 64
 MAX_ASSIGNEES: Final = 50
-DRAFT_2020_12: Final = "https://json-schema.org/draft/2020-12/schema"
 PING: Final = "pagey.ping"
 URGENCIES: Final = ("high", "low")
 
@@ -73,7 +73,7 @@ class Mapped:
     actor_id: str | None = None
 
 
-class Unmapped(ValueError):
+class Unmapped(_payload.Unmapped):
     """A payload of a type we emit with a missing or ill-typed field; the message names the field."""
 
 
@@ -88,44 +88,36 @@ class Envelope:
 # ---- payload schemas -----------------------------------------------------------------
 
 
-def _text(description: str, limit: int, *, nullable: bool = False) -> dict[str, Any]:
-    return {
-        "type": ["string", "null"] if nullable else "string",
-        "maxLength": limit,
-        "description": description,
-    }
-
-
 def _common() -> dict[str, dict[str, Any]]:
     return {
-        "incidentId": _text("The incident's PagerDuty id (what the tools take).", ID_CHARS),
-        "number": {"type": "integer", "description": "The incident's number in the account (#1234)."},
-        "title": _text("The incident's title.", TITLE_CHARS),
-        "status": _text(
+        "incidentId": text_schema("The incident's PagerDuty id (what the tools take).", ID_CHARS),
+        "number": integer_schema("The incident's number in the account (#1234)."),
+        "title": text_schema("The incident's title.", TITLE_CHARS),
+        "status": text_schema(
             'The incident\'s status after the change: "triggered", "acknowledged" or "resolved".', NAME_CHARS
         ),
-        "urgency": _text('The incident\'s urgency: "high" or "low".', NAME_CHARS),
-        "priority": _text(
+        "urgency": text_schema('The incident\'s urgency: "high" or "low".', NAME_CHARS),
+        "priority": text_schema(
             'The incident\'s priority ("P1"...), or null when it has none.', NAME_CHARS, nullable=True
         ),
         "service": {
             "type": "object",
             "properties": {
-                "id": _text("The service's PagerDuty id.", ID_CHARS),
-                "name": _text("The service's name.", NAME_CHARS),
+                "id": text_schema("The service's PagerDuty id.", ID_CHARS),
+                "name": text_schema("The service's name.", NAME_CHARS),
             },
             "required": ["id", "name"],
             "additionalProperties": False,
             "description": "The service the incident is on.",
         },
-        "url": _text("The incident's web page.", URL_CHARS),
-        "actor": _text(
+        "url": text_schema("The incident's web page.", URL_CHARS),
+        "actor": text_schema(
             "Who or what caused the change (a user's name, a service or integration), or null (a timeout,"
             " or a polled new incident, whose creator the incidents list does not name).",
             NAME_CHARS,
             nullable=True,
         ),
-        "actorType": _text(
+        "actorType": text_schema(
             'The kind of actor: "user", "service", "integration"..., or null with no actor.',
             NAME_CHARS,
             nullable=True,
@@ -150,13 +142,7 @@ def _schema(kind: str) -> dict[str, Any]:
                 " polled, as the log entry lists them, else as the incident is assigned when polled."
             ),
         }
-    return {
-        "$schema": DRAFT_2020_12,
-        "type": "object",
-        "properties": properties,
-        "required": list(properties),
-        "additionalProperties": False,
-    }
+    return closed_schema(properties)
 
 
 PAYLOAD_SCHEMAS: dict[str, dict[str, Any]] = {kind: _schema(kind) for kind in EVENT_TYPES}
@@ -183,89 +169,9 @@ ARGUMENTS_SCHEMA: dict[str, Any] = {
 # ---- reading a payload ---------------------------------------------------------------
 
 
-def _bounded(text: str, limit: int) -> str:
-    """``text`` in at most ``limit`` characters, a cut shown by a trailing ellipsis."""
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _kind(value: Any) -> str:
-    """A JSON value's type as a message names it (never the value: it may be huge)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object" if isinstance(value, Mapping) else type(value).__name__
-
-
-@dataclass(frozen=True, slots=True)
-class _Object:
-    """A JSON object of a payload, read field by field; a wrong field raises Unmapped naming its path."""
-
-    raw: Mapping[str, Any]
-    path: str
-
-    @classmethod
-    def of(cls, value: Any, path: str) -> _Object:
-        if not isinstance(value, Mapping):
-            raise Unmapped(f"{path or '(payload)'}: must be an object, not {_kind(value)}")
-        return cls(value, path)
-
-    def name(self, key: str) -> str:
-        return f"{self.path}.{key}" if self.path else key
-
-    def _wrong(self, key: str, expected: str) -> Unmapped:
-        return Unmapped(f"{self.name(key)}: must be {expected}, not {_kind(self.raw[key])}")
-
-    def get(self, key: str) -> Any:
-        if key not in self.raw:
-            raise Unmapped(f"{self.name(key)}: missing")
-        return self.raw[key]
-
-    def object(self, key: str) -> _Object:
-        return _Object.of(self.get(key), self.name(key))
-
-    def optional_object(self, key: str) -> _Object | None:
-        value = self.raw.get(key)
-        return None if value is None else _Object.of(value, self.name(key))
-
-    def integer(self, key: str) -> int:
-        value = self.get(key)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self._wrong(key, "an integer")
-        return value
-
-    def text(self, key: str, limit: int) -> str:
-        value = self.get(key)
-        if not isinstance(value, str):
-            raise self._wrong(key, "a string")
-        return _bounded(value, limit)
-
-    def optional_text(self, key: str, limit: int) -> str | None:
-        if self.raw.get(key) is None:
-            return None
-        return self.text(key, limit)
-
-    def moment(self, key: str) -> datetime:
-        value = self.get(key)
-        parsed = parse_iso(value) if isinstance(value, str) else None
-        if parsed is None:
-            raise self._wrong(key, "an ISO 8601 time")
-        return parsed.astimezone(UTC)
-
-    def objects(self, key: str, limit: int) -> list[_Object]:
-        """The first ``limit`` elements of an array of objects (absent or null: none)."""
-        value = self.raw.get(key)
-        if value is None:
-            return []
-        if not isinstance(value, list):
-            raise self._wrong(key, "an array")
-        return [_Object.of(item, f"{self.name(key)}[{index}]") for index, item in enumerate(value[:limit])]
+class _Object(_payload.Fields):
+    __slots__ = ()
+    error = Unmapped
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,7 +337,7 @@ def brief(incident: dict[str, Any]) -> dict[str, Any]:
     field PagerDuty left out is null rather than an error, since this is an answer, not an event."""
 
     def text(value: Any, limit: int) -> str | None:
-        return _bounded(value, limit) if isinstance(value, str) else None
+        return _payload.bounded(value, limit) if isinstance(value, str) else None
 
     def part(key: str) -> dict[str, Any]:
         value = incident.get(key)

@@ -61,7 +61,13 @@ from yarl import URL
 
 from agentwake.backoff import backoff_s
 from agentwake.bridges import slack_events
-from agentwake.bridges.framework import Bridge, BridgeEventType, BridgeOptions, BridgeServer
+from agentwake.bridges.framework import (
+    Bridge,
+    BridgeOptions,
+    BridgeServer,
+    bridge_event_types,
+    refuse,
+)
 from agentwake.bridges.log import NewEvent
 from agentwake.signing import timestamp_error
 from agentwake.text import peer
@@ -127,10 +133,6 @@ def signature_valid(secret: bytes, timestamp: str, body: bytes, header: str | No
 
 def _answer(status: str, *, code: int = 200, **fields: Any) -> web.Response:
     return web.json_response({"status": status, **fields}, status=code)
-
-
-def _refuse(code: int, reason: str) -> web.Response:
-    return web.json_response({"status": "refused", "error": reason}, status=code)
 
 
 class _Scrub(logging.Filter):
@@ -301,15 +303,11 @@ def _message(raw: dict[str, Any]) -> dict[str, Any]:
 class SlackBridge(Bridge):
     name = "slack"
     description = DESCRIPTION
-    event_types = tuple(
-        BridgeEventType(
-            name=name,
-            description=description,
-            payload_schema=slack_events.PAYLOAD_SCHEMAS[name],
-            input_schema=slack_events.ARGUMENTS_SCHEMAS[name],
-            matches=slack_events.matches,
-        )
-        for name, description in slack_events.EVENT_TYPES.items()
+    event_types = bridge_event_types(
+        slack_events.EVENT_TYPES,
+        slack_events.PAYLOAD_SCHEMAS,
+        slack_events.ARGUMENTS_SCHEMAS,
+        slack_events.matches,
     )
 
     def __init__(self, options: BridgeOptions, settings: SlackSettings) -> None:
@@ -329,10 +327,6 @@ class SlackBridge(Bridge):
             )
         self.settings = settings
         self.api = SlackAPI(base_url=settings.api_base, token=settings.bot_token)
-
-    def server_of(self) -> BridgeServer:
-        assert self.server is not None
-        return self.server
 
     # ---- both ingress paths ----------------------------------------------------
 
@@ -383,27 +377,27 @@ class SlackBridge(Bridge):
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return _refuse(413, f"the body is over {self.options.max_body_bytes} bytes")
+            return refuse(413, f"the body is over {self.options.max_body_bytes} bytes")
         stamp = request.headers.get(TIMESTAMP_HEADER, "")
         if not signature_valid(secret, stamp, body, request.headers.get(SIGNATURE_HEADER)):
             logger.warning("events: refused a request with a missing or wrong %s", SIGNATURE_HEADER)
-            return _refuse(401, f"missing or wrong {SIGNATURE_HEADER}")
+            return refuse(401, f"missing or wrong {SIGNATURE_HEADER}")
         problem = timestamp_error(stamp, time.time())
         if problem is not None:
             logger.warning("events: refused a signed request whose %s is %s", TIMESTAMP_HEADER, problem)
-            return _refuse(401, f"{TIMESTAMP_HEADER} is {problem}: a replayed request?")
+            return refuse(401, f"{TIMESTAMP_HEADER} is {problem}: a replayed request?")
         try:
             payload = json.loads(body)
         except ValueError:
             payload = None
         if not isinstance(payload, dict):
             # Interactivity's form-encoded payloads would be dispatched here, once verified.
-            return _refuse(400, "the body is not a JSON object (only the Events API is served)")
+            return refuse(400, "the body is not a JSON object (only the Events API is served)")
         kind = payload.get("type")
         if kind == "url_verification":
             challenge = payload.get("challenge")
             if not isinstance(challenge, str) or not challenge or len(challenge) > 500:
-                return _refuse(400, "url_verification without a challenge")
+                return refuse(400, "url_verification without a challenge")
             logger.info("events: answered Slack's url_verification")
             return web.json_response({"challenge": challenge})
         if kind != "event_callback":
@@ -415,7 +409,7 @@ class SlackBridge(Bridge):
             logger.info("events: Slack's retry #%s (%s)", peer(retry, 10), peer(reason, 40))
         outcome = await self.ingest(payload, source="events_api")
         if outcome.status == "unreadable" and slack_events.event_id_of(payload) is None:
-            return _refuse(400, outcome.reason)
+            return refuse(400, outcome.reason)
         fields: dict[str, Any] = {"event": slack_events.event_id_of(payload)}
         if outcome.reason:
             fields["reason"] = outcome.reason

@@ -31,12 +31,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from agentwake.bridges import _payload
+from agentwake.bridges._payload import boolean_schema, closed_schema, text_schema
 from agentwake.clock import iso
 
 EXCERPT_CHARS: Final = 2000
 ID_CHARS: Final = 64
 NAME_CHARS: Final = 128
-DRAFT_2020_12: Final = "https://json-schema.org/draft/2020-12/schema"
 # Slack's message timestamps: epoch seconds with a fractional part ("1718000000.000200").
 TS_PATTERN: Final = r"^\d{1,12}\.\d{1,9}$"
 CHANNEL_PATTERN: Final = r"^[CGD][A-Z0-9]{2,30}$"
@@ -64,23 +65,11 @@ class Mapped:
     own: bool
 
 
-class Unmapped(ValueError):
+class Unmapped(_payload.Unmapped):
     """A body of a type we emit with a missing or ill-typed field; the message names the field."""
 
 
 # ---- payload schemas -----------------------------------------------------------------
-
-
-def _text(description: str, limit: int, *, nullable: bool = False) -> dict[str, Any]:
-    return {
-        "type": ["string", "null"] if nullable else "string",
-        "maxLength": limit,
-        "description": description,
-    }
-
-
-def _boolean(description: str) -> dict[str, Any]:
-    return {"type": "boolean", "description": description}
 
 
 def _common() -> dict[str, dict[str, Any]]:
@@ -90,36 +79,32 @@ def _common() -> dict[str, dict[str, Any]]:
             "format": "date-time",
             "description": "When it happened in Slack, ISO 8601 in UTC.",
         },
-        "isBot": _boolean("Whether another app (a bot) posted it; reactions do not say, so they are false."),
+        "isBot": boolean_schema(
+            "Whether another app (a bot) posted it; reactions do not say, so they are false."
+        ),
     }
 
 
 def _schema(fields: dict[str, dict[str, Any]]) -> dict[str, Any]:
     properties = {**fields, **_common()}
-    return {
-        "$schema": DRAFT_2020_12,
-        "type": "object",
-        "properties": properties,
-        "required": list(properties),
-        "additionalProperties": False,
-    }
+    return closed_schema(properties)
 
 
 def _message_schema() -> dict[str, Any]:
     return _schema(
         {
-            "channel": _text("The channel's id (C0123ABCD).", ID_CHARS),
-            "user": _text(
+            "channel": text_schema("The channel's id (C0123ABCD).", ID_CHARS),
+            "user": text_schema(
                 "The author's user id, or null for an app's message without one.", ID_CHARS, nullable=True
             ),
-            "text": _text(
+            "text": text_schema(
                 f"The first {EXCERPT_CHARS} characters of the message, as Slack sends it"
                 " (<@U0123ABCD> is a mention); '' when it has none.",
                 EXCERPT_CHARS,
             ),
-            "textTruncated": _boolean("Whether the message is longer than the excerpt."),
-            "ts": _text("The message's timestamp, its id within the channel.", ID_CHARS),
-            "threadTs": _text(
+            "textTruncated": boolean_schema("Whether the message is longer than the excerpt."),
+            "ts": text_schema("The message's timestamp, its id within the channel.", ID_CHARS),
+            "threadTs": text_schema(
                 "The thread the message belongs to: its parent's ts when it is a reply, else its own ts"
                 " (equal to ts). Replying with threadTs answers in the thread, starting it if need be.",
                 ID_CHARS,
@@ -133,11 +118,13 @@ PAYLOAD_SCHEMAS: dict[str, dict[str, Any]] = {
     "message.channels": _message_schema(),
     "reaction_added": _schema(
         {
-            "user": _text("The user id of who reacted.", ID_CHARS),
-            "reaction": _text('The emoji\'s name, without colons ("eyes", "thumbsup").', NAME_CHARS),
-            "itemChannel": _text("The channel of the message reacted to.", ID_CHARS),
-            "itemTs": _text("The ts of the message reacted to.", ID_CHARS),
-            "itemUser": _text("The user id of that message's author, or null.", ID_CHARS, nullable=True),
+            "user": text_schema("The user id of who reacted.", ID_CHARS),
+            "reaction": text_schema('The emoji\'s name, without colons ("eyes", "thumbsup").', NAME_CHARS),
+            "itemChannel": text_schema("The channel of the message reacted to.", ID_CHARS),
+            "itemTs": text_schema("The ts of the message reacted to.", ID_CHARS),
+            "itemUser": text_schema(
+                "The user id of that message's author, or null.", ID_CHARS, nullable=True
+            ),
         }
     ),
 }
@@ -177,49 +164,19 @@ ARGUMENTS_SCHEMAS: dict[str, dict[str, Any]] = {
 # ---- reading a body ------------------------------------------------------------------
 
 
-def _kind(value: Any) -> str:
-    """A JSON value's type as a message names it (never the value: it may be huge or private)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object" if isinstance(value, Mapping) else type(value).__name__
+class _Object(_payload.Fields):
+    __slots__ = ()
+    error = Unmapped
+    root = "(body)"
 
-
-@dataclass(frozen=True, slots=True)
-class _Object:
-    """A JSON object of a body, read field by field; a wrong field raises Unmapped naming its path."""
-
-    raw: Mapping[str, Any]
-    path: str
-
-    @classmethod
-    def of(cls, value: Any, path: str) -> _Object:
-        if not isinstance(value, Mapping):
-            raise Unmapped(f"{path or '(body)'}: must be an object, not {_kind(value)}")
-        return cls(value, path)
-
-    def name(self, key: str) -> str:
-        return f"{self.path}.{key}" if self.path else key
-
-    def object(self, key: str) -> _Object:
-        if key not in self.raw:
-            raise Unmapped(f"{self.name(key)}: missing")
-        return _Object.of(self.raw[key], self.name(key))
-
+    # Unlike GitHub's and PagerDuty's payloads, a null here is as good as missing.
     def optional_text(self, key: str, limit: int) -> str | None:
         value = self.raw.get(key)
         if value is None:
             return None
         if not isinstance(value, str):
-            raise Unmapped(f"{self.name(key)}: must be a string, not {_kind(value)}")
-        return value if len(value) <= limit else value[: limit - 1] + "…"
+            raise Unmapped(f"{self.name(key)}: must be a string, not {_payload.kind(value)}")
+        return _payload.bounded(value, limit)
 
     def text(self, key: str, limit: int) -> str:
         value = self.optional_text(key, limit)
@@ -281,7 +238,7 @@ def _message(kind: str, event: _Object, app: _App) -> Mapped:
     user = event.optional_text("user", ID_CHARS)
     text = event.raw.get("text")
     if text is not None and not isinstance(text, str):
-        raise Unmapped(f"{event.name('text')}: must be a string, not {_kind(text)}")
+        raise Unmapped(f"{event.name('text')}: must be a string, not {_payload.kind(text)}")
     text = text or ""
     is_bot = event.raw.get("bot_id") is not None or event.raw.get("subtype") == "bot_message"
     occurred_at = moment_of(ts)

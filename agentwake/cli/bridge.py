@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import sys
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -21,7 +22,7 @@ import typer
 from agentwake.cli.common import HELP_MARKUP, HelpGroup, app, fail, run_async
 
 if TYPE_CHECKING:
-    from agentwake.bridges.framework import BridgeOptions
+    from agentwake.bridges.framework import Bridge, BridgeOptions
 
 bridge_app = typer.Typer(
     help="Run a bridge: an MCP Events server for an upstream (GitHub, PagerDuty, Slack) that has none of its own.",
@@ -193,6 +194,22 @@ def bridge_options(
     )
 
 
+def serve_bridge(make_bridge: Callable[[], Bridge], warnings: list[str]) -> None:
+    """Build the bridge and its server (a setting they refuse is a usage error), log each of
+    ``warnings``, then serve until stopped."""
+    from agentwake.bridges.framework import BridgeServer
+
+    try:
+        server = BridgeServer(make_bridge())
+    except (ValueError, OSError) as exc:
+        raise fail(exc, code=2) from None
+    log = logging.getLogger("agentwake.bridge")
+    for warning in warnings:
+        log.warning(warning)
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends the bridge quietly
+        run_async(server.serve)
+
+
 def _log_to_stderr(level: str) -> None:
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
@@ -300,7 +317,6 @@ def github(
         events_webhook_ca=events_webhook_ca,
         events_webhook_ttl_ms=events_webhook_ttl_ms,
     )
-    from agentwake.bridges.framework import BridgeServer
     from agentwake.bridges.github import GitHubBridge, GitHubSettings
 
     repos = tuple(name for entry in repo for name in entry.split())
@@ -310,26 +326,19 @@ def github(
             f"--listen needs the webhook secret in ${webhook_secret_env} (--webhook-secret-env)", code=2
         )
     token = os.environ.get(token_env) or None
-    try:
-        bridge = GitHubBridge(
-            options,
-            GitHubSettings(
-                webhook_secret=secret.encode() if secret else None,
-                token=token,
-                api_base=api_base,
-                repos=repos,
-                poll_interval_s=poll_interval_s,
-                max_delivery_age=timedelta(seconds=max_delivery_age_s),
-                allowed_tools=tuple(allow_tool),
-                ignore_own_actions=ignore_own_actions,
-            ),
-        )
-        server = BridgeServer(bridge)
-    except (ValueError, OSError) as exc:
-        raise fail(exc, code=2) from None
+    settings = GitHubSettings(
+        webhook_secret=secret.encode() if secret else None,
+        token=token,
+        api_base=api_base,
+        repos=repos,
+        poll_interval_s=poll_interval_s,
+        max_delivery_age=timedelta(seconds=max_delivery_age_s),
+        allowed_tools=tuple(allow_tool),
+        ignore_own_actions=ignore_own_actions,
+    )
+    warnings = []
     if token is None:
-        logging.getLogger("agentwake.bridge").warning(
-            "no GitHub token in $%s: tools will fail and polling is limited to public repositories", token_env
+        warnings.append(
+            f"no GitHub token in ${token_env}: tools will fail and polling is limited to public repositories"
         )
-    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends the bridge quietly
-        run_async(server.serve)
+    serve_bridge(lambda: GitHubBridge(options, settings), warnings)

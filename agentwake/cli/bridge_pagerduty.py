@@ -7,8 +7,6 @@ environment, from the variables ``--webhook-secret-env`` and ``--api-key-env`` n
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -35,8 +33,9 @@ from agentwake.cli.bridge import (
     _log_to_stderr,
     bridge_app,
     bridge_options,
+    serve_bridge,
 )
-from agentwake.cli.common import fail, run_async
+from agentwake.cli.common import fail
 
 
 @bridge_app.command("pagerduty")
@@ -140,7 +139,6 @@ def pagerduty(
         events_webhook_ca=events_webhook_ca,
         events_webhook_ttl_ms=events_webhook_ttl_ms,
     )
-    from agentwake.bridges.framework import BridgeServer
     from agentwake.bridges.pagerduty import PagerDutyBridge, PagerDutySettings
 
     secrets = (os.environ.get(webhook_secret_env) or "").split() if listen else []
@@ -149,27 +147,19 @@ def pagerduty(
             f"--listen needs the webhook secret in ${webhook_secret_env} (--webhook-secret-env)", code=2
         )
     api_key = os.environ.get(api_key_env) or None
-    try:
-        bridge = PagerDutyBridge(
-            options,
-            PagerDutySettings(
-                webhook_secrets=tuple(secret.encode() for secret in secrets),
-                api_key=api_key,
-                from_email=from_email or None,
-                api_base=api_base,
-                poll_interval_s=poll_interval_s,
-                max_delivery_age=timedelta(seconds=max_delivery_age_s),
-                allowed_tools=tuple(allow_tool),
-                ignore_own_actions=ignore_own_actions,
-            ),
-        )
-        server = BridgeServer(bridge)
-    except (ValueError, OSError) as exc:
-        raise fail(exc, code=2) from None
-    log = logging.getLogger("agentwake.bridge")
+    settings = PagerDutySettings(
+        webhook_secrets=tuple(secret.encode() for secret in secrets),
+        api_key=api_key,
+        from_email=from_email or None,
+        api_base=api_base,
+        poll_interval_s=poll_interval_s,
+        max_delivery_age=timedelta(seconds=max_delivery_age_s),
+        allowed_tools=tuple(allow_tool),
+        ignore_own_actions=ignore_own_actions,
+    )
+    warnings = []
     if api_key is None:
-        log.warning("no PagerDuty API key in $%s: the tools will fail", api_key_env)
+        warnings.append(f"no PagerDuty API key in ${api_key_env}: the tools will fail")
     if not from_email:
-        log.warning("no --from-email: acknowledge, add_note, escalate and resolve will fail")
-    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends the bridge quietly
-        run_async(server.serve)
+        warnings.append("no --from-email: acknowledge, add_note, escalate and resolve will fail")
+    serve_bridge(lambda: PagerDutyBridge(options, settings), warnings)

@@ -7,8 +7,6 @@ a process listing or a config file. Socket Mode runs where the framework runs a 
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
 from pathlib import Path
 from typing import Annotated
@@ -33,8 +31,9 @@ from agentwake.cli.bridge import (
     _log_to_stderr,
     bridge_app,
     bridge_options,
+    serve_bridge,
 )
-from agentwake.cli.common import fail, run_async
+from agentwake.cli.common import fail
 
 
 @bridge_app.command("slack")
@@ -129,27 +128,18 @@ def slack(
         raise fail(f"--socket-mode needs the app-level token in ${app_token_env} (--app-token-env)", code=2)
     bot_token = os.environ.get(bot_token_env) or None
 
-    from agentwake.bridges.framework import BridgeServer
     from agentwake.bridges.slack import SlackBridge, SlackSettings
 
-    try:
-        bridge = SlackBridge(
-            options,
-            SlackSettings(
-                signing_secret=secret.encode() if secret else None,
-                bot_token=bot_token,
-                app_token=app_token,
-                api_base=api_base,
-                ignore_other_bots=ignore_other_bots,
-            ),
-        )
-        server = BridgeServer(bridge)
-    except (ValueError, OSError) as exc:
-        raise fail(exc, code=2) from None
-    log = logging.getLogger("agentwake.bridge")
+    settings = SlackSettings(
+        signing_secret=secret.encode() if secret else None,
+        bot_token=bot_token,
+        app_token=app_token,
+        api_base=api_base,
+        ignore_other_bots=ignore_other_bots,
+    )
+    warnings = []
     if not listen and not socket_mode:
-        log.warning("neither --listen nor --socket-mode: no Slack event will arrive, only the tools work")
+        warnings.append("neither --listen nor --socket-mode: no Slack event will arrive, only the tools work")
     if bot_token is None:
-        log.warning("no bot token in $%s: the tools will fail", bot_token_env)
-    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends the bridge quietly
-        run_async(server.serve)
+        warnings.append(f"no bot token in ${bot_token_env}: the tools will fail")
+    serve_bridge(lambda: SlackBridge(options, settings), warnings)
