@@ -3,7 +3,8 @@
 It plays Slack's three parts the bridge talks to:
 
 * the Web API (``POST|GET /api/<method>``, form, query or JSON arguments, ``Authorization:
-  Bearer``): ``auth.test``, ``chat.postMessage``, ``reactions.add``, ``conversations.replies``,
+  Bearer``): ``auth.test``, ``chat.postMessage`` (with Block Kit ``blocks``), ``chat.update``,
+  ``reactions.add``, ``conversations.replies``,
   ``users.info`` with the bot token and ``apps.connections.open`` with the app-level token,
   answering as Slack does (HTTP 200 with ``{"ok": false, "error": "invalid_auth"}`` and the like);
 * Socket Mode: ``apps.connections.open`` hands out a one-time ``ws://127.0.0.1/link/?ticket=...``
@@ -530,6 +531,7 @@ class FakeSlack:
             "auth.test": self._auth_test,
             "apps.connections.open": self._connections_open,
             "chat.postMessage": self._post_message,
+            "chat.update": self._update,
             "reactions.add": self._reactions_add,
             "conversations.replies": self._replies,
             "users.info": self._users_info,
@@ -573,8 +575,26 @@ class FakeSlack:
             "team": TEAM,
         }
         message = self._post(channel, text, author, thread_ts)
+        if isinstance(args.get("blocks"), list):
+            message["blocks"] = args["blocks"]
         self._echo(self.callbacks_for(channel, message))
         return {"ok": True, "channel": channel, "ts": message["ts"], "message": message}
+
+    def _update(self, args: dict[str, Any]) -> dict[str, Any]:
+        channel, ts, text = args.get("channel"), args.get("ts"), args.get("text")
+        if channel not in self.channels:
+            return {"ok": False, "error": "channel_not_found"}
+        message = self._message(channel, str(ts))
+        if message is None:
+            return {"ok": False, "error": "message_not_found"}
+        if message.get("bot_id") != BOT_ID:
+            return {"ok": False, "error": "cant_update_message"}
+        if not isinstance(text, str) or not text:
+            return {"ok": False, "error": "no_text"}
+        message["text"] = text
+        message["blocks"] = args["blocks"] if isinstance(args.get("blocks"), list) else []
+        message["edited"] = {"user": BOT_USER, "ts": self.next_ts()}
+        return {"ok": True, "channel": channel, "ts": message["ts"], "text": text}
 
     def _reactions_add(self, args: dict[str, Any]) -> dict[str, Any]:
         channel, ts, name = args.get("channel"), args.get("timestamp"), args.get("name")

@@ -24,7 +24,7 @@ import secrets
 import socket
 import ssl
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -157,6 +157,10 @@ class Bridge:
     async def handle_webhook(self, request: web.Request) -> web.StreamResponse:
         """Verify and accept one native webhook delivery (POST on ``--listen``)."""
         raise web.HTTPNotFound(text="this bridge takes no webhooks")
+
+    def routes(self) -> Sequence[tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]]]:
+        """More (method, path, handler) routes for the ``--listen`` listener, beside the webhook's."""
+        return ()
 
     async def poll_forever(self) -> None:
         """Poll the upstream's API into the log until cancelled (with ``--poll``)."""
@@ -320,6 +324,8 @@ class BridgeServer:
         host, port = host_port(self.options.listen, what="--listen")
         app = web.Application(client_max_size=self.options.max_body_bytes)
         app.router.add_post(self.options.webhook_path, self.bridge.handle_webhook)
+        for method, path, handler in self.bridge.routes():
+            app.router.add_route(method, path, handler)
         app.router.add_get("/healthz", _healthz)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()

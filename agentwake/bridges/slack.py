@@ -25,9 +25,10 @@ Slack's ``disconnect`` and on a dropped socket). Each ``events_api`` envelope ca
 ``event_callback`` body and goes through steps 4 to 6; it is acknowledged only once its event
 is committed, so an envelope lost to a crash is sent again by Slack and deduplicated here.
 
-Interactivity (buttons, for approvals) is left for later: Slack posts it form-encoded, signed
-the same way, so it can share this listener and steps 1 and 2 (or arrive in Socket Mode as
-``interactive`` envelopes, acknowledged and ignored for now).
+Interactivity (the Approve and Deny buttons of ``--approvals-url``, agentwake.bridges.slack_approvals):
+Slack posts ``payload=<json>`` form-encoded to ``--interactions-path`` on the same listener, signed
+the same way, so steps 1 and 2 apply as they are; over Socket Mode the clicks arrive as
+``interactive`` envelopes. Either is answered at once; agentwake is asked afterwards.
 
 Tools call the Web API through slack-sdk's ``AsyncWebClient`` with the bot token named by
 ``--bot-token-env``, retrying nothing (a post must not happen twice because an answer was lost).
@@ -43,7 +44,8 @@ import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
+import urllib.parse
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Final
 
@@ -69,6 +71,7 @@ from agentwake.bridges.framework import (
     refuse,
 )
 from agentwake.bridges.log import NewEvent
+from agentwake.bridges.slack_approvals import ApprovalSettings, SlackApprovals
 from agentwake.signing import timestamp_error
 from agentwake.text import peer
 
@@ -119,6 +122,8 @@ class SlackSettings:
     app_token: str | None = field(default=None, repr=False)
     api_base: str = SLACK_API
     ignore_other_bots: bool = True
+    approvals: ApprovalSettings | None = None
+    interactions_path: str = "/slack/interactions"
 
 
 def signature_valid(secret: bytes, timestamp: str, body: bytes, header: str | None) -> bool:
@@ -229,6 +234,21 @@ class SlackAPI:
         )
         return {"channel": data.get("channel", channel), "ts": data.get("ts")}
 
+    async def post_blocks(
+        self, channel: str, ts: str | None, text: str, blocks: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """A message with Block Kit blocks (``text`` is the notification's fallback); with ``ts``, that
+        message is replaced instead."""
+        if ts is None:
+            data = await self.call(
+                "chat.postMessage", lambda c: c.chat_postMessage(channel=channel, text=text, blocks=blocks)
+            )
+        else:
+            data = await self.call(
+                "chat.update", lambda c: c.chat_update(channel=channel, ts=ts, text=text, blocks=blocks)
+            )
+        return {"channel": data.get("channel", channel), "ts": data.get("ts")}
+
     async def add_reaction(self, channel: str, timestamp: str, name: str) -> dict[str, Any]:
         try:
             await self.call(
@@ -325,8 +345,37 @@ class SlackBridge(Bridge):
             raise ValueError(
                 "the app-level token must be an xapp- token (Basic Information, App-Level Tokens)"
             )
+        if settings.approvals is not None and (
+            not settings.interactions_path.startswith("/")
+            or settings.interactions_path == options.webhook_path
+        ):
+            raise ValueError("--interactions-path must be a path of its own, starting with /")
         self.settings = settings
         self.api = SlackAPI(base_url=settings.api_base, token=settings.bot_token)
+        self.approvals: SlackApprovals | None = None
+        if settings.approvals is not None:
+            self.approvals = SlackApprovals(
+                settings.approvals, self.api.post_blocks, (self._get_state, self._set_state)
+            )
+
+    def _get_state(self, key: str) -> Any:
+        return self.server_of().log.get_state(key)
+
+    def _set_state(self, key: str, value: Any) -> None:
+        self.server_of().log.set_state(key, value)
+
+    async def background(self) -> None:
+        if self.approvals is not None:
+            await self.approvals.run()
+
+    async def aclose(self) -> None:
+        if self.approvals is not None:
+            await self.approvals.aclose()
+
+    def routes(self) -> Sequence[tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]]]:
+        if self.approvals is None:
+            return ()
+        return (("POST", self.settings.interactions_path, self.handle_interaction),)
 
     # ---- both ingress paths ----------------------------------------------------
 
@@ -371,7 +420,8 @@ class SlackBridge(Bridge):
 
     # ---- Events API ingress ----------------------------------------------------
 
-    async def handle_webhook(self, request: web.Request) -> web.StreamResponse:
+    async def _verified(self, request: web.Request, what: str) -> bytes | web.Response:
+        """The body of a request Slack signed within the last five minutes (steps 1 and 2), or the refusal."""
         secret = self.settings.signing_secret
         assert secret is not None
         try:
@@ -380,18 +430,39 @@ class SlackBridge(Bridge):
             return refuse(413, f"the body is over {self.options.max_body_bytes} bytes")
         stamp = request.headers.get(TIMESTAMP_HEADER, "")
         if not signature_valid(secret, stamp, body, request.headers.get(SIGNATURE_HEADER)):
-            logger.warning("events: refused a request with a missing or wrong %s", SIGNATURE_HEADER)
+            logger.warning("%s: refused a request with a missing or wrong %s", what, SIGNATURE_HEADER)
             return refuse(401, f"missing or wrong {SIGNATURE_HEADER}")
         problem = timestamp_error(stamp, time.time())
         if problem is not None:
-            logger.warning("events: refused a signed request whose %s is %s", TIMESTAMP_HEADER, problem)
+            logger.warning("%s: refused a signed request whose %s is %s", what, TIMESTAMP_HEADER, problem)
             return refuse(401, f"{TIMESTAMP_HEADER} is {problem}: a replayed request?")
+        return body
+
+    async def handle_interaction(self, request: web.Request) -> web.StreamResponse:
+        """A button click (Interactivity's request URL): verified, then answered at once."""
+        body = await self._verified(request, "interactions")
+        if isinstance(body, web.Response):
+            return body
+        assert self.approvals is not None
+        try:
+            fields = urllib.parse.parse_qs(body.decode(), max_num_fields=10)
+            payload = json.loads(fields["payload"][0])
+        except (UnicodeDecodeError, ValueError, KeyError, IndexError):
+            return refuse(400, "the body is not an interaction payload")
+        await self.approvals.on_interaction(payload, source="interactions")
+        # Slack shows an error to the clicking user unless it gets a 200 within 3 s.
+        return web.Response(status=200)
+
+    async def handle_webhook(self, request: web.Request) -> web.StreamResponse:
+        body = await self._verified(request, "events")
+        if isinstance(body, web.Response):
+            return body
         try:
             payload = json.loads(body)
         except ValueError:
             payload = None
         if not isinstance(payload, dict):
-            # Interactivity's form-encoded payloads would be dispatched here, once verified.
+            # Interactivity's form-encoded payloads go to --interactions-path instead.
             return refuse(400, "the body is not a JSON object (only the Events API is served)")
         kind = payload.get("type")
         if kind == "url_verification":
@@ -476,6 +547,11 @@ class SlackBridge(Bridge):
                 return
             if outcome.status == "unreadable":
                 logger.warning("socket_mode: envelope %s: %s", request.envelope_id, outcome.reason)
+        elif request.type == "interactive" and self.approvals is not None:
+            try:
+                await self.approvals.on_interaction(request.payload, source="socket_mode")
+            except Exception as exc:  # a click lost must not end the connection; it can be repeated
+                logger.warning("socket_mode: interaction not handled (%s)", type(exc).__name__)
         else:
             logger.info("socket_mode: %s envelopes are not handled; acknowledged", peer(request.type, 40))
         try:

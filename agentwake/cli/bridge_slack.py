@@ -90,6 +90,64 @@ def slack(
             help="Drop messages other apps posted; the app's own messages and reactions are always dropped.",
         ),
     ] = True,
+    approvals_url: Annotated[
+        str | None,
+        typer.Option(
+            "--approvals-url",
+            metavar="URL",
+            help="agentwake's operator endpoint ([service] listen, e.g. http://127.0.0.1:9464): post its"
+            " held events to --approvals-channel with Approve and Deny buttons, answered through it.",
+        ),
+    ] = None,
+    approvals_token_env: Annotated[
+        str,
+        typer.Option(
+            "--approvals-token-env",
+            metavar="VAR",
+            help="The variable holding the operator endpoint's token ([service] token_env).",
+        ),
+    ] = "AGENTWAKE_TOKEN",
+    approvals_channel: Annotated[
+        str | None,
+        typer.Option(
+            "--approvals-channel",
+            metavar="CHANNEL_ID",
+            help="The channel held events are posted in (needed with --approvals-url).",
+        ),
+    ] = None,
+    approver: Annotated[
+        list[str],
+        typer.Option(
+            "--approver",
+            metavar="USER_ID",
+            help="A Slack user id whose clicks count (repeatable; needed with --approvals-url)."
+            " Anyone else's click changes nothing.",
+        ),
+    ] = [],  # noqa: B006
+    approvals_rule: Annotated[
+        list[str],
+        typer.Option(
+            "--approvals-rule",
+            metavar="GLOB",
+            help="Post only events held by rules matching this glob (repeatable; default: every rule).",
+        ),
+    ] = [],  # noqa: B006
+    approvals_interval: Annotated[
+        float,
+        typer.Option(
+            "--approvals-interval",
+            metavar="SECONDS",
+            help="How often the operator endpoint is asked for newly held events.",
+        ),
+    ] = 5.0,
+    interactions_path: Annotated[
+        str,
+        typer.Option(
+            "--interactions-path",
+            metavar="PATH",
+            help="Where button clicks are received on --listen (the app's Interactivity request URL).",
+        ),
+    ] = "/slack/interactions",
     next_poll_ms: NextPollMs = 2_000,
     heartbeat_ms: HeartbeatMs = 30_000,
     max_events: MaxEvents = 50_000,
@@ -129,6 +187,32 @@ def slack(
     bot_token = os.environ.get(bot_token_env) or None
 
     from agentwake.bridges.slack import SlackBridge, SlackSettings
+    from agentwake.bridges.slack_approvals import ApprovalSettings
+
+    approvals = None
+    if approvals_url is not None:
+        approvals_token = os.environ.get(approvals_token_env)
+        if not approvals_token:
+            raise fail(
+                f"--approvals-url needs the operator endpoint's token in ${approvals_token_env}"
+                " (--approvals-token-env)",
+                code=2,
+            )
+        if not approvals_channel or not approver:
+            raise fail("--approvals-url needs --approvals-channel and at least one --approver", code=2)
+        try:
+            approvals = ApprovalSettings(
+                url=approvals_url,
+                token=approvals_token,
+                channel=approvals_channel,
+                approvers=frozenset(approver),
+                rules=tuple(approvals_rule),
+                interval_s=approvals_interval,
+            )
+        except ValueError as exc:
+            raise fail(str(exc), code=2) from None
+    elif approvals_channel or approver or approvals_rule:
+        raise fail("--approvals-channel, --approver and --approvals-rule need --approvals-url", code=2)
 
     settings = SlackSettings(
         signing_secret=secret.encode() if secret else None,
@@ -136,10 +220,14 @@ def slack(
         app_token=app_token,
         api_base=api_base,
         ignore_other_bots=ignore_other_bots,
+        approvals=approvals,
+        interactions_path=interactions_path,
     )
     warnings = []
     if not listen and not socket_mode:
         warnings.append("neither --listen nor --socket-mode: no Slack event will arrive, only the tools work")
+    if approvals is not None and not listen and not socket_mode:
+        warnings.append("--approvals-url without --listen or --socket-mode: no button click will arrive")
     if bot_token is None:
         warnings.append(f"no bot token in ${bot_token_env}: the tools will fail")
     serve_bridge(lambda: SlackBridge(options, settings), warnings)

@@ -9,6 +9,8 @@
     GET  /metrics      Prometheus text (agentwake.metrics)
     GET  /             the approvals page: held events (sanitized data, rule, the tools approving
                        allows), recent runs and events
+    GET  /approvals    the page too; with ``Accept: application/json`` the held events as JSON
+                       (the page's sanitized view): {"held": [...], "total": N}
     POST /approvals/{row}/approve   form: note       the event goes back to the inbox; the worker
     POST /approvals/{row}/deny      form: reason     is woken at once and runs the agent on it
     GET, POST /login, POST /logout
@@ -63,6 +65,8 @@ RECENT_RUNS: Final = 20
 # Held events shown at once, oldest first; `agentwake approvals` lists them all.
 HELD_SHOWN: Final = 100
 RECENT_EVENTS: Final = 30
+# The one-line sanitized data of a held event in the JSON listing.
+SUMMARY_CHARS: Final = 500
 # A note or reason typed on the page is kept to this many characters.
 NOTE_CHARS: Final = 1000
 # Forms are small; anything bigger is refused before it is read.
@@ -134,7 +138,7 @@ class Endpoint:
         routes.add_get("/readyz", self._admitted(self.readyz, "probe"))
         routes.add_get("/metrics", self._admitted(self.metrics))
         routes.add_get("/", self._admitted(self.index))
-        routes.add_get("/approvals", self._admitted(self.index))
+        routes.add_get("/approvals", self._admitted(self.approvals))
         routes.add_post(r"/approvals/{row:\d+}/approve", self._admitted(self.approve))
         routes.add_post(r"/approvals/{row:\d+}/deny", self._admitted(self.deny))
         routes.add_get("/login", self._admitted(self.login_page, "login"))
@@ -323,6 +327,31 @@ class Endpoint:
         if new and session is not None:
             self._set_session(request, response, session)
         return response
+
+    async def approvals(self, request: web.Request, caller: Caller | None) -> web.Response:
+        if not _wants_json(request):
+            return await self.index(request, caller)
+        config = self.supervisor.config
+        worker = self.supervisor.worker
+        policy = worker.policy if worker is not None else None
+        all_held = await self.store.approvals()
+        held = []
+        for raw in all_held[:HELD_SHOWN]:
+            event = held_event(raw, config, policy)
+            held.append(
+                {
+                    "row": event.row,
+                    "event_id": event.event_id,
+                    "server": event.server,
+                    "subscription": event.subscription,
+                    "name": event.event,
+                    "timestamp": shown(raw.get("timestamp")),
+                    "rule": event.rule,
+                    "tools": event.tools,
+                    "summary": shown(event.data, SUMMARY_CHARS),
+                }
+            )
+        return _json({"held": held, "total": len(all_held)})
 
     async def approve(self, request: web.Request, caller: Caller | None) -> web.Response:
         return await self._answer(request, caller, approve=True)
