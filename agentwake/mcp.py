@@ -36,7 +36,7 @@ from mcp_types import (
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from agentwake import protocol
-from agentwake._compat import InterceptingClient, http_client, send_raw_request
+from agentwake._compat import InterceptingClient, http_client, send_raw_request, stamped_params
 from agentwake.config import LimitsConfig, ServerConfig
 from agentwake.errors import (
     ConnectError,
@@ -441,16 +441,28 @@ class ServerConnection:
         subscription: str | None = None,
         read_timeout_s: float | None = None,
         keep_nulls: bool = False,
+        direct: bool = False,
     ) -> dict[str, Any]:
         """Send one events/* request; every failure comes back as a DeliveryError.
 
         The SDK drops null params; ``keep_nulls`` sends them as written, for fields
         where null differs from absent (events/subscribe's ``ttlMs: null`` asks for
         no expiry, absent for the server's default).
+
+        ``direct``, over agentwake's own stdio transport, sends the request beside the
+        session (``BoundedStdioClient.call``), stamped as the session stamps its own: the
+        same request and the same outcomes, without the session's per-request machinery,
+        which is most of a quiet poll's cost. Over HTTP it changes nothing.
         """
         timeout = read_timeout_s or self.config.request_timeout_s
         try:
-            if keep_nulls:
+            if direct and self.stdio is not None:
+                session = self.client.session
+                sent = dict(params) if keep_nulls else {k: v for k, v in params.items() if v is not None}
+                answer = await self.stdio.call(
+                    method, stamped_params(session, method, sent), timeout_s=timeout
+                )
+            elif keep_nulls:
                 answer = await send_raw_request(self.client.session, method, params, timeout_s=timeout)
             else:
                 request = _EventsRequest(method=method, params=_Params.model_validate(params))
@@ -569,10 +581,13 @@ class ServerConnection:
         return descriptors
 
     async def poll(self, params: protocol.PollParams, *, subscription: str | None = None) -> dict[str, Any]:
-        """events/poll; the result as sent (the poll loop reads it leniently, event by event)."""
+        """events/poll; the result as sent (the poll loop reads it leniently, event by event).
+
+        The hot path of quiet subscriptions: over stdio it is sent beside the session (``direct``).
+        A null cursor is left out, as the SDK's path always did.
+        """
         body = params.model_dump(by_alias=True, exclude_none=True)
-        body.setdefault("cursor", None)  # an explicit null reads better in server logs
-        return await self.request(protocol.METHOD_POLL, body, subscription=subscription)
+        return await self.request(protocol.METHOD_POLL, body, subscription=subscription, direct=True)
 
     def open_stream_route(self) -> StreamRoute:
         """A route for a new events/stream; register it before sending the request."""

@@ -24,13 +24,22 @@ async context manager yielding ``(read_stream, write_stream)`` for ``mcp.Client`
   the same) and no hand-off to the session (whose pydantic models and per-message task switch are
   most of the cost of a fast stream). What it declines goes to the session as before;
 * ``pace``, when set, is awaited between reads of stdout: the owner of what ``claim`` consumed
-  may hold the reader back, a bounded while, when it is far behind storing it.
+  may hold the reader back, a bounded while, when it is far behind storing it;
+* ``call`` sends a request of our own beside the session's, under string ids of its own
+  (``CALL_ID_PREFIX``; the SDK's are integers), and its answer is taken off the reader's path
+  (a substring check, then one JSON parse; an answer of another shape than a plain result gets
+  the validation every line gets) instead of going through the session, whose request machinery
+  costs most of a quiet poll's round trip. An oversized answer fails its ``call`` at once. It keeps
+  the session's contract: the timeout counts from the write, an abandoned request is cancelled
+  with ``notifications/cancelled``, an error answer or a closed connection is an ``MCPError``
+  with the SDK's codes.
 
 Shutdown is the SDK's: close stdin, wait, SIGTERM the process group, wait, SIGKILL, every wait
 bounded and shielded from cancellation so no server process outlives the context.
 
-The module runs about 800 lines: the reader, the writer, the stderr copier and the bounded
-shutdown share one process's lifecycle and are easier to check side by side than split up.
+The module runs about 980 lines: the reader, the writer, the requests sent beside the session,
+the stderr copier and the bounded shutdown share one process's lifecycle and are easier to check
+side by side than split up.
 
 Limits (``StdioLimits`` fields; the defaults are the DEFAULT_* constants):
 
@@ -52,6 +61,8 @@ Limits (``StdioLimits`` fields; the defaults are the DEFAULT_* constants):
 
 from __future__ import annotations
 
+import codecs
+import itertools
 import logging
 import re
 import signal
@@ -73,9 +84,11 @@ from mcp.client.stdio import (
     get_default_environment,
 )
 from mcp.os.posix.utilities import terminate_posix_process_tree
+from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
+from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, ErrorData, JSONRPCError, JSONRPCResponse
 from pydantic import ValidationError
-from pydantic_core import from_json
+from pydantic_core import from_json, to_json
 
 from agentwake.redaction import redact
 
@@ -107,6 +120,16 @@ Claim = Callable[[str, Mapping[str, Any] | None], bool]
 # Only lines holding this are worth parsing on the claim path: every MCP notification method has it.
 _NOTIFICATION_MARK: Final = '"notifications/'
 _NOTIFICATION_KEYS: Final = frozenset({"jsonrpc", "method", "params"})
+
+# The ids of ``call``'s requests: strings, so never one of the session's (integers).
+CALL_ID_PREFIX: Final = "agentwake-call-"
+# Only lines holding this may answer a ``call``.
+_CALL_MARK: Final = f'"{CALL_ID_PREFIX}'
+_RESULT_KEYS: Final = frozenset({"jsonrpc", "id", "result"})
+# The SDK's bound on writing the cancel of an abandoned request (its _ABANDON_WRITE_TIMEOUT).
+_CANCEL_WRITE_S: Final = 5.0
+# What a ``call`` still waiting gets once the connection has closed: the SDK's own outcome.
+_CLOSED: Final = ErrorData(code=CONNECTION_CLOSED, message="Connection closed")
 
 StdioStreams = tuple[
     MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]
@@ -333,6 +356,21 @@ def clean_line(text: str) -> str:
 # ---- the transport ----------------------------------------------------------------------------
 
 
+class _Call:
+    """A request of ``call``'s waiting for its answer: the result, or the error (the closure's included)."""
+
+    __slots__ = ("answered", "outcome")
+
+    def __init__(self) -> None:
+        self.answered = anyio.Event()
+        self.outcome: dict[str, Any] | ErrorData = _CLOSED
+
+    def settle(self, outcome: dict[str, Any] | ErrorData) -> None:
+        if not self.answered.is_set():
+            self.outcome = outcome
+            self.answered.set()
+
+
 class BoundedStdioClient:
     """The transport: an async context manager yielding ``(read_stream, write_stream)``.
 
@@ -365,12 +403,17 @@ class BoundedStdioClient:
         self._prefix = f"[{clean_line(name)}] "
         # Decoding never fails on a bad byte: "strict" (the SDK's default) would end the connection.
         self._errors = "ignore" if params.encoding_error_handler == "ignore" else "replace"
+        self._utf8 = _is_utf8(params.encoding)
         self._bad_lines = RateWindow(self.limits.bad_line_logs, self.limits.bad_line_window_s)
         self._process: Process | None = None
         self._exited: anyio.Event | None = None
         self._shutting_down = False
         self._escalated = False
         self._cm: AbstractAsyncContextManager[StdioStreams] | None = None
+        # ``call``'s requests awaiting an answer, by id; None before the start and after the end.
+        self._calls: dict[str, _Call] | None = None
+        self._call_ids = itertools.count(1)
+        self._write_send: MemoryObjectSendStream[SessionMessage | bytes] | None = None
 
     async def __aenter__(self) -> StdioStreams:
         if self._cm is not None:
@@ -391,6 +434,113 @@ class BoundedStdioClient:
         assert self.exit is not None
         return self.exit
 
+    async def call(
+        self, method: str, params: Mapping[str, Any] | None, *, timeout_s: float | None
+    ) -> dict[str, Any]:
+        """Send a request beside the session's and wait for its result, as the SDK's dispatcher would.
+
+        ``params`` go as given (stamp them as the session does first). The id is a string of our own
+        (``CALL_ID_PREFIX``), so the session never mistakes the answer for one of its requests; the
+        line goes through the session's writer, in order with its messages. Raises ``MCPError`` as the
+        SDK's ``send_raw_request`` does: the error a server answered; REQUEST_TIMEOUT once
+        ``timeout_s`` has passed since the write (a ``notifications/cancelled`` follows, as it does
+        when the caller is cancelled); CONNECTION_CLOSED when the connection ends first, or has.
+        """
+        calls, write = self._calls, self._write_send
+        if calls is None or write is None:
+            raise MCPError(code=CONNECTION_CLOSED, message="Connection closed")
+        request_id = f"{CALL_ID_PREFIX}{next(self._call_ids)}"
+        request: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+        if params:  # as the SDK: no "params" at all rather than empty ones
+            request["params"] = params
+        line = self._encode(request)
+        call = calls[request_id] = _Call()
+        written = False
+        try:
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            # From here a cancelled write may still have been delivered: count it as sent, as the SDK does.
+            written = True
+            try:
+                try:
+                    write.send_nowait(line)  # to the writer waiting for it: no task switch of ours
+                except anyio.WouldBlock:
+                    await write.send(line)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                raise MCPError(code=CONNECTION_CLOSED, message="Connection closed") from None
+            with anyio.move_on_after(timeout_s) as clock:
+                await call.answered.wait()
+            if clock.cancelled_caught and not call.answered.is_set():  # an answer just in time counts
+                with anyio.move_on_after(_CANCEL_WRITE_S):
+                    await self._cancel_call(request_id, f"timed out after {timeout_s}s")
+                raise MCPError(code=REQUEST_TIMEOUT, message=f"Request {method!r} timed out")
+        except anyio.get_cancelled_exc_class():
+            if written:
+                with anyio.move_on_after(_CANCEL_WRITE_S, shield=True):
+                    await self._cancel_call(request_id, "caller cancelled")
+            raise
+        finally:
+            calls.pop(request_id, None)
+        outcome = call.outcome
+        if isinstance(outcome, ErrorData):
+            raise MCPError(code=outcome.code, message=outcome.message, data=outcome.data)
+        return outcome
+
+    async def _cancel_call(self, request_id: str, reason: str) -> None:
+        """The courtesy cancel of an abandoned ``call``; dropped when the connection is gone."""
+        if self._calls is None or self._write_send is None:
+            return
+        params = {"requestId": request_id, "reason": reason}
+        notice = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
+        with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await self._write_send.send(self._encode(notice))
+
+    def _encode(self, message: Mapping[str, Any]) -> bytes:
+        """One line of JSON, by the serializer the SDK's models use (pydantic-core's)."""
+        data = to_json(message)
+        if self._utf8:
+            return data + b"\n"
+        return (data.decode() + "\n").encode(self.params.encoding, errors=self._errors)
+
+    def _took_result(self, text: str) -> bool:
+        """Whether the line is a plain result for one of ``call``'s requests, now handed to it.
+
+        Parsed by pydantic-core's JSON parser, the one the SDK's validation uses; only the plain shape
+        is taken here (an object of ``jsonrpc`` "2.0", a string ``id`` and an object ``result``, no
+        other member), which the SDK reads as that very response. Anything else (an error answer
+        included) is left to the full validation every line gets, and ``_answered_call`` after it.
+        """
+        try:
+            message = from_json(text)
+        except ValueError:
+            return False
+        if type(message) is not dict or message.keys() != _RESULT_KEYS or message["jsonrpc"] != "2.0":
+            return False
+        result = message["result"]
+        return type(result) is dict and self._settle_call(message["id"], result)
+
+    def _answered_call(self, message: object) -> bool:
+        """Whether ``message`` answers one of ``call``'s requests; if so, that request has its outcome."""
+        if isinstance(message, JSONRPCResponse):
+            outcome: dict[str, Any] | ErrorData = message.result
+        elif isinstance(message, JSONRPCError):
+            outcome = message.error
+        else:
+            return False
+        return self._settle_call(message.id, outcome)
+
+    def _settle_call(self, request_id: object, outcome: dict[str, Any] | ErrorData) -> bool:
+        call = self._calls.pop(request_id, None) if self._calls and isinstance(request_id, str) else None
+        if call is None:
+            return False  # not ours, or late: the session drops it as it drops any unknown answer
+        call.settle(outcome)
+        return True
+
+    def _end_calls(self) -> None:
+        """The connection is over: every ``call`` still waiting gets CONNECTION_CLOSED, and new ones at once."""
+        calls, self._calls = self._calls, None
+        for call in (calls or {}).values():
+            call.settle(_CLOSED)
+
     @asynccontextmanager
     async def _run(self) -> AsyncIterator[StdioStreams]:
         params = self.params
@@ -407,7 +557,10 @@ class BoundedStdioClient:
         self._process = process
         self.pid = process.pid
         read_send, read_receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-        write_send, write_receive = anyio.create_memory_object_stream[SessionMessage](0)
+        # The session's messages, and ``call``'s lines already serialised: one writer keeps them in order.
+        write_send, write_receive = anyio.create_memory_object_stream[SessionMessage | bytes](0)
+        self._write_send = write_send
+        self._calls = {}
         writer_done = anyio.Event()
         stderr_done = anyio.Event()
 
@@ -420,6 +573,7 @@ class BoundedStdioClient:
                 yield read_receive, write_send
             finally:
                 self._shutting_down = True
+                self._end_calls()
                 # Every wait inside is bounded; the shield keeps a cancelled caller from leaking the process.
                 with anyio.CancelScope(shield=True):
                     # Unblocks the reader into draining, so a server stuck writing stdout can read stdin.
@@ -473,6 +627,9 @@ class BoundedStdioClient:
                         await self._exited.wait()
                     self._record_exit()
                 finally:
+                    # Nothing more will be read: what still waits for an answer learns it now, as the
+                    # session does when the read stream ends.
+                    self._end_calls()
                     await _drain(stdout)
         except anyio.ClosedResourceError:
             pass  # our shutdown closed stdout under the read
@@ -492,19 +649,16 @@ class BoundedStdioClient:
             if request_id is not None:
                 # The answer to one of our requests: fail that request now, with the reason, rather
                 # than let it wait out its timeout. Nothing of a stream was lost.
-                return SessionMessage(
-                    mcp_types.JSONRPCError(
-                        jsonrpc="2.0",
-                        id=request_id,
-                        error=mcp_types.ErrorData(
-                            code=mcp_types.INTERNAL_ERROR,
-                            message=(
-                                f"the server's answer is over the {limits.max_message_bytes}-byte message limit"
-                                " ([limits] max_message_bytes) and was dropped"
-                            ),
-                        ),
-                    )
+                error = ErrorData(
+                    code=mcp_types.INTERNAL_ERROR,
+                    message=(
+                        f"the server's answer is over the {limits.max_message_bytes}-byte message limit"
+                        " ([limits] max_message_bytes) and was dropped"
+                    ),
                 )
+                if self._settle_call(request_id, error):
+                    return None
+                return SessionMessage(JSONRPCError(jsonrpc="2.0", id=request_id, error=error))
             return OversizedMessage(event.size, limits.max_message_bytes)
         if isinstance(event, OverflowEnd):
             return None  # reported at its Overflow
@@ -517,7 +671,9 @@ class BoundedStdioClient:
         except UnicodeDecodeError:
             text = data.decode(self.params.encoding, errors=self._errors)
             replaced = True
-        if self.claim is not None and _NOTIFICATION_MARK in text and self._claimed(text):
+        if (self.claim is not None and _NOTIFICATION_MARK in text and self._claimed(text)) or (
+            self._calls and _CALL_MARK in text and self._took_result(text)
+        ):
             if replaced:
                 self._report_bad_line("invalid UTF-8 (replaced with U+FFFD, message kept)", data)
             return None
@@ -529,6 +685,8 @@ class BoundedStdioClient:
             return UnparsableMessage(_reason(exc), text[: self.limits.log_preview_chars])
         if replaced:
             self._report_bad_line("invalid UTF-8 (replaced with U+FFFD, message kept)", data)
+        if self._calls and _CALL_MARK in text and self._answered_call(message):
+            return None
         return SessionMessage(message)
 
     def _claimed(self, text: str) -> bool:
@@ -648,18 +806,22 @@ class BoundedStdioClient:
     async def _write_stdin(
         self,
         process: Process,
-        write_receive: MemoryObjectReceiveStream[SessionMessage],
+        write_receive: MemoryObjectReceiveStream[SessionMessage | bytes],
         read_send: MemoryObjectSendStream[SessionMessage | Exception],
         done: anyio.Event,
     ) -> None:
         assert process.stdin is not None
         try:
             async with write_receive:
-                async for session_message in write_receive:
-                    json = session_message.message.model_dump_json(by_alias=True, exclude_unset=True)
+                async for item in write_receive:
+                    if isinstance(item, bytes):
+                        await process.stdin.send(item)  # a line of ``call``'s, encoded already
+                        continue
+                    json = item.message.model_dump_json(by_alias=True, exclude_unset=True)
                     await process.stdin.send((json + "\n").encode(self.params.encoding, errors=self._errors))
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             # The server may still be alive: end the read stream so no request waits forever.
+            self._end_calls()
             await read_send.aclose()
         finally:
             done.set()
@@ -760,6 +922,13 @@ def bounded_stdio_client(
         claim=claim,
         pace=pace,
     )
+
+
+def _is_utf8(encoding: str) -> bool:
+    try:
+        return codecs.lookup(encoding).name == "utf-8"
+    except LookupError:
+        return False
 
 
 def _reason(exc: ValueError) -> str:
