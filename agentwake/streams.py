@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import anyio
@@ -55,6 +55,8 @@ class StreamRoute:
     receive: MemoryObjectReceiveStream[StreamItem]
     overflowed: bool = False
     on_overflow: Callable[[], None] | None = None
+    ended: bool = field(default=False, init=False)
+    _ready: anyio.Event | None = field(default=None, init=False)
 
     def offer(self, method: str, params: dict[str, Any]) -> None:
         if self.overflowed:
@@ -70,6 +72,31 @@ class StreamRoute:
                 self.on_overflow()
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass
+        self._wake()
+
+    async def wait(self) -> None:
+        """Until a notification is queued or the sender is ended, without a checkpoint if one already is.
+
+        Used with ``receive.receive_nowait()`` instead of ``receive.receive()``: that one yields to the
+        loop before it waits, so each heartbeat of an idle stream woke its loop twice.
+        """
+        if self.ended or self.queued:
+            return
+        self._ready = ready = anyio.Event()
+        try:
+            await ready.wait()
+        finally:
+            self._ready = None
+
+    def end(self) -> None:
+        """No more notifications: the loop takes what is queued, then sees EndOfStream."""
+        self.ended = True
+        self.send.close()
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._ready is not None:
+            self._ready.set()
 
     @property
     def queued(self) -> int:
@@ -77,7 +104,7 @@ class StreamRoute:
         return self.send.statistics().current_buffer_used
 
     def close(self) -> None:
-        self.send.close()
+        self.end()
         self.receive.close()
 
 

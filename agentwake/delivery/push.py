@@ -245,7 +245,7 @@ class PushLoop:
                     except Exception as exc:  # handed over below, after what came before it is stored
                         request_error = exc
                     finally:
-                        route.send.close()
+                        route.end()
 
                 tg.start_soon(request)
                 try:
@@ -280,17 +280,20 @@ class PushLoop:
                         f" reconnecting from cursor {peer(stored, CURSOR_SHOWN)}"
                     )
             else:
-                silence_s = liveness.dead_after_s
-                with anyio.move_on_after(silence_s) as waited:
-                    try:
-                        batch.append(await route.receive.receive())
-                    except anyio.EndOfStream:
-                        return
-                if waited.cancelled_caught:
-                    raise StreamInterrupted(
-                        f"no event or heartbeat for {silence_s:g}s ({liveness.basis}); the stream is dead,"
-                        f" reconnecting from cursor {peer(stored, CURSOR_SHOWN)}"
-                    )
+                try:
+                    batch.append(route.receive.receive_nowait())
+                except anyio.EndOfStream:
+                    return
+                except anyio.WouldBlock:
+                    silence_s = liveness.dead_after_s
+                    with anyio.move_on_after(silence_s) as waited:
+                        await route.wait()
+                    if waited.cancelled_caught:
+                        raise StreamInterrupted(
+                            f"no event or heartbeat for {silence_s:g}s ({liveness.basis}); the stream is"
+                            f" dead, reconnecting from cursor {peer(stored, CURSOR_SHOWN)}"
+                        ) from None
+                    continue  # what woke it is taken above, after the overflow check
             while len(batch) < BATCH:
                 try:
                     batch.append(route.receive.receive_nowait())
