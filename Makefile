@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONFIG ?= agentwake.toml
 
-.PHONY: run run-webhook test lint typecheck unit bench clean browser
+.PHONY: run run-webhook test lint typecheck unit bench clean browser postgres
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +33,7 @@ typecheck: $(STAMP)
 # One worker per core, at most 4 (pytest-xdist): most tests wait on subprocesses and sockets.
 # `make unit PYTEST_WORKERS=0` runs them in this process, one after another.
 PYTEST_WORKERS ?= auto
-unit: $(STAMP) browser
+unit: $(STAMP) browser postgres
 	LITELLM_LOCAL_MODEL_COST_MAP=True $(BIN)/pytest -n $(PYTEST_WORKERS) --maxprocesses 4
 
 # tests/test_approvals_page.py drives Debian's chromium through playwright (installed with '.[dev]'):
@@ -48,6 +48,19 @@ browser:
 		echo "warning: could not install chromium: tests/test_approvals_page.py will be skipped" >&2; \
 	else \
 		echo "note: no $(CHROMIUM) and not root to apt-get it: tests/test_approvals_page.py will be skipped" >&2; \
+	fi
+
+# tests/_postgres.py starts a throwaway server from Debian's binaries (newest /usr/lib/postgresql/*/bin)
+# for the PostgreSQL half of tests/test_store_contract.py. Installed once when root; otherwise those tests fail.
+postgres:
+	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing postgresql (apt-get) for the PostgreSQL store tests"; \
+		{ DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; } || \
+		echo "warning: could not install postgresql: the PostgreSQL store tests will fail" >&2; \
+	else \
+		echo "note: no /usr/lib/postgresql/*/bin/initdb and not root to apt-get it: the PostgreSQL store tests will fail" >&2; \
 	fi
 
 test: lint typecheck unit

@@ -78,11 +78,60 @@ class _Model(BaseModel):
 
 
 class StoreConfig(_Model):
+    """[store]: a SQLite file (``path``, the default), or a PostgreSQL database (``url``) that several
+    processes may share."""
+
+    # A rejected url may hold a password: never echo the input in an error.
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
     path: Path = Field(default=Path(DEFAULT_STORE_PATH), description="SQLite file for cursors and the inbox")
     synchronous: Literal["normal", "full"] = Field(
         default="normal",
         description="SQLite synchronous mode; 'normal' already survives a crashed process, 'full' also power loss",
     )
+    url: str | None = Field(
+        default=None,
+        description="postgresql://user@host:port/dbname: store in PostgreSQL instead of the SQLite file 'path'",
+    )
+    password_env: str | None = Field(
+        default=None,
+        description="environment variable holding the PostgreSQL password (never put it in 'url')",
+    )
+
+    @model_validator(mode="after")
+    def _one_backend(self, info: ValidationInfo) -> StoreConfig:
+        if self.url is None:
+            if self.password_env is not None:
+                raise ValueError("'password_env' only applies to a PostgreSQL store: set 'url' too")
+            return self
+        if "path" in self.model_fields_set:
+            raise ValueError("set either 'url' (a PostgreSQL store) or 'path' (a SQLite file), not both")
+        # Loaded without secrets (a read-only command): an unset ${VAR} in the url stays as written.
+        unresolved = bool(info.context and info.context.get("keep_unset")) and "${" in self.url
+        if not unresolved:
+            _check_postgres_url(self.url)
+        if self.password_env is not None and not self.password_env.strip():
+            raise ValueError("'password_env' must name an environment variable")
+        return self
+
+
+def _check_postgres_url(url: str) -> None:
+    """A PostgreSQL url without a password; the url itself is never quoted (it may hold one)."""
+    from urllib.parse import parse_qs, urlsplit
+
+    scheme, _, rest = url.partition("://")
+    if not rest or scheme.lower() not in ("postgresql", "postgres"):
+        shown = f"{scheme!r}" if rest else "none"
+        raise ValueError(
+            f"url must be a postgresql:// URL (postgresql://user@host:port/dbname), its scheme is {shown}"
+        )
+    parts = urlsplit(url)
+    userinfo = parts.netloc.rpartition("@")[0]
+    if ":" in userinfo or "password" in parse_qs(parts.query):
+        raise ValueError(
+            "url must not hold a password: put it in an environment variable and name that variable in"
+            " 'password_env'"
+        )
 
 
 class LogConfig(_Model):

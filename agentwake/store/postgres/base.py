@@ -1,0 +1,190 @@
+"""Naming a PostgreSQL store without its password, the pool every part shares, and turning every psycopg
+error into a StoreError."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar
+
+import psycopg
+import psycopg.errors
+from psycopg.conninfo import conninfo_to_dict
+
+from agentwake.errors import StoreError
+from agentwake.store.postgres.views import View, run_async
+
+if TYPE_CHECKING:
+    from psycopg_pool import AsyncConnectionPool
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+# A transaction that lost a deadlock or a serialization race is run again, this many times at most.
+RETRIES: Final = 3
+_RETRYABLE: Final = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+
+
+def describe_target(url: str) -> str:
+    """``database "agentwake" on db.example:5432 as user "aw"``: the store named without its password."""
+    try:
+        parts = conninfo_to_dict(url)
+    except psycopg.Error:
+        return "a PostgreSQL database (its url cannot be parsed)"
+    dbname = parts.get("dbname") or parts.get("user") or "(default)"
+    host = str(parts.get("host") or "the local socket")
+    where = f"{host}:{parts['port']}" if parts.get("port") else host
+    user = f' as user "{parts["user"]}"' if parts.get("user") else ""
+    return f'the PostgreSQL database "{dbname}" on {where}{user}'
+
+
+def lock_key(*parts: str) -> int:
+    """A stable signed 64-bit key for ``pg_advisory_xact_lock`` (the same in every process)."""
+    digest = hashlib.blake2b("\x00".join(parts).encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def describe_error(target: str, exc: psycopg.Error, password: str | None = None) -> str:
+    """A psycopg error as a sentence that says which store, what happened and what to do; never the
+    password (psycopg's messages do not quote it, and it is scrubbed here should one ever do)."""
+    from psycopg_pool import PoolClosed, PoolTimeout
+
+    text = _first_line(exc)
+    lowered = str(exc).lower()
+    if isinstance(exc, PoolClosed):
+        message = f"{target} is closed in this process (the store was closed)"
+    elif isinstance(exc, PoolTimeout):
+        message = (
+            f"no connection to {target} came free in time ({text}); the server may be unreachable,"
+            " or every connection of the pool busy"
+        )
+    elif "password authentication failed" in lowered or "authentication failed" in lowered:
+        message = f"authentication to {target} failed: check the user name and the password"
+    elif "no password supplied" in lowered:
+        message = f"{target} wants a password and none was given: set the one named by [store] password_env"
+    elif "does not exist" in lowered and "database" in lowered and isinstance(exc, psycopg.OperationalError):
+        message = f"{target} does not exist on that server: create it first (createdb)"
+    elif (
+        "connection refused" in lowered
+        or "could not connect" in lowered
+        or "could not translate host name" in lowered
+        or "timeout expired" in lowered
+        or "no route to host" in lowered
+        or "no such file or directory" in lowered
+    ):
+        message = f"the server of {target} cannot be reached ({text}); check that it runs and listens there"
+    elif isinstance(exc, _RETRYABLE):
+        message = f"{target} kept aborting a transaction that raced another process ({text}); try again"
+    elif isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        message = f"{target} refused an operation ({text}); check the user's privileges"
+    elif isinstance(exc, psycopg.OperationalError):
+        message = f"{target} failed ({text})"
+    else:
+        message = f"{target}: {text}"
+    if password:
+        message = message.replace(password, "***")
+    return message
+
+
+class StoreErrors:
+    """Makes every public method of a store class raise StoreError, never a bare psycopg error.
+
+    A transaction aborted by a deadlock or a serialization failure (two processes racing) is run
+    again first: each method is one transaction, so running it again is safe.
+    """
+
+    @staticmethod
+    def wrap(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+        @functools.wraps(method)
+        async def guarded(self: Named, *args: Any, **kwargs: Any) -> T:
+            for attempt in range(1, RETRIES + 1):
+                try:
+                    return await method(self, *args, **kwargs)
+                except _RETRYABLE as exc:
+                    if attempt == RETRIES:
+                        raise self.store_error(exc) from None
+                except psycopg.Error as exc:
+                    raise self.store_error(exc) from None
+            raise AssertionError("unreachable")
+
+        return guarded
+
+    @staticmethod
+    def wrap_sync(method: Callable[..., T]) -> Callable[..., T]:
+        @functools.wraps(method)
+        def guarded(self: Named, *args: Any, **kwargs: Any) -> T:
+            try:
+                return method(self, *args, **kwargs)
+            except psycopg.Error as exc:
+                raise self.store_error(exc) from None
+
+        return guarded
+
+    @classmethod
+    def install(cls, store: type[T]) -> type[T]:
+        """Wrap every public coroutine of ``store`` (the async store)."""
+        return cls._install(store, inspect.iscoroutinefunction, cls.wrap)
+
+    @classmethod
+    def install_sync(cls, store: type[T]) -> type[T]:
+        """Wrap every public plain method of ``store`` (the synchronous reader)."""
+        return cls._install(store, inspect.isfunction, cls.wrap_sync)
+
+    @staticmethod
+    def _install(store: type[T], chosen: Callable[[Any], bool], wrap: Callable[[Any], Any]) -> type[T]:
+        for klass in store.__mro__:
+            for name, member in vars(klass).items():
+                if name.startswith("_") or not chosen(member) or name == "store_error":
+                    continue
+                if getattr(store, name) is member:  # the one the store really uses
+                    setattr(store, name, wrap(member))
+        return store
+
+
+class Named:
+    """A store that names its database in errors: ``target``, and the password to keep out of them."""
+
+    target: str
+    _password: str | None
+
+    @staticmethod
+    def error_for(target: str, password: str | None, exc: psycopg.Error) -> StoreError:
+        # Raised `from None` by callers: psycopg's exception and its traceback stay out of logs.
+        return StoreError(describe_error(target, exc, password))
+
+    def store_error(self, exc: psycopg.Error) -> StoreError:
+        return self.error_for(self.target, self._password, exc)
+
+
+class PostgresBase(Named):
+    """The connection pool and the store's name that every part of the PostgreSQL store shares."""
+
+    def __init__(self, pool: AsyncConnectionPool[Any], target: str, password: str | None) -> None:
+        self.pool = pool
+        self.target = target
+        self._password = password
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.target}>"
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """One connection of the pool, in one transaction (committed when the block ends)."""
+        async with self.pool.connection() as conn, conn.transaction():
+            yield conn
+
+    async def _read(self, view: View[T]) -> T:
+        """A read-only view (``agentwake.store.postgres.views``), in one transaction."""
+        async with self.transaction() as conn:
+            return await run_async(conn, view)
+
+    async def close(self) -> None:
+        await self.pool.close()

@@ -1,0 +1,304 @@
+"""The inbox: events and the cursor after them, stored in one transaction; duplicates counted once.
+
+Several processes may ingest at once: a duplicate is whatever the unique (server, name, eventId)
+constraint kept out (``INSERT ... ON CONFLICT DO NOTHING``), so a race between two receivers
+stores the event once and counts the other copy as a duplicate. The subscriptions a transaction
+advances are locked first, in name order, so two ingests never wait on each other in a circle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import psycopg
+
+from agentwake.clock import now_iso
+from agentwake.faults import crash_point
+from agentwake.jsontext import encode_json
+from agentwake.store.postgres.base import PostgresBase
+from agentwake.store.records import (
+    DUPLICATE,
+    INSERTED,
+    NEITHER,
+    IncomingEvent,
+    IngestResult,
+    RejectedEvent,
+    SubscriptionKey,
+    WebhookDelivery,
+)
+
+# One statement for a whole batch: its columns as arrays, in order (ids follow the batch's order).
+_INSERT_EVENTS_SQL: Final = (
+    "INSERT INTO events (server, subscription, name, event_id, timestamp, data, meta, received_at,"
+    " state_changed_at)"
+    " SELECT u.server, u.subscription, u.name, u.event_id, u.ts, u.data, u.meta, %(now)s, %(now)s"
+    " FROM unnest(%(server)s::text[], %(subscription)s::text[], %(name)s::text[], %(event_id)s::text[],"
+    " %(ts)s::text[], %(data)s::text[], %(meta)s::text[])"
+    " WITH ORDINALITY AS u(server, subscription, name, event_id, ts, data, meta, ord)"
+    " ORDER BY u.ord ON CONFLICT ON CONSTRAINT events_dedup DO NOTHING RETURNING server, name, event_id"
+)
+_INSERT_REJECTED_SQL: Final = (
+    "INSERT INTO events (server, subscription, name, event_id, timestamp, data, received_at,"
+    " state_changed_at, state, last_error)"
+    " SELECT %(server)s, %(subscription)s, u.name, u.event_id, u.ts, u.data, %(now)s, %(now)s, 'rejected',"
+    " u.reason FROM unnest(%(name)s::text[], %(event_id)s::text[], %(ts)s::text[], %(data)s::text[],"
+    " %(reason)s::text[]) WITH ORDINALITY AS u(name, event_id, ts, data, reason, ord)"
+    " ORDER BY u.ord ON CONFLICT ON CONSTRAINT events_dedup DO NOTHING"
+)
+# A batch's effect on its subscription: the cursor (a null one keeps the stored one), counters, status.
+_ADVANCE_SQL: Final = (
+    "UPDATE subscriptions SET"
+    " cursor = coalesce(%(cursor)s::text, cursor),"
+    " cursor_updated_at = CASE WHEN %(cursor)s::text IS NULL THEN cursor_updated_at ELSE %(now)s END,"
+    " last_poll_at = %(now)s, events_received = events_received + %(inserted)s,"
+    " duplicates = duplicates + %(duplicates)s, gaps = gaps + %(gaps)s, rejected = rejected + %(rejected)s,"
+    " status = 'active', last_error = NULL, updated_at = %(now)s WHERE name = %(name)s"
+)
+_INSERT_GAP_SQL: Final = (
+    "INSERT INTO gaps (subscription, server, event, detected_at, cursor_before, cursor_after, delivery_id)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s)"
+)
+
+Ident = tuple[str, str, str]
+
+
+@dataclass(slots=True)
+class _Tally:
+    """One subscription's share of a group commit."""
+
+    key: SubscriptionKey
+    inserted: int = 0
+    duplicates: int = 0
+    cursor: str | None = None
+    cursor_known: bool = False
+    last_cursor: str | None = None
+    gaps: list[tuple[str | None, str | None, str | None]] = field(default_factory=list)
+    rejected: list[RejectedEvent] = field(default_factory=list)
+
+
+async def _lock_subscriptions(conn: psycopg.AsyncConnection[Any], names: Sequence[str]) -> None:
+    await conn.execute(
+        "SELECT name FROM subscriptions WHERE name = ANY(%s) ORDER BY name FOR UPDATE", [sorted(set(names))]
+    )
+
+
+async def _insert_events(
+    conn: psycopg.AsyncConnection[Any], rows: Sequence[tuple[SubscriptionKey, IncomingEvent]], now: str
+) -> set[Ident]:
+    """Insert the events not stored yet; the (server, name, eventId) of those this inserted."""
+    if not rows:
+        return set()
+    cur = await conn.execute(
+        _INSERT_EVENTS_SQL,
+        {
+            "now": now,
+            "server": [key.server for key, _ in rows],
+            "subscription": [key.name for key, _ in rows],
+            "name": [event.name for _, event in rows],
+            "event_id": [event.event_id for _, event in rows],
+            "ts": [event.timestamp for _, event in rows],
+            "data": [encode_json(event.data) for _, event in rows],
+            "meta": [encode_json(event.meta) if event.meta else None for _, event in rows],
+        },
+    )
+    return {(r[0], r[1], r[2]) for r in await cur.fetchall()}
+
+
+async def _insert_rejected(
+    conn: psycopg.AsyncConnection[Any], key: SubscriptionKey, rejected: Sequence[RejectedEvent], now: str
+) -> int:
+    """Store each refused event's summary (a retry of one is a duplicate); how many were new."""
+    if not rejected:
+        return 0
+    cur = await conn.execute(
+        _INSERT_REJECTED_SQL,
+        {
+            "server": key.server,
+            "subscription": key.name,
+            "now": now,
+            "name": [r.name for r in rejected],
+            "event_id": [r.event_id for r in rejected],
+            "ts": [r.timestamp for r in rejected],
+            "data": [encode_json({"rejected": r.reason, "preview": r.preview}) for r in rejected],
+            "reason": [r.reason for r in rejected],
+        },
+    )
+    return max(cur.rowcount, 0)
+
+
+async def _stored_ids(conn: psycopg.AsyncConnection[Any], idents: Sequence[Ident]) -> set[Ident]:
+    """Which of these (server, event name, eventId) are in the inbox already."""
+    if not idents:
+        return set()
+    listed = sorted(set(idents))
+    cur = await conn.execute(
+        "SELECT e.server, e.name, e.event_id FROM events e"
+        " JOIN unnest(%s::text[], %s::text[], %s::text[]) AS w(server, name, event_id)"
+        " ON e.server = w.server AND e.name = w.name AND e.event_id = w.event_id",
+        [[w[0] for w in listed], [w[1] for w in listed], [w[2] for w in listed]],
+    )
+    return {(r[0], r[1], r[2]) for r in await cur.fetchall()}
+
+
+def _advance(key: SubscriptionKey, cursor: str | None, now: str, **counts: int) -> dict[str, Any]:
+    return {"cursor": cursor, "now": now, "name": key.name, **counts}
+
+
+class Inbox(PostgresBase):
+    async def ingest(
+        self,
+        key: SubscriptionKey,
+        events: Sequence[IncomingEvent],
+        cursor: str | None,
+        *,
+        truncated: bool = False,
+        cursor_before: str | None = None,
+        rejected: Sequence[RejectedEvent] = (),
+    ) -> IngestResult:
+        """Insert a batch and advance the cursor in one transaction.
+
+        A null cursor is never persisted (the stored one stays). A duplicate
+        (server, event name, eventId) is counted, not stored again. Rejected events
+        are stored as their summary in state 'rejected', counted, and make a gap.
+        """
+        now = now_iso()
+        async with self.transaction() as conn:
+            await _lock_subscriptions(conn, [key.name])
+            # Every row is tried, duplicates too: each uses up an id, as SQLite's INSERT OR IGNORE does.
+            stored = await _insert_events(conn, [(key, event) for event in events], now)
+            inserted = len(stored)
+            duplicates = len(events) - inserted
+            crash_point("mid_cursor_write", inserted)
+            refused = await _insert_rejected(conn, key, rejected, now)
+            gap = truncated or refused > 0
+            await conn.execute(
+                _ADVANCE_SQL,
+                _advance(
+                    key,
+                    cursor,
+                    now,
+                    inserted=inserted,
+                    duplicates=duplicates,
+                    gaps=int(gap),
+                    rejected=refused,
+                ),
+            )
+            if gap:
+                await conn.execute(
+                    _INSERT_GAP_SQL, [key.name, key.server, key.event, now, cursor_before, cursor, None]
+                )
+            result = IngestResult(inserted, duplicates)
+        crash_point("after_inbox_commit", result.inserted)
+        return result
+
+    async def ingest_deliveries(self, deliveries: Sequence[WebhookDelivery]) -> list[IngestResult]:
+        """Webhook bodies accepted together (group commit): every event and its cursor in ONE transaction.
+
+        The receiver answers 2xx to each only after this returns, so an accepted
+        delivery is always stored; a retry of one is a counted duplicate. A batch
+        costs a few statements: one look-up of the ids already stored, one insert of
+        the new rows, one update per subscription. Each subscription's cursor ends as
+        the last one in arrival order. An event another process stored between the
+        look-up and the insert is a duplicate too.
+        """
+        now = now_iso()
+        results: list[IngestResult] = []
+        tallies: dict[str, _Tally] = {}
+        rows: list[tuple[SubscriptionKey, IncomingEvent]] = []
+        placed: dict[Ident, int] = {}  # a new event's delivery, by its identity
+        async with self.transaction() as conn:
+            await _lock_subscriptions(conn, [delivery.key.name for delivery in deliveries])
+            seen = await _stored_ids(
+                conn,
+                [(d.key.server, d.event.name, d.event.event_id) for d in deliveries if d.event is not None],
+            )
+            for delivery in deliveries:
+                key = delivery.key
+                tally = tallies.get(key.name)
+                if tally is None:
+                    tally = tallies[key.name] = _Tally(key)
+                result = NEITHER
+                event = delivery.event
+                if event is not None:
+                    ident = (key.server, event.name, event.event_id)
+                    if ident in seen:
+                        result = DUPLICATE
+                    else:
+                        seen.add(ident)
+                        result = INSERTED
+                        placed[ident] = len(results)
+                        rows.append((key, event))
+                if (
+                    delivery.truncated
+                    and delivery.control_id is not None
+                    and await self._gap_recorded(conn, tally, delivery.control_id)
+                ):
+                    results.append(DUPLICATE)
+                    continue
+                if delivery.rejected is not None:
+                    tally.rejected.append(delivery.rejected)
+                if delivery.truncated or delivery.rejected is not None:
+                    if not tally.cursor_known:
+                        cur = await conn.execute(
+                            "SELECT cursor FROM subscriptions WHERE name = %s", [key.name]
+                        )
+                        row = await cur.fetchone()
+                        tally.cursor, tally.cursor_known = (row[0] if row else None), True
+                    tally.gaps.append((tally.cursor, delivery.cursor, delivery.control_id))
+                if delivery.cursor is not None:
+                    tally.cursor, tally.cursor_known, tally.last_cursor = (
+                        delivery.cursor,
+                        True,
+                        delivery.cursor,
+                    )
+                tally.inserted += result.inserted
+                tally.duplicates += result.duplicates
+                results.append(result)
+            stored = await _insert_events(conn, rows, now)
+            for key, event in rows:
+                ident = (key.server, event.name, event.event_id)
+                if ident not in stored and results[placed[ident]] is INSERTED:
+                    # Another process stored it since the look-up.
+                    results[placed[ident]] = DUPLICATE
+                    tally = tallies[key.name]
+                    tally.inserted -= 1
+                    tally.duplicates += 1
+            crash_point("mid_cursor_write", rows)
+            for tally in tallies.values():
+                key = tally.key
+                refused = await _insert_rejected(conn, key, tally.rejected, now)
+                await conn.execute(
+                    _ADVANCE_SQL,
+                    _advance(
+                        key,
+                        tally.last_cursor,
+                        now,
+                        inserted=tally.inserted,
+                        duplicates=tally.duplicates,
+                        gaps=len(tally.gaps),
+                        rejected=refused,
+                    ),
+                )
+                if tally.gaps:
+                    async with conn.cursor() as cur:
+                        await cur.executemany(
+                            _INSERT_GAP_SQL,
+                            [
+                                (key.name, key.server, key.event, now, before, after, delivery_id)
+                                for before, after, delivery_id in tally.gaps
+                            ],
+                        )
+        crash_point("after_inbox_commit", rows)
+        return results
+
+    @staticmethod
+    async def _gap_recorded(conn: psycopg.AsyncConnection[Any], tally: _Tally, delivery_id: str) -> bool:
+        """Whether this gap envelope is recorded already, in an earlier commit or earlier in this batch."""
+        if any(gap[2] == delivery_id for gap in tally.gaps):
+            return True
+        cur = await conn.execute(
+            "SELECT 1 FROM gaps WHERE subscription = %s AND delivery_id = %s", [tally.key.name, delivery_id]
+        )
+        return await cur.fetchone() is not None

@@ -1,0 +1,379 @@
+"""Read-only views for the CLI and the tests: status, inbox, action log, one event, approvals.
+
+Each view is written once, as a generator that yields its queries (SQL and parameters) and is
+sent back their rows, then returns the shaped result. ``run_async`` drives one on the store's
+pooled async connection, ``run_sync`` on the reader's plain one: the same SQL, the same dicts,
+and the same values as the SQLite store's views.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Generator, Sequence
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from agentwake.store.records import EVENT_STATES, final_answer, summary_line
+from agentwake.store.sqlite.service import _COLUMNS as SERVICE_COLUMNS
+
+if TYPE_CHECKING:
+    import psycopg
+
+T = TypeVar("T")
+Rows = list[tuple[Any, ...]]
+Query = tuple[str, Sequence[Any]]
+View = Generator[Query, Rows, T]
+
+
+async def run_async(conn: psycopg.AsyncConnection[Any], view: View[T]) -> T:
+    try:
+        sql, params = next(view)
+        while True:
+            cur = await conn.execute(sql, params)
+            sql, params = view.send(await cur.fetchall())
+    except StopIteration as done:
+        result: T = done.value
+        return result
+
+
+def run_sync(conn: psycopg.Connection[Any], view: View[T]) -> T:
+    try:
+        sql, params = next(view)
+        while True:
+            sql, params = view.send(conn.execute(sql, params).fetchall())
+    except StopIteration as done:
+        result: T = done.value
+        return result
+
+
+def _json(text: str | None) -> Any:
+    return json.loads(text) if text else None
+
+
+def subscriptions() -> View[list[dict[str, Any]]]:
+    rows = yield (
+        "SELECT s.name, s.server, s.event, s.arguments, s.mode, s.cursor, s.last_poll_at, s.events_received,"
+        " s.duplicates, s.gaps, s.status, s.last_error, s.cursor_updated_at, s.stream_errors,"
+        " w.webhook_id, w.url, w.refresh_before, w.no_expiry, w.delivery_status, w.refreshes,"
+        " w.last_refresh_at, w.pending_secret IS NOT NULL, w.previous_until, s.rejected, s.recent_errors"
+        " FROM subscriptions s LEFT JOIN webhooks w ON w.subscription = s.name ORDER BY s.name",
+        (),
+    )
+    return [
+        {
+            "subscription": r[0],
+            "server": r[1],
+            "event": r[2],
+            "arguments": json.loads(r[3]),
+            "mode": r[4],
+            "cursor": r[5],
+            # The last poll, stream frame or webhook delivery that stored something.
+            "last_activity_at": r[6],
+            "last_poll_at": r[6],
+            "events_received": r[7],
+            "duplicates": r[8],
+            "gaps": r[9],
+            "status": r[10],
+            "last_error": r[11],
+            "cursor_updated_at": r[12],
+            "stream_errors": r[13],
+            "rejected": r[23],
+            "recent_errors": json.loads(r[24]) if r[24] else [],
+            # No secret here: this is what `status --json` prints.
+            "webhook": None
+            if r[15] is None
+            else {
+                "id": r[14],
+                "url": r[15],
+                "refresh_before": r[16],
+                "no_expiry": bool(r[17]),
+                "delivery_status": _json(r[18]),
+                "refreshes": r[19],
+                "last_refresh_at": r[20],
+                "rotation_pending": bool(r[21]),
+                "previous_secret_until": r[22],
+            },
+        }
+        for r in rows
+    ]
+
+
+def run_counts() -> View[dict[str, dict[str, Any]]]:
+    """Per subscription: agent runs by status, events by state and the last failure (failed or dead)."""
+    counts: dict[str, dict[str, Any]] = {}
+    for sub, status, count in (
+        yield (
+            "SELECT e.subscription, r.status, count(*) FROM runs r JOIN events e ON e.id = r.event_row"
+            " WHERE r.kind = 'agent' GROUP BY e.subscription, r.status",
+            (),
+        )
+    ):
+        counts.setdefault(sub, {})[f"runs_{status}"] = count
+    for sub, state, count in (
+        yield ("SELECT subscription, state, count(*) FROM events GROUP BY subscription, state", ())
+    ):
+        counts.setdefault(sub, {})[f"events_{state}"] = count
+    for sub, error in (
+        yield (
+            "SELECT subscription, last_error FROM events WHERE id IN"
+            " (SELECT max(id) FROM events WHERE state IN ('failed', 'dead') GROUP BY subscription)",
+            (),
+        )
+    ):
+        counts.setdefault(sub, {})["last_failure"] = error
+    return counts
+
+
+_INBOX_KEYS: Final = (
+    "id",
+    "server",
+    "subscription",
+    "event",
+    "event_id",
+    "timestamp",
+    "received_at",
+    "state",
+    "attempts",
+    "data",
+    "last_error",
+)
+
+
+def inbox(limit: int, state: str | None = None) -> View[list[dict[str, Any]]]:
+    where, args = ("WHERE state = %s", [state]) if state is not None else ("", [])
+    rows = yield (
+        "SELECT id, server, subscription, name, event_id, timestamp, received_at, state, attempts, data,"
+        f" last_error FROM events {where} ORDER BY id DESC LIMIT %s",
+        [*args, limit],
+    )
+    found = [dict(zip(_INBOX_KEYS, r, strict=True)) for r in rows]
+    for event in found:
+        event["data"] = json.loads(event["data"])
+    return found
+
+
+_ACTION_KEYS: Final = (
+    "run_id",
+    "event_id",
+    "server",
+    "subscription",
+    "event",
+    "kind",
+    "attempt",
+    "model",
+    "status",
+    "reason",
+    "steps",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost_usd",
+    "started_at",
+    "duration_ms",
+    "tool_calls",
+    "refused",
+    "tools",
+    "summary",
+)
+
+
+def _summary(messages_text: str) -> str | None:
+    """The final answer as one line: the last message, if it is the assistant's text with no tool call."""
+    messages = json.loads(messages_text)
+    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
+        return None
+    return summary_line(final_answer(messages))
+
+
+def actions(limit: int) -> View[list[dict[str, Any]]]:
+    """The most recent runs, newest first, one summary each."""
+    rows = yield (
+        "SELECT r.id, e.event_id, e.server, e.subscription, e.name, r.kind, r.attempt, r.model, r.status,"
+        " r.reason, r.steps, r.prompt_tokens, r.completion_tokens, r.cost_usd, r.started_at, r.duration_ms,"
+        " (SELECT count(*) FROM tool_calls t WHERE t.run_id = r.id),"
+        " (SELECT count(*) FROM tool_calls t WHERE t.run_id = r.id AND t.status = 'refused'),"
+        " (SELECT array_agg(t.tool ORDER BY t.id) FROM tool_calls t WHERE t.run_id = r.id),"
+        # The transcript as text: the summary is read from it here (it need not be valid jsonb).
+        " r.messages"
+        " FROM runs r JOIN events e ON e.id = r.event_row ORDER BY r.id DESC LIMIT %s",
+        [limit],
+    )
+    found = [dict(zip(_ACTION_KEYS, r, strict=True)) for r in rows]
+    for action in found:
+        action["tools"] = action["tools"] or []
+        # One line of at most SUMMARY_CHARS; `show` has the whole answer.
+        action["summary"] = _summary(action["summary"])
+    return found
+
+
+_EVENT_KEYS: Final = (
+    "id",
+    "server",
+    "subscription",
+    "event",
+    "event_id",
+    "timestamp",
+    "received_at",
+    "state",
+    "attempts",
+    "data",
+    "meta",
+    "last_error",
+    "injection_score",
+    "sanitize_report",
+    "decision",
+    "approved_at",
+    "approval_note",
+)
+_RUN_KEYS: Final = (
+    "run_id",
+    "kind",
+    "attempt",
+    "model",
+    "status",
+    "reason",
+    "decision",
+    "system_prompt",
+    "user_prompt",
+    "messages",
+    "steps",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost_usd",
+    "started_at",
+    "finished_at",
+    "duration_ms",
+)
+_CALL_KEYS: Final = (
+    "step",
+    "call_id",
+    "tool",
+    "server",
+    "name",
+    "arguments",
+    "status",
+    "result",
+    "duration_ms",
+)
+
+
+def find_events(event_id: str, server: str | None = None) -> View[list[dict[str, Any]]]:
+    """Stored events with this eventId (one per server at most), with their runs and tool calls."""
+    if server is None:
+        return (yield from _find_events("event_id = %s", [event_id]))
+    return (yield from _find_events("event_id = %s AND server = %s", [event_id, server]))
+
+
+def event_detail(event_row: int) -> View[dict[str, Any] | None]:
+    """One stored event as ``find_events`` shows it."""
+    found = yield from _find_events("id = %s", [event_row])
+    return found[0] if found else None
+
+
+def _find_events(where: str, args: list[Any]) -> View[list[dict[str, Any]]]:
+    rows = yield (
+        "SELECT id, server, subscription, name, event_id, timestamp, received_at, state, attempts, data,"
+        " meta, last_error, injection_score, sanitize_report, decision, approved_at, approval_note"
+        f" FROM events WHERE {where} ORDER BY id",
+        args,
+    )
+    events = [dict(zip(_EVENT_KEYS, r, strict=True)) for r in rows]
+    if not events:
+        return events
+    # Every run of these events, then every call of those runs: three queries, not one per row.
+    run_rows = yield (
+        "SELECT event_row, id, kind, attempt, model, status, reason, decision, system_prompt, user_prompt,"
+        " messages, steps, prompt_tokens, completion_tokens, cost_usd, started_at, finished_at, duration_ms"
+        " FROM runs WHERE event_row = ANY(%s) ORDER BY id",
+        [[event["id"] for event in events]],
+    )
+    runs_of: dict[int, list[dict[str, Any]]] = {}
+    calls_of: dict[int, list[dict[str, Any]]] = {}
+    for r in run_rows:
+        run = dict(zip(_RUN_KEYS, r[1:], strict=True))
+        run["decision"] = json.loads(run["decision"])
+        run["messages"] = json.loads(run["messages"])
+        run["summary"] = summary_line(final_answer(run["messages"]))
+        run["tool_calls"] = calls_of.setdefault(run["run_id"], [])
+        runs_of.setdefault(r[0], []).append(run)
+    if calls_of:
+        for c in (
+            yield (
+                "SELECT run_id, step, call_id, tool, server, name, arguments, status, result, duration_ms"
+                " FROM tool_calls WHERE run_id = ANY(%s) ORDER BY id",
+                [list(calls_of)],
+            )
+        ):
+            call = dict(zip(_CALL_KEYS, c[1:], strict=True))
+            call["arguments"] = _json(call["arguments"])
+            calls_of[c[0]].append(call)
+    for event in events:
+        event["data"] = json.loads(event["data"])
+        event["sanitize_report"] = _json(event["sanitize_report"])
+        event["meta"] = _json(event["meta"])
+        event["decision"] = _json(event["decision"])
+        event["runs"] = runs_of.get(event["id"], [])
+    return events
+
+
+_HELD_KEYS: Final = (
+    "id",
+    "server",
+    "subscription",
+    "event",
+    "event_id",
+    "timestamp",
+    "received_at",
+    "decision",
+    "data",
+    "injection_score",
+)
+
+
+def approvals() -> View[list[dict[str, Any]]]:
+    rows = yield (
+        "SELECT id, server, subscription, name, event_id, timestamp, received_at, decision, data,"
+        " injection_score FROM events WHERE state = 'held' ORDER BY id",
+        (),
+    )
+    held = [dict(zip(_HELD_KEYS, r, strict=True)) for r in rows]
+    for event in held:
+        event["decision"] = _json(event["decision"])
+        event["data"] = json.loads(event["data"])
+    return held
+
+
+_GAP_KEYS: Final = ("subscription", "server", "event", "detected_at", "cursor_before", "cursor_after")
+
+
+def gaps(subscription: str | None = None) -> View[list[dict[str, Any]]]:
+    where, args = ("WHERE subscription = %s", [subscription]) if subscription is not None else ("", [])
+    rows = yield (
+        f"SELECT subscription, server, event, detected_at, cursor_before, cursor_after FROM gaps {where}"
+        " ORDER BY id",
+        args,
+    )
+    return [dict(zip(_GAP_KEYS, r, strict=True)) for r in rows]
+
+
+def event_ids(subscription: str | None = None) -> View[list[str]]:
+    where, args = ("WHERE subscription = %s", [subscription]) if subscription is not None else ("", [])
+    rows = yield (f"SELECT event_id FROM events {where} ORDER BY id", args)
+    return [r[0] for r in rows]
+
+
+def oldest_pending_at() -> View[str | None]:
+    """When the oldest event still pending was stored (ISO), or None when none is."""
+    rows = yield ("SELECT min(received_at) FROM events WHERE state = 'pending'", ())
+    return str(rows[0][0]) if rows and rows[0][0] is not None else None
+
+
+def state_counts() -> View[dict[str, int]]:
+    counts: dict[str, int] = dict.fromkeys(EVENT_STATES, 0)
+    for state, count in (yield ("SELECT state, count(*) FROM events GROUP BY state", ())):
+        counts[state] = count
+    return counts
+
+
+def services(limit: int = 5) -> View[list[dict[str, Any]]]:
+    """The most recent starts of the service, newest first."""
+    rows = yield (f"SELECT {', '.join(SERVICE_COLUMNS)} FROM service ORDER BY id DESC LIMIT %s", [limit])
+    return [dict(zip(SERVICE_COLUMNS, r, strict=True)) for r in rows]

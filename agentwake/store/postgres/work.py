@@ -1,0 +1,279 @@
+"""The work queue: claiming events, giving them back, settling decisions, approvals.
+
+Several processes may claim from one inbox: a claim locks the events it looks at with
+``FOR UPDATE SKIP LOCKED`` and moves them in the same transaction, so an event another
+process is claiming is skipped, never handed out twice. Writes that lock several rows lock
+them in id order, so two processes never wait on each other in a circle.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
+
+import psycopg
+
+from agentwake.clock import now_iso
+from agentwake.errors import StoreError
+from agentwake.jsontext import encode_json
+from agentwake.store.postgres.base import PostgresBase
+from agentwake.store.records import EventState, InboxEvent, Settlement
+
+CLAIMED_COLUMNS: Final = (
+    "id, server, subscription, name, event_id, timestamp, data, attempts, decision, approved_at"
+)
+
+# Each subscription's next due events (by priority, then age), locked; then the subscriptions take
+# turns, the one served longest ago first. Rows locked by another claim are skipped.
+_CLAIM_SQL: Final = (
+    "WITH due AS (SELECT e.id, e.subscription, e.priority, s.claimed_seq, row_number() OVER"
+    " (PARTITION BY e.subscription ORDER BY e.priority DESC, e.id) AS turn"
+    " FROM subscriptions s CROSS JOIN LATERAL (SELECT id, subscription, priority FROM events"
+    " WHERE subscription = s.name AND ((state = 'pending' AND (available_at IS NULL OR available_at <= %(now)s))"
+    " OR (state = 'processing' AND lease_until IS NOT NULL AND lease_until < %(now)s))"
+    " AND server <> ALL(%(excluded)s::text[])"
+    " ORDER BY priority DESC, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) e)"
+    " SELECT id, subscription FROM due ORDER BY turn, claimed_seq, priority DESC, id LIMIT %(limit)s"
+)
+
+
+def inbox_event(row: Sequence[Any]) -> InboxEvent:
+    return InboxEvent(
+        row[0],
+        row[1],
+        row[2],
+        row[3],
+        row[4],
+        row[5],
+        json.loads(row[6]),
+        row[7],
+        json.loads(row[8]) if row[8] else None,
+        bool(row[9]),
+    )
+
+
+def score(record: dict[str, Any]) -> float | None:
+    value = record.get("injection_score")
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+async def lock_events(conn: psycopg.AsyncConnection[Any], rows: Iterable[int]) -> None:
+    """Lock these events, in id order (inside the caller's transaction)."""
+    await conn.execute("SELECT id FROM events WHERE id = ANY(%s) ORDER BY id FOR UPDATE", [sorted(set(rows))])
+
+
+async def event_state(conn: psycopg.AsyncConnection[Any], event_row: int) -> str:
+    cur = await conn.execute("SELECT state FROM events WHERE id = %s FOR UPDATE", [event_row])
+    row = await cur.fetchone()
+    if row is None:
+        raise StoreError(f"no stored event with row id {event_row}")
+    return str(row[0])
+
+
+class WorkQueue(PostgresBase):
+    async def requeue_interrupted(self, max_attempts: int | None = None) -> int:
+        """Events left 'processing' by a crash go back to 'pending'; their unfinished runs are marked.
+
+        A run only completes in the same transaction that marks its event done, so
+        an event found here never had a completed run, and running it again is the
+        one retry the crash costs. An event that has already had ``max_attempts``
+        claims is dead instead: an event that kills the service each time it runs
+        must not kill it forever.
+        """
+        now = now_iso()
+        async with self.transaction() as conn:
+            await conn.execute("SELECT id FROM events WHERE state = 'processing' ORDER BY id FOR UPDATE")
+            await conn.execute(
+                "UPDATE runs SET status = 'interrupted', reason = 'the service stopped during the run',"
+                " finished_at = %s WHERE status = 'running'",
+                [now],
+            )
+            if max_attempts is not None:
+                await conn.execute(
+                    "UPDATE events SET state = 'dead', lease_until = NULL, state_changed_at = %s,"
+                    " last_error = 'the service stopped during each of its ' || attempts || ' attempt(s)'"
+                    " WHERE state = 'processing' AND attempts >= %s",
+                    [now, max_attempts],
+                )
+            cur = await conn.execute(
+                "UPDATE events SET state = 'pending', lease_until = NULL, state_changed_at = %s"
+                " WHERE state = 'processing'",
+                [now],
+            )
+            return max(cur.rowcount, 0)
+
+    async def claim(
+        self,
+        limit: int,
+        now: str | None = None,
+        *,
+        lease_until: str | None = None,
+        exclude_servers: Sequence[str] = (),
+    ) -> list[InboxEvent]:
+        """Move up to ``limit`` due pending events to 'processing' and return them, oldest first.
+
+        Subscriptions take turns: each one's next due event (by priority, then age) before any
+        one's second, the subscription served longest ago first; so a server that floods its
+        subscription cannot starve the others, even when one event is claimed at a time.
+
+        A claim is a lease until ``lease_until`` (renewed while the event is handled): an event
+        still 'processing' after its lease lapsed was abandoned and is claimed again, with its
+        attempts counted. Events of ``exclude_servers`` (at their run limit) are left alone.
+        """
+        now = now or now_iso()
+        async with self.transaction() as conn:
+            cur = await conn.execute(
+                _CLAIM_SQL, {"now": now, "excluded": list(exclude_servers), "limit": limit}
+            )
+            chosen = await cur.fetchall()
+            if not chosen:
+                return []
+            cur = await conn.execute(
+                "UPDATE events SET state = 'processing', attempts = attempts + 1, state_changed_at = %s,"
+                f" lease_until = %s WHERE id = ANY(%s) RETURNING {CLAIMED_COLUMNS}",
+                [now, lease_until, [row[0] for row in chosen]],
+            )
+            rows = await cur.fetchall()
+            # Served now: these subscriptions go after the others at the next claim, in the order served.
+            served = list(dict.fromkeys(row[1] for row in chosen))
+            await conn.execute(
+                "SELECT name FROM subscriptions WHERE name = ANY(%s) ORDER BY name FOR UPDATE",
+                [sorted(served)],
+            )
+            await conn.execute(
+                "UPDATE subscriptions s SET claimed_seq = m.top + u.turn"
+                " FROM (SELECT max(claimed_seq) AS top FROM subscriptions) m,"
+                " unnest(%s::text[]) WITH ORDINALITY AS u(name, turn) WHERE s.name = u.name",
+                [served],
+            )
+        rows.sort(key=lambda row: row[0])
+        return [inbox_event(row) for row in rows]
+
+    async def renew_leases(self, leases: Sequence[tuple[int, int]], until: str) -> list[int]:
+        """Extend the leases of events still held, given as (event row, attempts at the claim).
+
+        Returns the rows whose lease was lost (the event was claimed again or moved on meanwhile).
+        """
+        if not leases:
+            return []
+        async with self.transaction() as conn:
+            await lock_events(conn, [event_row for event_row, _ in leases])
+            cur = await conn.execute(
+                "UPDATE events e SET lease_until = %s FROM unnest(%s::bigint[], %s::int[]) AS l(id, attempts)"
+                " WHERE e.id = l.id AND e.state = 'processing' AND e.attempts = l.attempts RETURNING l.id, l.attempts",
+                [until, [row for row, _ in leases], [attempts for _, attempts in leases]],
+            )
+            kept = {(r[0], r[1]) for r in await cur.fetchall()}
+        return [event_row for event_row, attempts in leases if (event_row, attempts) not in kept]
+
+    async def release(self, event_row: int, retry_at: str) -> None:
+        """Give a claimed event back untouched (not an attempt): pending again, not before ``retry_at``."""
+        async with self.transaction() as conn:
+            await conn.execute(
+                "UPDATE events SET state = 'pending', attempts = greatest(0, attempts - 1), available_at = %s,"
+                " lease_until = NULL, state_changed_at = %s WHERE id = %s AND state = 'processing'",
+                [retry_at, now_iso(), event_row],
+            )
+
+    async def settle(self, settlements: Sequence[Settlement]) -> None:
+        """Store decisions that end their events here (ignored, done, held), in one transaction."""
+        now = now_iso()
+        async with self.transaction() as conn:
+            await lock_events(conn, [s.event_row for s in settlements])
+            async with conn.cursor() as cur:
+                await cur.executemany(
+                    "UPDATE events SET decision = %s, state = %s, state_changed_at = %s,"
+                    " injection_score = coalesce(%s, injection_score) WHERE id = %s",
+                    [
+                        (encode_json(s.record), s.state, now, score(s.record), s.event_row)
+                        for s in settlements
+                    ],
+                )
+
+    async def record_decision(self, event_row: int, record: dict[str, Any]) -> None:
+        """Store the decision of an event that goes on to a run; its state is left alone."""
+        async with self.transaction() as conn:
+            await conn.execute(
+                "UPDATE events SET decision = %s, injection_score = coalesce(%s, injection_score) WHERE id = %s",
+                [encode_json(record), score(record), event_row],
+            )
+
+    async def batch_members(self, leader_row: int) -> list[InboxEvent]:
+        async with self.transaction() as conn:
+            cur = await conn.execute(
+                "SELECT id, server, subscription, name, event_id, timestamp, data, attempts FROM events"
+                " WHERE batch_leader = %s AND state = 'batched' ORDER BY id",
+                [leader_row],
+            )
+            rows = await cur.fetchall()
+        return [InboxEvent(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]), r[7]) for r in rows]
+
+    async def finish(self, ids: Iterable[int], state: EventState, error: str | None = None) -> None:
+        now = now_iso()
+        rows = list(ids)
+        async with self.transaction() as conn:
+            await lock_events(conn, rows)
+            await conn.execute(
+                "UPDATE events SET state = %s, state_changed_at = %s, last_error = %s WHERE id = ANY(%s)",
+                [state, now, error, rows],
+            )
+
+    async def event(self, event_row: int) -> InboxEvent:
+        """One stored event, with its stored decision and approval, whatever its state."""
+        async with self.transaction() as conn:
+            cur = await conn.execute(f"SELECT {CLAIMED_COLUMNS} FROM events WHERE id = %s", [event_row])
+            row = await cur.fetchone()
+        if row is None:
+            raise StoreError(f"no stored event with row id {event_row}")
+        return inbox_event(row)
+
+    async def answer(self, event_row: int, *, approve: bool, note: str | None) -> None:
+        """A person's answer to a held event: approved goes back to pending (the agent runs), denied ends it."""
+        now = now_iso()
+        async with self.transaction() as conn:
+            state = await event_state(conn, event_row)
+            if state != "held":
+                raise StoreError(f"the event is {state!r}, not held for approval")
+            await conn.execute(
+                "UPDATE events SET state = %s, approved_at = %s, approval_note = %s, state_changed_at = %s"
+                " WHERE id = %s",
+                ["pending" if approve else "denied", now if approve else None, note, now, event_row],
+            )
+
+    async def retry(self, event_row: int, *, resend_unknown: bool = False) -> int:
+        """A person requeues a failed or dead event: pending again, with a fresh count of attempts.
+
+        The rerun goes on from the last run's transcript. A tool call that run sent without a
+        recorded outcome is not sent again unless ``resend_unknown`` (then with the same
+        idempotency key); without it the retry is refused, naming the calls. Returns how many
+        calls are to be resent.
+        """
+        now = now_iso()
+        async with self.transaction() as conn:
+            state = await event_state(conn, event_row)
+            if state not in ("failed", "dead"):
+                raise StoreError(f"the event is {state!r}; only failed or dead events are retried")
+            cur = await conn.execute(
+                "SELECT t.id, t.tool, t.idempotency_key FROM tool_calls t WHERE t.status = 'sent'"
+                " AND t.run_id = (SELECT max(id) FROM runs WHERE event_row = %s AND kind = 'agent')"
+                " ORDER BY t.id",
+                [event_row],
+            )
+            unknown = await cur.fetchall()
+            if unknown and not resend_unknown:
+                calls = ", ".join(f"{tool} (idempotency key {key})" for _, tool, key in unknown)
+                raise StoreError(
+                    f"the last run sent {len(unknown)} tool call(s) whose outcome is unknown: {calls}; check on"
+                    " the server whether they happened, then retry with --resend-unknown to send them again"
+                    " with the same idempotency key"
+                )
+            await conn.execute(
+                "UPDATE tool_calls SET status = 'resend' WHERE id = ANY(%s)", [[row[0] for row in unknown]]
+            )
+            await conn.execute(
+                "UPDATE events SET state = 'pending', attempts = 0, available_at = NULL, lease_until = NULL,"
+                " last_error = NULL, state_changed_at = %s WHERE id = %s",
+                [now, event_row],
+            )
+            return len(unknown)
