@@ -72,6 +72,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/webhook_ingest.py
 	$(BIN)/python bench/cli_startup.py
 	$(BIN)/python bench/soak.py --seconds 30
+	$(BIN)/python bench/scale_out.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -1,12 +1,22 @@
 """A throwaway PostgreSQL server for tests: Debian's binaries, a private data dir, a loopback port.
 
 ``postgres_server`` (one server per pytest process: per xdist worker) and ``postgres_url`` (a fresh
-database per test) are fixtures; a test module makes them visible by importing them:
+database per test) are fixtures, registered for every test module by ``tests/conftest.py``
+(``pytest_plugins = ["_postgres"]``). A module that still imports them by name,
 
     from _postgres import postgres_server, postgres_url  # noqa: F401 - fixtures
 
-The fixtures are defined here once: a second module importing them gets a second session fixture
-(a second server); if several modules need it, register them in conftest.py instead.
+gets the same server: pytest sees a second session fixture there, but both hand out the one
+server of this process (``shared_server``), started at the first use and stopped after the last.
+
+Besides the trusted user ``agentwake``, every server has the role ``locked`` (``PASSWORD_USER``),
+which must give its password (``PASSWORD``, scram-sha-256) over TCP: for tests of password handling.
+
+A server whose test process was killed (a crashed xdist worker, a killed run) outlives it, but not
+for long: ``sweep_orphans`` stops and removes every server whose owner process is gone, before each
+new server starts and at the end of each run (in the xdist controller, after every worker), so
+nothing piles up and nothing of it is in the next run's way. Servers of live processes (another
+run going on at the same time) are never touched.
 
 The server trusts every local connection (no password) and runs with fsync off: fast, and nothing in
 it outlives the session. PostgreSQL refuses to run as root, so under root (CI) ``initdb`` and
@@ -15,6 +25,7 @@ it outlives the session. PostgreSQL refuses to run as root, so under root (CI) `
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import itertools
 import os
@@ -33,6 +44,14 @@ USER = "agentwake"
 PREFIX = "agentwake-pg-"
 OS_USER = "postgres"
 START_TIMEOUT_S = 30
+PASSWORD_USER = "locked"
+PASSWORD = "s3cret-Pa55word-xyzzy"
+# First match wins: the password user must give its password over TCP; the rest is trusted.
+HBA = (
+    "local all all trust\n"
+    f"host all {PASSWORD_USER} 127.0.0.1/32 scram-sha-256\n"
+    "host all all 127.0.0.1/32 trust\n"
+)
 MISSING = (
     "PostgreSQL's server binaries (initdb, pg_ctl) are not installed:"
     " run `make test`, which installs Debian's postgresql package when run as root"
@@ -63,6 +82,48 @@ def free_port() -> int:
 
 class PostgresError(RuntimeError):
     pass
+
+
+def _process_key(pid: int) -> str | None:
+    """``"<pid> <start time>"``: a process, told apart from a later one given the same pid."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return f"{pid} {fields[19]}"  # after the command, the 20th field is starttime
+
+
+def _owner_alive(owner: str) -> bool:
+    """Whether the process an ``owner`` file names (``_process_key``, or a bare pid) still runs."""
+    pid = int(owner.split()[0])
+    if " " in owner.strip():
+        return _process_key(pid) == owner.strip()
+    return _pid_alive(pid)
+
+
+def servers_parent() -> Path:
+    # /tmp rather than pytest's tmp_path: /tmp/pytest-of-root is root's alone.
+    return Path("/tmp") if os.geteuid() == 0 else Path(tempfile.gettempdir())
+
+
+def sweep_orphans(parent: Path | None = None, bindir: Path | None = None) -> None:
+    """Stop and remove the servers of test processes that died before their teardown (a killed
+    run, a crashed xdist worker), so they do not pile up and are in no later run's way."""
+    for base in (parent or servers_parent()).glob(f"{PREFIX}*"):
+        try:
+            if _owner_alive((base / "owner").read_text()):
+                continue
+        except (OSError, ValueError, IndexError):
+            continue  # being set up (no owner yet), or not ours
+        try:
+            orphan = PostgresServer(bindir)
+        except PostgresError:  # no binaries to stop it politely: killed, then removed
+            orphan = PostgresServer(Path("/nonexistent"))
+        orphan.base = base
+        try:
+            orphan.stop()
+        except (OSError, PostgresError, subprocess.SubprocessError):
+            continue  # another process's (a user's we may not signal): left alone
 
 
 def _pid_alive(pid: int) -> bool:
@@ -152,8 +213,14 @@ class PostgresServer:
 
     def start(self) -> None:
         """initdb (first time only) and start the server; on the same port when started again."""
-        if self.base is None:
+        fresh = self.base is None
+        if fresh:
             self._init()
+        self._start()
+        if fresh:
+            self._psql(f"CREATE ROLE {PASSWORD_USER} LOGIN SUPERUSER PASSWORD '{PASSWORD}'")
+
+    def _start(self) -> None:
         attempts = 1 if self.port else 5
         for attempt in range(attempts):
             if not self.port or attempt:
@@ -181,11 +248,11 @@ class PostgresServer:
 
     def _init(self) -> None:
         # /tmp rather than pytest's tmp_path: /tmp/pytest-of-root is root's alone.
-        parent = Path("/tmp") if self.as_root else Path(tempfile.gettempdir())
-        self._sweep_orphans(parent)
+        parent = servers_parent()
+        sweep_orphans(parent, self.bindir)
         # mkdtemp makes it 0700: PostgreSQL, as another user, must traverse and own what is inside.
         self.base = Path(tempfile.mkdtemp(prefix=PREFIX, dir=parent))
-        (self.base / "owner").write_text(str(os.getpid()))
+        (self.base / "owner").write_text(_process_key(os.getpid()) or str(os.getpid()))
         self.sockets.mkdir()
         if self.as_root:
             self.base.chmod(0o755)
@@ -205,30 +272,25 @@ class PostgresServer:
             "--locale=C",
         )
         self._check(done, "initdb")
-
-    def _sweep_orphans(self, parent: Path) -> None:
-        """Stop and remove the servers of test processes that died before their teardown (a killed
-        run, a crashed xdist worker), so they do not pile up on a developer's machine."""
-        for base in parent.glob(f"{PREFIX}*"):
-            try:
-                owner = int((base / "owner").read_text())
-            except (OSError, ValueError):
-                continue
-            if not _pid_alive(owner):
-                orphan = PostgresServer(self.bindir)
-                orphan.base = base
-                orphan.stop()
+        # Overwritten in place: the file keeps its owner (the postgres user under root).
+        (self.data / "pg_hba.conf").write_text(HBA)
 
     def stop(self) -> None:
-        """Stop at once (nothing in it is kept) and remove its directory."""
+        """Stop at once (nothing in it is kept) and remove its directory.
+
+        The directory goes only once no server runs from it: should stopping fail, it stays for
+        ``sweep_orphans`` to find after this process is gone."""
         if self.base is None:
             return
-        try:
-            if self.running():
+        if self.running():
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
                 self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
-        finally:
-            shutil.rmtree(self.base, ignore_errors=True)
-            self.base = None
+        if self.running():  # pg_ctl could not stop it
+            self.kill()
+        if self.running():
+            raise PostgresError(f"the PostgreSQL server in {self.base} would not stop")
+        shutil.rmtree(self.base, ignore_errors=True)
+        self.base = None
 
     def kill(self) -> None:
         """SIGKILL the server and its backends, as a crash would; ``start()`` brings it back on the same port."""
@@ -265,17 +327,23 @@ class PostgresServer:
 
     # ---- databases -----------------------------------------------------------------------------
 
-    def url(self, dbname: str = "postgres") -> str:
-        return f"postgresql://{USER}@127.0.0.1:{self.port}/{dbname}"
+    def url(self, dbname: str = "postgres", user: str = USER) -> str:
+        return f"postgresql://{user}@127.0.0.1:{self.port}/{dbname}"
 
-    def create_database(self, prefix: str = "test") -> str:
-        """A new, empty database with a name unique to this server; its URL."""
+    def create_database(self, prefix: str = "test", template: str | None = None) -> str:
+        """A new database with a name unique to this server (empty, or a copy of the database
+        ``template``, which nobody may be connected to); its URL."""
         name = f"{prefix}_{os.getpid()}_{next(self._names)}"
-        self._psql(f'CREATE DATABASE "{name}"')
+        copy = f' TEMPLATE "{template}"' if template else ""
+        self._psql(f'CREATE DATABASE "{name}"{copy}')
         return self.url(name)
 
+    @staticmethod
+    def dbname(url: str) -> str:
+        return url.rsplit("/", 1)[1]
+
     def drop_database(self, url: str) -> None:
-        name = url.rsplit("/", 1)[1]
+        name = self.dbname(url)
         self._psql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
     def _psql(self, sql: str) -> None:
@@ -307,21 +375,55 @@ class PostgresServer:
         self._check(done, f"psql {sql!r}")
 
 
+# The server of this process, and how many session fixtures hold it (see the module docstring).
+_shared: PostgresServer | None = None
+_holders = 0
+
+
+def shared_server() -> PostgresServer:
+    """This process's server, started at the first call; ``release_server()`` once per call."""
+    global _shared, _holders
+    if _shared is None:
+        if find_bindir() is None:
+            pytest.fail(MISSING, pytrace=False)
+        server = PostgresServer()
+        try:
+            server.start()
+        except (PostgresError, OSError, subprocess.TimeoutExpired) as exc:
+            server.stop()
+            pytest.fail(f"could not start a throwaway PostgreSQL server: {exc}", pytrace=False)
+        except BaseException:
+            server.stop()
+            raise
+        _shared = server
+    _holders += 1
+    return _shared
+
+
+def release_server() -> None:
+    """The last holder gone, the server stops and its directory goes."""
+    global _shared, _holders
+    _holders -= 1
+    if _holders == 0 and _shared is not None:
+        server, _shared = _shared, None
+        server.stop()
+
+
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:
-    """A PostgreSQL server for this pytest process (each xdist worker starts its own)."""
-    if find_bindir() is None:
-        pytest.fail(MISSING, pytrace=False)
-    server = PostgresServer()
-    try:
-        server.start()
-    except (PostgresError, OSError, subprocess.TimeoutExpired) as exc:
-        server.stop()
-        pytest.fail(f"could not start a throwaway PostgreSQL server: {exc}", pytrace=False)
+    """The PostgreSQL server of this pytest process (each xdist worker starts its own)."""
+    server = shared_server()
     try:
         yield server
     finally:
-        server.stop()
+        release_server()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """After the run (in the xdist controller: after every worker), the servers of workers that
+    were killed on the way go too."""
+    if not hasattr(session.config, "workerinput"):
+        sweep_orphans(bindir=find_bindir())
 
 
 @pytest.fixture

@@ -22,6 +22,10 @@ from agentwake.store.sqlite import SqliteStore
 REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+# The throwaway PostgreSQL server's fixtures (postgres_server, postgres_url), for every test module:
+# one server per pytest process (per xdist worker), however many modules use it.
+pytest_plugins = ["_postgres"]
+
 QUIET_DEMO = {"DEMO_RATE": "0", "DEMO_ALERT_INTERVAL": "0", "DEMO_LOAD_INTERVAL": "0"}
 
 

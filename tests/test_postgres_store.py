@@ -1,30 +1,31 @@
 """The PostgreSQL store: the same answers as the SQLite store, and safe when processes share a database.
 
-A throwaway server (Debian's PostgreSQL binaries) runs for the module, in its own temporary
-directory on a free loopback port; each test gets a fresh database. Host connections of the user
-``locked`` need its password (scram-sha-256); every other connection is trusted.
+The throwaway server is ``tests/_postgres.py``'s (one per pytest process, registered by conftest.py);
+each test gets a fresh database, most of them a copy of one already migrated. Host connections of
+the user ``locked`` need its password (scram-sha-256); every other connection is trusted.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 import re
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import anyio
 import psycopg
 import pytest
+from _postgres import PASSWORD, PASSWORD_USER, USER, PostgresServer, free_port
+from hypothesis import given as hypothesis_given
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from agentwake.clock import iso, utc_now
 from agentwake.config import StoreConfig
 from agentwake.errors import StoreError
 from agentwake.store import (
@@ -42,114 +43,42 @@ from agentwake.store import (
     open_store,
 )
 from agentwake.store.postgres import PostgresReader, PostgresStore
+from agentwake.store.postgres.base import NUL_MARK, escape_text, unescape_text
 from agentwake.store.postgres.schema import MIGRATION_NAMES
 from agentwake.store.sqlite import SqliteStore
 
-USER = "agentwake"
-LOCKED_USER = "locked"
-LOCKED_PASSWORD = "s3cret-Pa55word-xyzzy"
-START_TIMEOUT_S = 30
+LOCKED_USER = PASSWORD_USER
+LOCKED_PASSWORD = PASSWORD
+DBNAME = r"test_\d+_\d+"  # PostgresServer.create_database's names
 
 
-def _bindir() -> Path | None:
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parts[-3]))
-    return found[-1].parent if found else None
+@pytest.fixture(scope="session")
+def migrated_template(postgres_server: PostgresServer) -> str:
+    """A migrated database to copy (this process's server): most tests start from the schema."""
+    url = postgres_server.create_database("template")
+
+    async def migrate() -> None:
+        await (await PostgresStore.open(url)).close()
+
+    anyio.run(migrate)
+    return postgres_server.dbname(url)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Server:
-    """One PostgreSQL server for this module: ``url(db)``, ``new_database()``, ``stop()``."""
-
-    def __init__(self, bindir: Path) -> None:
-        self.bindir = bindir
-        self.base = Path(tempfile.mkdtemp(prefix="aw-pg-"))
-        self.data = self.base / "data"
-        self.port = _free_port()
-        self._names = itertools.count(1)
-
-    def run(self, *args: str) -> None:
-        command = [str(self.bindir / args[0]), *args[1:]]
-        if os.geteuid() == 0:  # postgres refuses to run as root
-            command = ["runuser", "-u", "postgres", "--", *command]
-        subprocess.run(command, check=True, capture_output=True, timeout=START_TIMEOUT_S * 2)
-
-    def start(self) -> None:
-        sockets = self.base / "sock"
-        sockets.mkdir()
-        if os.geteuid() == 0:
-            shutil.chown(self.base, "postgres", "postgres")
-            shutil.chown(sockets, "postgres", "postgres")
-        self.run("initdb", "-D", str(self.data), "-A", "trust", "-U", USER, "--no-sync")
-        # First match wins: the locked user must give its password over TCP; the rest is trusted.
-        (self.data / "pg_hba.conf").write_text(
-            "local all all trust\n"
-            f"host all {LOCKED_USER} 127.0.0.1/32 scram-sha-256\n"
-            "host all all 127.0.0.1/32 trust\n"
-        )
-        options = f"-p {self.port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=off"
-        options += " -c synchronous_commit=off -c full_page_writes=off"
-        self.run(
-            "pg_ctl", "-D", str(self.data), "-w", "-t", str(START_TIMEOUT_S), "-l", str(self.base / "log"),
-            "-o", options, "start",
-        )  # fmt: skip
-        with self.admin() as conn:
-            conn.execute(f"CREATE ROLE {LOCKED_USER} LOGIN SUPERUSER PASSWORD '{LOCKED_PASSWORD}'")
-
-    def stop(self) -> None:
-        try:
-            self.run("pg_ctl", "-D", str(self.data), "-m", "immediate", "stop")
-        finally:
-            shutil.rmtree(self.base, ignore_errors=True)
-
-    def url(self, dbname: str, user: str = USER) -> str:
-        return f"postgresql://{user}@127.0.0.1:{self.port}/{dbname}"
-
-    def admin(self) -> psycopg.Connection[Any]:
-        return psycopg.connect(self.url("postgres"), autocommit=True)
-
-    def new_database(self, template: str = "template0") -> str:
-        name = f"t{next(self._names)}"
-        with self.admin() as conn:
-            conn.execute(f"CREATE DATABASE {name} TEMPLATE {template}")
-        return name
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
-    bindir = _bindir()
-    if bindir is None:
-        pytest.skip("PostgreSQL's server binaries are not installed (apt-get install postgresql)")
-    pg = Server(bindir)
+@pytest.fixture
+def pg_url(postgres_server: PostgresServer, migrated_template: str) -> Iterator[str]:
+    """A fresh database with the store's schema; dropped after the test."""
+    url = postgres_server.create_database(template=migrated_template)
     try:
-        pg.start()
-        # A migrated database to copy: most tests start from the schema, not from nothing.
-        template = pg.new_database()
-
-        async def migrate() -> None:
-            await (await PostgresStore.open(pg.url(template))).close()
-
-        anyio.run(migrate)
-        pg.template = template  # type: ignore[attr-defined]
-        yield pg
+        yield url
     finally:
-        pg.stop()
+        if postgres_server.running():
+            postgres_server.drop_database(url)
 
 
 @pytest.fixture
-def pg_url(server: Server) -> str:
-    """A fresh database with the store's schema."""
-    return server.url(server.new_database(server.template))  # type: ignore[attr-defined]
-
-
-@pytest.fixture
-def empty_url(server: Server) -> str:
+def empty_url(postgres_url: str) -> str:
     """A fresh database without any table."""
-    return server.url(server.new_database())
+    return postgres_url
 
 
 T0 = "2026-01-01T00:00:00.000Z"
@@ -443,7 +372,9 @@ async def open_all(urls: Sequence[str], **kwargs: Any) -> list[PostgresStore]:
 
 
 @pytest.mark.anyio
-async def test_concurrent_opens_of_an_empty_database_apply_the_schema_once(empty_url: str) -> None:
+async def test_concurrent_opens_of_an_empty_database_apply_the_schema_once(
+    empty_url: str, postgres_server: PostgresServer, migrated_template: str
+) -> None:
     stores = await open_all([empty_url] * 6, max_size=2)
     try:
         assert len(stores) == 6
@@ -451,19 +382,21 @@ async def test_concurrent_opens_of_an_empty_database_apply_the_schema_once(empty
     finally:
         for store in stores:
             await store.close()
+    tables_sql = "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public' ORDER BY 1"
     with psycopg.connect(empty_url) as conn:
         applied = conn.execute("SELECT name FROM schema_migrations ORDER BY name").fetchall()
-        tables = conn.execute(
-            "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'"
-        ).fetchone()
+        tables = conn.execute(tables_sql).fetchall()
+    # The same tables as a database one store migrated alone (the schema's, and schema_migrations).
+    with psycopg.connect(postgres_server.url(migrated_template)) as conn:
+        expected = conn.execute(tables_sql).fetchall()
     assert [name for (name,) in applied] == list(MIGRATION_NAMES)
-    assert tables == (10,)  # nine of the store's own, and schema_migrations
+    assert tables == expected and ("schema_migrations",) in tables and len(tables) > 2
 
 
 @pytest.mark.anyio
 async def test_create_false_refuses_a_database_without_the_schema(empty_url: str) -> None:
     with pytest.raises(
-        StoreError, match=r"no agentwake store in the PostgreSQL database \"t\d+\" on 127\.0\.0\.1"
+        StoreError, match=rf"no agentwake store in the PostgreSQL database \"{DBNAME}\" on 127\.0\.0\.1"
     ):
         await PostgresStore.open(empty_url, create=False)
     with pytest.raises(StoreError, match=r"no agentwake store in .* yet: run 'agentwake run' first"):
@@ -570,12 +503,65 @@ async def test_a_rate_limit_holds_across_two_stores_racing(pg_url: str) -> None:
             await store.close()
 
 
+@pytest.mark.anyio
+async def test_a_starting_store_requeues_only_events_whose_lease_lapsed(pg_url: str) -> None:
+    """Two stores are two processes: B starting up must not take the event A holds under a live lease;
+    once that lease lapses (A was killed, say), B's claim takes it and A's outcome is refused."""
+    a, b = await open_all([pg_url, pg_url], max_size=2)
+    try:
+        await a.register(TICKETS)
+        await a.ingest(TICKETS, [ticket(n) for n in range(1, 5)], "c")
+        now = utc_now()
+        start, lapsed, lease = iso(now), iso(now - timedelta(seconds=1)), now + timedelta(seconds=60)
+        [live] = await a.claim(1, start, lease_until=iso(lease))  # T-1: A works on it
+        [unleased] = await a.claim(1, start)  # T-2: claimed without a lease
+        await a.claim(2, start, lease_until=lapsed)  # T-3, T-4: held by a process that died
+        [twice] = await a.claim(1, start, lease_until=lapsed)  # T-3 again: its 2nd attempt
+        assert (live.event_id, unleased.event_id, twice.event_id, twice.attempts) == ("T-1", "T-2", "T-3", 2)
+        runs = {}
+        for event_id in ("T-1", "T-3", "T-4"):
+            [shown] = await a.find_events(event_id)
+            runs[event_id] = await a.start_run(
+                shown["id"], kind="agent", attempt=shown["attempts"], model="m", decision={},
+                system_prompt=None, user_prompt=None,
+            )  # fmt: skip
+
+        assert await b.requeue_interrupted(max_attempts=2) == 2  # T-2 and T-4; T-3 is dead
+        shown = {e: (await b.find_events(e))[0] for e in ("T-1", "T-2", "T-3", "T-4")}
+        states = {e: (d["state"], d["attempts"], [r["status"] for r in d["runs"]]) for e, d in shown.items()}
+        assert states == {
+            "T-1": ("processing", 1, ["running"]),
+            "T-2": ("pending", 1, []),
+            "T-3": ("dead", 2, ["interrupted"]),
+            "T-4": ("pending", 1, ["interrupted"]),
+        }
+        assert shown["T-3"]["last_error"] == "the service stopped during each of its 2 attempt(s)"
+        assert await b.requeue_interrupted() == 0
+        assert await a.renew_leases([(live.id, live.attempts)], iso(lease)) == []
+
+        # A's lease lapses: B's claim takes T-1 (another attempt), and A's outcome no longer applies.
+        after = lease + timedelta(seconds=1)
+        taken = await b.claim(10, iso(after), lease_until=iso(after + timedelta(seconds=60)))
+        assert sorted((e.event_id, e.attempts) for e in taken) == [("T-1", 2), ("T-2", 2), ("T-4", 2)]
+        applied = await a.finish_run(
+            runs["T-1"], status="completed", reason=None, progress=NO_RUN, duration_ms=1,
+            verdict=EventVerdict("done"),
+        )  # fmt: skip
+        assert applied is False
+        [t1] = await b.find_events("T-1")
+        assert (t1["state"], t1["attempts"], t1["runs"][0]["status"]) == ("processing", 2, "interrupted")
+        assert await a.renew_leases([(live.id, live.attempts)], iso(after)) == [live.id]
+    finally:
+        for store in (a, b):
+            await store.close()
+
+
 # ---- errors name the database, never the password ---------------------------------------------------
 
 
 @pytest.mark.anyio
 async def test_a_server_that_cannot_be_reached_is_a_store_error_that_says_so() -> None:
-    url = f"postgresql://{LOCKED_USER}@127.0.0.1:{_free_port()}/agentwake"
+    url = f"postgresql://{LOCKED_USER}@127.0.0.1:{free_port()}/agentwake"
     with pytest.raises(StoreError) as caught:
         await PostgresStore.open(url, password=LOCKED_PASSWORD)
     message = str(caught.value)
@@ -590,7 +576,7 @@ async def test_a_server_that_cannot_be_reached_is_a_store_error_that_says_so() -
 
 @pytest.mark.anyio
 async def test_a_wrong_or_missing_password_is_a_store_error_that_never_shows_it(
-    server: Server, pg_url: str, caplog: pytest.LogCaptureFixture
+    pg_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     url = pg_url.replace(f"{USER}@", f"{LOCKED_USER}@")
     wrong = LOCKED_PASSWORD[::-1]
@@ -609,7 +595,7 @@ async def test_a_wrong_or_missing_password_is_a_store_error_that_never_shows_it(
                 9999, kind="agent", attempt=1, model="m", decision={}, system_prompt=None, user_prompt=None
             )
         assert "violates foreign key constraint" in str(failed.value)
-        assert str(failed.value).startswith('the PostgreSQL database "t')
+        assert re.match(f'the PostgreSQL database "{DBNAME}"', str(failed.value))
     finally:
         await store.close()
     with pytest.raises(StoreError, match="is closed"):
@@ -698,3 +684,123 @@ def test_the_sqlite_path_never_imports_psycopg(tmp_path: Path) -> None:
         "assert not [m for m in sys.modules if m.startswith('psycopg')], 'psycopg was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# ---- text with NUL characters ------------------------------------------------------------------------
+
+# NUL, backslashes (a stored escape must not be mistaken for one), the escape marker itself.
+NUL_ID = "N\x00-1\\0\\\\"
+ODD_TEXTS = [
+    "\x00",
+    "a\x00b",
+    "\\0",
+    "\\",
+    "x\\\x00\\0",
+    NUL_MARK,
+    NUL_MARK + "\x00",
+    NUL_MARK + "\\0",
+    "plain",
+]
+
+
+@hypothesis_given(st.text())
+def test_the_nul_escape_is_exact_and_changes_only_text_with_nul_or_the_marker(text: str) -> None:
+    stored = escape_text(text)
+    assert "\x00" not in stored and unescape_text(stored) == text
+    if "\x00" not in text and not text.startswith(NUL_MARK):
+        assert stored is text
+    else:
+        assert stored.startswith(NUL_MARK)
+
+
+def test_the_nul_escape_tells_every_odd_text_apart() -> None:
+    stored = [escape_text(text) for text in ODD_TEXTS]
+    assert len(set(stored)) == len(ODD_TEXTS)
+    assert [unescape_text(s) for s in stored] == ODD_TEXTS
+
+
+async def nul_scenario(store: Store) -> list[Any]:
+    """Event ids, data, prompts, tool results and errors with NUL and backslashes, written and read back."""
+    out: list[Any] = []
+    rec = out.append
+    key = SubscriptionKey("nul\x00sub", "demo", "alert.fired", {"q": "a\x00\\"})
+    await store.register(key)
+    events = [IncomingEvent(NUL_ID, "alert.fired", T0, {"text": "a\x00b\\c"}, {"m": "\x00"})]
+    events += [IncomingEvent(text, "alert.fired", T0, {"n": n}) for n, text in enumerate(ODD_TEXTS)]
+    rec(await store.ingest(key, events, "c\x00ursor"))
+    # The same ids again, by poll and by webhook: every one is a duplicate.
+    rec(await store.ingest(key, events[:3], "c2"))
+    rec(await store.ingest_deliveries([WebhookDelivery(key, events[0], "c\x003")]))
+    rec(await store.cursor("nul\x00sub"))
+    rec(await store.event_ids())
+    rec(await store.find_events(NUL_ID))
+    await store.record_error("nul\x00sub", "boom\x00: \\0")
+    claimed = await store.claim(1, T1, lease_until=T2)
+    rec(claimed)
+    (event,) = claimed
+    run = await store.start_run(
+        event.id, kind="agent", attempt=event.attempts, model="m\x00", decision={"why": "\x00"},
+        system_prompt="sys\x00\\", user_prompt="user\x00",
+    )  # fmt: skip
+    call = ToolCallRecord(1, "c\x001", "echo", "demo", "echo", {"t": "\x00"}, "ok", "result\x00\\0", 1)
+    messages = [
+        {"role": "user", "content": "\x00"},
+        {"role": "assistant", "content": "a\x00", "tool_calls": [1]},
+    ]
+    await store.record_progress(run, RunProgress(messages, 1, 1, 1, None), [call])
+    journaled = await store.journal_tool_call(
+        run, dataclasses.replace(call, call_id="c\x002", status="sent", result=None), "key\x00"
+    )
+    await store.settle_tool_call(journaled, status="ok", result="r\x00\\", reply="reply\x00", duration_ms=1)
+    rec(await store.resume_point(event.id))
+    failed = EventVerdict("failed", error="it\x00 broke\\0")
+    rec(
+        await store.finish_run(
+            run, status="failed", reason="why\x00", progress=NO_RUN, duration_ms=1, verdict=failed
+        )
+    )
+    rec(await store.event(event.id))
+    rec(await store.event_detail(event.id))
+    rec(await store.subscriptions())
+    rec(await store.inbox(100))
+    return out
+
+
+NO_RUN = RunProgress([], 0, 0, 0, None)
+
+
+@pytest.mark.anyio
+async def test_text_with_nul_and_backslashes_round_trips_as_on_sqlite(pg_url: str, tmp_path: Path) -> None:
+    sqlite = await SqliteStore.open(tmp_path / "aw.db")
+    try:
+        expected = await nul_scenario(sqlite)
+    finally:
+        await sqlite.close()
+    store = await PostgresStore.open(pg_url)
+    try:
+        got = await nul_scenario(store)
+    finally:
+        await store.close()
+    for step, (mine, theirs) in enumerate(zip(normalized(got), normalized(expected), strict=True)):
+        assert mine == theirs, f"step {step} differs"
+    inserted, again, (delivered,), cursor, ids, (found,), (claimed,), point = got[:8]
+    assert (inserted.inserted, again.inserted, again.duplicates, delivered.duplicates) == (10, 0, 3, 1)
+    assert cursor == "c\x003" and sorted(ids) == sorted([NUL_ID, *ODD_TEXTS])
+    assert found["event_id"] == NUL_ID and claimed.data == {"text": "a\x00b\\c"}
+    assert {c.call_id: (c.result, c.reply) for c in point.calls.values()}["c\x002"] == (
+        "r\x00\\",
+        "reply\x00",
+    )
+    detail = got[10]
+    assert detail["last_error"] == "it\x00 broke\\0" and detail["runs"][0]["reason"] == "why\x00"
+    # The reader reads them back too; in the database, only text with a NUL (or the marker) is escaped.
+    reader = PostgresReader.open(pg_url)
+    try:
+        assert sorted(reader.event_ids()) == sorted(ids)
+        assert [e["event_id"] for e in reader.find_events(NUL_ID)] == [NUL_ID]
+    finally:
+        reader.close()
+    with psycopg.connect(pg_url) as conn:
+        stored = {row[0] for row in conn.execute("SELECT event_id FROM events").fetchall()}
+    assert stored == {escape_text(text) for text in ids}
+    assert {"\\0", "\\", "plain", NUL_MARK + "a\\0b"} <= stored

@@ -1,18 +1,44 @@
-"""Naming a PostgreSQL store without its password, the pool every part shares, and turning every psycopg
-error into a StoreError."""
+"""Naming a PostgreSQL store without its password, the pool every part shares, turning every psycopg
+error into a StoreError, and text with NUL characters.
+
+Text with NUL
+-------------
+PostgreSQL cannot store U+0000 in ``text``; SQLite can, and both backends must store and return the
+same values (an event id, a tool result, a prompt, an error message may hold one). So every
+connection the store uses gets a ``str`` dumper and a ``text`` loader (``nul_safe``) that escape at
+the boundary, reversibly:
+
+* a string without NUL is sent and stored exactly as it is, unless it starts with ``NUL_MARK``
+  (a backslash and U+0001, which no real text starts with);
+* any other string is stored as ``NUL_MARK`` followed by the string with each backslash doubled and
+  each NUL written as backslash-zero; a loaded text starting with ``NUL_MARK`` is turned back.
+
+Only the rare strings with a NUL (or the marker) change, so JSON documents (never a raw NUL: JSON
+escapes it), times, names and all other text stay readable and comparable in SQL as they are. The
+encoding is injective, and the same function encodes every parameter (each ``%s``, and each element
+of an array parameter) and every stored value: ``WHERE event_id = %s``, the events' unique
+constraint (ingest's dedup), ``= ANY(%s)`` and ``GROUP BY`` give the same answers as on the strings
+themselves. Only an ordering of escaped values by text differs (the store orders by row ids and
+times, never by such text), and the store has no ``LIKE`` or prefix query: one would have to match
+an escaped pattern against escaped values (a NUL-free prefix of a string with a NUL does not prefix
+its escaped form).
+"""
 
 from __future__ import annotations
 
 import functools
 import hashlib
 import inspect
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar
 
 import psycopg
 import psycopg.errors
+from psycopg.adapt import Buffer, PyFormat
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.types import string as pg_string
 
 from agentwake.errors import StoreError
 from agentwake.store.postgres.views import View, run_async
@@ -26,6 +52,79 @@ T = TypeVar("T")
 # A transaction that lost a deadlock or a serialization race is run again, this many times at most.
 RETRIES: Final = 3
 _RETRYABLE: Final = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+
+
+# ---- text with NUL (see the module docstring) ------------------------------------------------------
+
+NUL_MARK: Final = "\\\x01"
+_ESCAPED: Final = re.compile(r"\\(.)", re.DOTALL)
+
+
+def escape_text(value: str) -> str:
+    """``value`` as stored: unchanged unless it holds a NUL or starts with ``NUL_MARK``."""
+    if "\x00" not in value and not value.startswith(NUL_MARK):
+        return value
+    return NUL_MARK + value.replace("\\", "\\\\").replace("\x00", "\\0")
+
+
+def unescape_text(stored: str) -> str:
+    """The string ``escape_text`` stored as ``stored``."""
+    if not stored.startswith(NUL_MARK):
+        return stored
+    return _ESCAPED.sub(lambda m: "\x00" if m[1] == "0" else m[1], stored[len(NUL_MARK) :])
+
+
+def _escaping(dumper: type[pg_string._BaseStrDumper]) -> type[pg_string._BaseStrDumper]:
+    """A subclass of psycopg's ``dumper`` that sends ``escape_text`` of each string."""
+
+    class Escaping(dumper):  # type: ignore[valid-type,misc]
+        def dump(self, obj: str) -> Buffer | None:
+            encoded: bytes = escape_text(obj).encode(self._encoding)
+            return encoded
+
+    Escaping.__name__ = Escaping.__qualname__ = f"NulSafe{dumper.__name__}"
+    return Escaping
+
+
+class NulSafeTextLoader(pg_string.TextLoader):
+    """psycopg's text loader, turning an escaped value back (``unescape_text``)."""
+
+    def load(self, data: Buffer) -> str | bytes:
+        loaded = super().load(data)  # bytes from a SQL_ASCII database, as psycopg's
+        return unescape_text(loaded) if isinstance(loaded, str) else loaded
+
+
+class NulSafeTextBinaryLoader(NulSafeTextLoader):
+    format = psycopg.pq.Format.BINARY
+
+
+# In psycopg's order: the last one registered per format is the default for ``%s`` (see
+# psycopg.types.string.register_default_adapters); the others are found by oid (text[] elements).
+_DUMPERS: Final = tuple(
+    _escaping(d)
+    for d in (
+        pg_string.StrBinaryDumperName,
+        pg_string.StrBinaryDumperVarchar,
+        pg_string.StrBinaryDumper,
+        pg_string.StrDumperName,
+        pg_string.StrDumperVarchar,
+        pg_string.StrDumper,
+        pg_string.StrDumperUnknown,
+    )
+)
+_TEXT_TYPES: Final = ("text", "varchar", "bpchar", "name")
+
+
+def nul_safe(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """Give ``conn`` the escaping text dumpers and loaders, once (a cheap check after that)."""
+    adapters = conn.adapters
+    if adapters.get_dumper(str, PyFormat.TEXT) is _DUMPERS[-1]:
+        return
+    for dumper in _DUMPERS:
+        adapters.register_dumper(str, dumper)
+    for name in _TEXT_TYPES:
+        adapters.register_loader(name, NulSafeTextLoader)
+        adapters.register_loader(name, NulSafeTextBinaryLoader)
 
 
 def describe_target(url: str) -> str:
@@ -121,6 +220,10 @@ class StoreErrors:
     def wrap_sync(method: Callable[..., T]) -> Callable[..., T]:
         @functools.wraps(method)
         def guarded(self: Named, *args: Any, **kwargs: Any) -> T:
+            # The synchronous reader's one connection (its ``conn``) reads text NUL-safe too.
+            conn = getattr(self, "conn", None)
+            if isinstance(conn, psycopg.Connection):
+                nul_safe(conn)
             try:
                 return method(self, *args, **kwargs)
             except psycopg.Error as exc:
@@ -177,9 +280,12 @@ class PostgresBase(Named):
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        """One connection of the pool, in one transaction (committed when the block ends)."""
-        async with self.pool.connection() as conn, conn.transaction():
-            yield conn
+        """One connection of the pool (NUL-safe: ``nul_safe``), in one transaction (committed when
+        the block ends)."""
+        async with self.pool.connection() as conn:
+            nul_safe(conn)
+            async with conn.transaction():
+                yield conn
 
     async def _read(self, view: View[T]) -> T:
         """A read-only view (``agentwake.store.postgres.views``), in one transaction."""

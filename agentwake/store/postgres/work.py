@@ -3,7 +3,9 @@
 Several processes may claim from one inbox: a claim locks the events it looks at with
 ``FOR UPDATE SKIP LOCKED`` and moves them in the same transaction, so an event another
 process is claiming is skipped, never handed out twice. Writes that lock several rows lock
-them in id order, so two processes never wait on each other in a circle.
+them in id order, so two processes never wait on each other in a circle. A claim is a lease:
+a process starting up takes back only the events whose lease lapsed (``requeue_interrupted``),
+never those another live process is handling.
 """
 
 from __future__ import annotations
@@ -73,33 +75,46 @@ async def event_state(conn: psycopg.AsyncConnection[Any], event_row: int) -> str
 
 class WorkQueue(PostgresBase):
     async def requeue_interrupted(self, max_attempts: int | None = None) -> int:
-        """Events left 'processing' by a crash go back to 'pending'; their unfinished runs are marked.
+        """Events a stopped process left 'processing' go back to 'pending'; their unfinished runs are marked.
+
+        Several processes share the database, so only events no live process holds are taken:
+        those whose lease lapsed (or that were claimed without one). An event a live process
+        is handling keeps its lease (renewed while it runs) and is left alone; one held by a
+        process that was killed is taken here once its lease lapses, or by ``claim`` after that.
 
         A run only completes in the same transaction that marks its event done, so
         an event found here never had a completed run, and running it again is the
         one retry the crash costs. An event that has already had ``max_attempts``
         claims is dead instead: an event that kills the service each time it runs
-        must not kill it forever.
+        must not kill it forever. Returns how many events went back to 'pending'.
         """
         now = now_iso()
         async with self.transaction() as conn:
-            await conn.execute("SELECT id FROM events WHERE state = 'processing' ORDER BY id FOR UPDATE")
+            # Locked in id order; a row another transaction holds is waited for and checked again.
+            cur = await conn.execute(
+                "SELECT id FROM events WHERE state = 'processing' AND (lease_until IS NULL OR lease_until < %s)"
+                " ORDER BY id FOR UPDATE",
+                [now],
+            )
+            rows = [row[0] for row in await cur.fetchall()]
+            if not rows:
+                return 0
             await conn.execute(
                 "UPDATE runs SET status = 'interrupted', reason = 'the service stopped during the run',"
-                " finished_at = %s WHERE status = 'running'",
-                [now],
+                " finished_at = %s WHERE status = 'running' AND event_row = ANY(%s)",
+                [now, rows],
             )
             if max_attempts is not None:
                 await conn.execute(
                     "UPDATE events SET state = 'dead', lease_until = NULL, state_changed_at = %s,"
                     " last_error = 'the service stopped during each of its ' || attempts || ' attempt(s)'"
-                    " WHERE state = 'processing' AND attempts >= %s",
-                    [now, max_attempts],
+                    " WHERE id = ANY(%s) AND attempts >= %s",
+                    [now, rows, max_attempts],
                 )
             cur = await conn.execute(
                 "UPDATE events SET state = 'pending', lease_until = NULL, state_changed_at = %s"
-                " WHERE state = 'processing'",
-                [now],
+                " WHERE id = ANY(%s) AND state = 'processing'",
+                [now, rows],
             )
             return max(cur.rowcount, 0)
 

@@ -46,6 +46,10 @@ class WorkQueue(SqliteBase):
         one retry the crash costs. An event that has already had ``max_attempts``
         claims is dead instead: an event that kills the service each time it runs
         must not kill it forever.
+
+        Every 'processing' event is taken, leased or not: one process uses a SQLite file, so at
+        its start none is held by a live one, and a crash's events go again at once rather than
+        when their leases lapse. (The PostgreSQL store, shared by processes, takes only lapsed ones.)
         """
         now = now_iso()
         with self.transaction():
