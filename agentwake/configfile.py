@@ -3,7 +3,9 @@
 No pydantic here. ``agentwake.config`` validates the whole file with these; the CLI's
 quick readers (``status``, ``inbox``, ...) need only ``locate_store``: where the store is
 and which subscriptions are configured, found by the same rules without validating the
-rest (a typo in ``[agent]`` does not stop ``status``; ``agentwake check`` reports it).
+rest (a typo in ``[agent]`` does not stop ``status``; ``agentwake check`` reports it). A
+PostgreSQL store's ``[store] url`` and ``password_env`` are checked by ``StoreConfig`` itself, so
+pydantic is loaded for them only.
 
 Interpolation runs on string values after TOML parsing (so a variable can never
 inject TOML): ``${NAME}`` must be set, ``${NAME:-default}`` falls back, and
@@ -227,27 +229,83 @@ def with_default_name(subscription: Any) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class StoreLocation:
-    """Where a config keeps its store, and the names of its subscriptions."""
+    """Where a config keeps its store, and the names of its subscriptions.
+
+    ``url`` (and ``password_env``, the variable holding its password) when the store is in
+    PostgreSQL (``[store] url``); then ``path`` is unused.
+    """
 
     path: Path
     subscriptions: tuple[str, ...]
+    url: str | None = None
+    password_env: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The store as output names it: the SQLite file, or the PostgreSQL database by host, port
+        and name (never a password: the url holds none)."""
+        return str(self.path) if self.url is None else postgres_name(self.url)
+
+
+def postgres_name(url: str) -> str:
+    """``PostgreSQL database "aw" on db.example:5432``: a ``postgresql://`` url named by host, port
+    and database, without user or password (parsed without psycopg)."""
+    from urllib.parse import parse_qs, unquote, urlsplit
+
+    try:
+        parts = urlsplit(url)
+        query = parse_qs(parts.query)
+        host = parts.hostname or (query.get("host") or [""])[0] or "the local socket"
+        port = parts.port or (query.get("port") or [""])[0]
+    except ValueError:
+        return "a PostgreSQL database (its url cannot be parsed)"
+    dbname = unquote(parts.path.lstrip("/")) or (query.get("dbname") or [""])[0] or "(default)"
+    where = f"{host}:{port}" if port else host
+    return f'PostgreSQL database "{dbname}" on {where}'
 
 
 def locate_store(path: Path, *, env: Mapping[str, str] | None = None) -> StoreLocation:
     """The store and subscriptions of the config at ``path``, by the rules ``load_config`` uses,
-    without validating the rest of the file."""
-    data = read_config_file(path)
+    without validating the rest of the file.
+
+    A PostgreSQL store (``[store] url``) has its url and password_env validated as ``load_config``
+    does (by ``agentwake.config.StoreConfig``, so pydantic is loaded then only).
+    """
+    text, data = read_config_source(path)
     environ = os.environ if env is None else env
     store = data.get("store", {})
     if not isinstance(store, dict):
         raise ConfigError(f"{path} is invalid: store must be a table")
-    raw_path = interpolate(store.get("path", DEFAULT_STORE_PATH), environ, "store.path")
-    if not isinstance(raw_path, str) or not raw_path:
-        raise ConfigError(f"{path} is invalid: store.path must be a file name")
     subscriptions = data.get("subscriptions", [])
     names = []
     for index, subscription in enumerate(subscriptions if isinstance(subscriptions, list) else []):
         named = with_default_name(subscription)
         if isinstance(named, dict) and isinstance(named.get("name"), str):
             names.append(str(interpolate(named["name"], environ, f"subscriptions[{index}].name")))
+    if store.get("url") is not None or store.get("password_env") is not None:
+        return _postgres_location(path, text, store, environ, tuple(names))
+    raw_path = interpolate(store.get("path", DEFAULT_STORE_PATH), environ, "store.path")
+    if not isinstance(raw_path, str) or not raw_path:
+        raise ConfigError(f"{path} is invalid: store.path must be a file name")
     return StoreLocation(under(config_base(path), Path(raw_path)), tuple(names))
+
+
+def _postgres_location(
+    path: Path, text: str, store: dict[str, Any], env: Mapping[str, str], names: tuple[str, ...]
+) -> StoreLocation:
+    """The location of a ``[store] url`` store, its keys checked by ``StoreConfig`` (as ``load_config``
+    checks them: the same messages, and the url never quoted)."""
+    from pydantic import ValidationError
+
+    from agentwake.config import StoreConfig, describe_error
+
+    keys = {key: store[key] for key in ("url", "password_env", "path") if key in store}
+    try:
+        checked = StoreConfig.model_validate(interpolate(keys, env, "store"))
+    except ValidationError as exc:
+        lines = key_lines(text)
+        problems = [f"  {describe_error({**e, 'loc': ('store', *e['loc'])}, lines)}" for e in exc.errors()]
+        raise ConfigError(f"{path} is invalid:\n" + "\n".join(problems)) from None
+    return StoreLocation(
+        under(config_base(path), checked.path), names, url=checked.url, password_env=checked.password_env
+    )

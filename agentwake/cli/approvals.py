@@ -21,6 +21,7 @@ from agentwake.cli.common import (
     load,
     read_store,
     stdout,
+    store_name,
     with_store,
 )
 from agentwake.errors import AgentwakeError
@@ -171,7 +172,7 @@ def rotate_secret(
         what = (
             f"no webhook subscription named {subscription!r}" if subscription else "no webhook subscription"
         )
-        raise fail(AgentwakeError(f"{what} in {cfg.store.path} (see 'agentwake status')"), 2)
+        raise fail(AgentwakeError(f"{what} in {store_name(cfg.store)} (see 'agentwake status')"), 2)
     grace = cfg.webhook.rotation_grace_s if cfg.webhook else 0
     for name in rotated:
         stdout().print(

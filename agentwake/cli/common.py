@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.text import Text
 
-    from agentwake.config import AgentwakeConfig
+    from agentwake.config import AgentwakeConfig, StoreConfig
     from agentwake.configfile import StoreLocation
     from agentwake.policy import Policy
     from agentwake.store import Store, StoreReader
@@ -226,22 +226,43 @@ def read_store(path: Path, use: Callable[[StoreLocation, StoreReader], T]) -> T:
     """``use(location, reader)`` for the quick read-only commands (status, inbox, actions, show,
     approvals): the store is found without validating the rest of the config (``check`` does that)
     and read without an event loop, so they start in a blink. A bad config file exits 2; a store
-    failure, a locked or corrupt file included, exits 1; either as one ``error:`` line."""
+    failure, a locked or corrupt file or an unreachable database included, exits 1; either as one
+    ``error:`` line. A SQLite store loads neither pydantic nor psycopg; a PostgreSQL one
+    (``[store] url``) is read through ``open_config_reader``."""
     from agentwake.configfile import locate_store
-    from agentwake.store import open_reader
 
     try:
         location = locate_store(path)
     except ConfigError as exc:
         raise fail(exc, 2) from None
     try:
-        reader = open_reader(location.path)
+        reader = open_location(location)
         try:
             return use(location, reader)
         finally:
             reader.close()
     except StoreError as exc:
         raise fail(exc) from None
+
+
+def open_location(location: StoreLocation) -> StoreReader:
+    """A synchronous reader of the store at ``location``, whichever its backend; never created."""
+    if location.url is None:
+        from agentwake.store import open_reader
+
+        return open_reader(location.path)
+    from agentwake.config import StoreConfig
+    from agentwake.store import open_config_reader
+
+    return open_config_reader(StoreConfig(url=location.url, password_env=location.password_env))
+
+
+def store_name(store: StoreConfig) -> str:
+    """The configured store as output names it: the SQLite file, or the PostgreSQL database by host,
+    port and name (never its password)."""
+    from agentwake.configfile import postgres_name
+
+    return str(store.path) if store.url is None else postgres_name(store.url)
 
 
 def one_event(found: list[dict[str, Any]], event_id: str, server: str | None) -> dict[str, Any]:
@@ -274,12 +295,14 @@ __all__ = [
     "load",
     "load_rules",
     "one_event",
+    "open_location",
     "policy_app",
     "read_store",
     "run_async",
     "setup_logging",
     "stderr",
     "stdout",
+    "store_name",
     "styled",
     "warn",
     "with_store",

@@ -156,7 +156,9 @@ def _unit_for(target: Path) -> bytes:
     writable = [target]
     if config.is_file():
         try:
-            store_folder = locate_store(config).path.parent.resolve()
+            location = locate_store(config)
+            # A PostgreSQL store ([store] url) writes no file here.
+            store_folder = target if location.url is not None else location.path.parent.resolve()
         except ConfigError:
             store_folder = target  # `agentwake check` will say what is wrong with it
         if not store_folder.is_relative_to(target):

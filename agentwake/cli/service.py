@@ -226,6 +226,9 @@ def _check_store(cfg: AgentwakeConfig, report: CheckReport) -> None:
     import sqlite3
     import tempfile
 
+    if cfg.store.url is not None:
+        _check_postgres_store(cfg, report)
+        return
     path = cfg.store.path
     what = str(path)
     if path.exists():
@@ -265,6 +268,42 @@ def _check_store(cfg: AgentwakeConfig, report: CheckReport) -> None:
     except OSError as exc:
         reason = exc.strerror or str(exc)
         report.add("store", what, f"store {path} cannot be created: {reason} ({exc.filename or path.parent})")
+
+
+def _check_postgres_store(cfg: AgentwakeConfig, report: CheckReport) -> None:
+    """A PostgreSQL store ([store] url): its password is set, the server answers and lets the user in,
+    and an existing store's tables may be written (one without the schema yet: 'run' creates it)."""
+    import psycopg
+
+    from agentwake.configfile import postgres_name
+    from agentwake.errors import StoreError
+    from agentwake.store import open_config_reader
+    from agentwake.store.postgres import PostgresReader
+    from agentwake.store.postgres.base import describe_target
+    from agentwake.store.postgres.schema import missing_schema, outdated_schema
+
+    assert cfg.store.url is not None
+    what = postgres_name(cfg.store.url)
+    target = describe_target(cfg.store.url)
+    try:
+        reader = open_config_reader(cfg.store)
+    except StoreError as exc:
+        # Connected, but no (current) schema yet: `run` creates or migrates it.
+        if str(exc) not in (str(missing_schema(target)), str(outdated_schema(target))):
+            report.add("store", what, str(exc))
+        return
+    assert isinstance(reader, PostgresReader)
+    try:
+        row = reader.conn.execute(
+            "SELECT has_table_privilege('events', 'INSERT, UPDATE, DELETE')"
+            " AND has_table_privilege('subscriptions', 'INSERT, UPDATE, DELETE')"
+        ).fetchone()
+        if not (row and row[0]):
+            report.add("store", what, f"store {what} cannot be written: the user may not change its tables")
+    except psycopg.Error as exc:
+        report.add("store", what, reader.store_error(exc).args[0])
+    finally:
+        reader.close()
 
 
 def _check_api_keys(cfg: AgentwakeConfig, rule_models: list[str | None], report: CheckReport) -> None:
