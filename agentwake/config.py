@@ -97,6 +97,12 @@ class StoreConfig(_Model):
         default=None,
         description="environment variable holding the PostgreSQL password (never put it in 'url')",
     )
+    lease_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="PostgreSQL: how long a process's hold on a subscription's delivery lasts unrenewed;"
+        " another process takes over a dead one's subscriptions within it",
+    )
 
     @model_validator(mode="after")
     def _one_backend(self, info: ValidationInfo) -> StoreConfig:

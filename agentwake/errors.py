@@ -4,6 +4,7 @@
      ├── ConfigError            bad agentwake.toml, unknown event, bad arguments, unusable mode
      │    └── PolicyError       a bad policy file (names the file, the line and the rule)
      ├── StoreError             the store could not be opened, read or written (locked, corrupt, full)
+     │    └── FencedOut         another process drives this subscription now: this one stops
      └── DeliveryError          talking to an MCP server failed
           ├── ConnectError      the server could not be started or reached
           └── EventsCallError   an events/* request got a JSON-RPC error
@@ -36,6 +37,26 @@ class PolicyError(ConfigError):
 
 class StoreError(AgentwakeError):
     """The store could not be opened, migrated, read or written."""
+
+
+class FencedOut(StoreError):
+    """A cursor write carried a fence older than the subscription's: another process took it over.
+
+    Nothing was written. The loop that got it stops driving the subscription (not an error).
+    """
+
+    def __init__(self, subscription: str, stored: int | None, given: int) -> None:
+        if stored is None:
+            held = f"it has no fence; this one had {given}"
+        else:
+            held = f"fence {stored} {'>' if stored > given else '!='} {given}"
+        super().__init__(
+            f"subscription {subscription} is now driven by another process ({held});"
+            " this process stops driving it"
+        )
+        self.subscription = subscription
+        self.stored = stored
+        self.given = given
 
 
 class DeliveryError(AgentwakeError):

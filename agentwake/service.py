@@ -181,7 +181,16 @@ async def run_service(
                 except StoreError as exc:
                     logger.warning("could not record the stop in the store: %s", exc)
             await store.close()
-        logger.info("agentwake stopped; cursors are saved in %s", config.store.path)
+        logger.info("agentwake stopped; cursors are saved in %s", store_name(config))
+
+
+def store_name(config: AgentwakeConfig) -> str:
+    """The store as log lines name it: the SQLite file, or the PostgreSQL database (never a password)."""
+    if config.store.url is None:
+        return str(config.store.path)
+    from agentwake.store.postgres.base import describe_target
+
+    return describe_target(config.store.url)
 
 
 async def _freeze_when_settled(after_s: float = SETTLE_S) -> None:
@@ -239,7 +248,7 @@ def _log_start(config: AgentwakeConfig, runner: AgentRunner | None) -> None:
         "agentwake starting: %d server(s), %d subscription(s), store %s",
         len(config.servers),
         len(config.subscriptions),
-        config.store.path,
+        store_name(config),
     )
     if not config.subscriptions:
         logger.warning("no [[subscriptions]] configured: nothing to do until you add one")

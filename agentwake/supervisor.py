@@ -7,6 +7,11 @@ reached, or whose connection breaks, is retried with exponential backoff and
 jitter; it never takes the others down. A subscription the server refuses
 (unknown event, Forbidden) ends alone. What happens to a stored event is the
 worker's business (``agentwake.worker``), not this module's: the loops only wake it.
+Each loop runs only while this process holds its subscription (``agentwake.ownership``: several
+processes may share a PostgreSQL store).
+
+Some 700 lines: connecting, planning, reloading and the webhook bookkeeping share the task group,
+the scopes and the routes that split modules would have to pass around.
 """
 
 from __future__ import annotations
@@ -27,17 +32,19 @@ from agentwake.delivery.push import PushLoop
 from agentwake.delivery.receiver import Receiver
 from agentwake.delivery.routes import WebhookRoutes
 from agentwake.delivery.select import SubscriptionPlan, plan_subscription
-from agentwake.delivery.webhook import WebhookLoop, bind_route
+from agentwake.delivery.webhook import WebhookLoop, load_routes, reload_routes
 from agentwake.errors import (
     ConfigError,
     ConnectionLost,
     DeliveryError,
     EventsCallError,
+    FencedOut,
     SubscriptionEnded,
     TransientEventsError,
 )
 from agentwake.mcp import ServerConnection
-from agentwake.store import Store, SubscriptionKey
+from agentwake.ownership import Ownership, ownership_for
+from agentwake.store import Store
 from agentwake.text import peer
 
 if TYPE_CHECKING:
@@ -94,6 +101,9 @@ class Supervisor:
     reconnect_initial_s: float = RECONNECT_INITIAL_S
     reconnect_max_s: float = RECONNECT_MAX_S
     routes: WebhookRoutes = field(default_factory=WebhookRoutes)
+    # Which subscriptions this process drives (None: as the store allows, see agentwake.ownership).
+    ownership: Ownership | None = None
+    owners: Ownership = field(init=False)
     receiver: Receiver | None = field(default=None, init=False)
     _ended: set[str] = field(default_factory=set, init=False)
     _ends: anyio.Event = field(default_factory=anyio.Event, init=False)
@@ -115,6 +125,11 @@ class Supervisor:
     _server_scopes: dict[str, anyio.CancelScope] = field(default_factory=dict, init=False)
     _live_signals: dict[str, ServerSignals] = field(default_factory=dict, init=False)
 
+    def __post_init__(self) -> None:
+        self.owners = self.ownership or ownership_for(
+            self.store, lambda: [s.name for s in self.config.subscriptions], self.config.store.lease_s
+        )
+
     def readiness(self) -> dict[str, str]:
         """Each configured server's state: "connected", "connecting", "ended" (nothing left to run
         there, or stopped) or "error: <the last failure>" while it is retried."""
@@ -124,6 +139,13 @@ class Supervisor:
         return [s for s in self.config.subscriptions if s.server == server and s.name not in self._ended]
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await self._run(task_status=task_status)
+        finally:
+            # Every loop has ended: another process may take their subscriptions over at once.
+            await self.owners.release()
+
+    async def _run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         for sub in self.config.subscriptions:
             await self.store.register(subscription_key(sub))
         await self._retire_unconfigured_webhooks()
@@ -135,8 +157,13 @@ class Supervisor:
                 server,
             )
         async with anyio.create_task_group() as tg:
+            if self.owners.shared:
+                await tg.start(self.owners.run, name="ownership")
             if self.config.webhook is not None:
-                await self._load_routes()
+                await load_routes(self.store, self.routes)
+                if self.owners.shared:  # any process may receive any delivery: each routes them all
+                    interval_s = self.config.store.lease_s / 3
+                    tg.start_soon(reload_routes, self.store, self.routes, interval_s, name="webhook-routes")
                 self.receiver = Receiver(
                     self.config.webhook,
                     self.store,
@@ -265,16 +292,6 @@ class Supervisor:
             self.routes.retire(record.webhook_id)
         if record is not None and not unsubscribed:
             logger.info("subscription %s: webhook subscription retired (%s); unsubscribing it", name, reason)
-
-    async def _load_routes(self) -> None:
-        for record in await self.store.webhooks():
-            bind_route(
-                self.routes,
-                SubscriptionKey(record.subscription, record.server, record.event, record.arguments),
-                record,
-            )
-        for webhook_id in await self.store.retired_webhook_ids():
-            self.routes.retire(webhook_id)
 
     async def _on_terminated(self, name: str, error: dict[str, object]) -> None:
         """A ``terminated`` envelope: the server dropped the subscription; it ends here too."""
@@ -610,12 +627,27 @@ class Supervisor:
             logger.debug("server %s: no tools change stream: %s", conn.name, exc)
 
     async def _run_loop(self, loop: PollLoop | PushLoop | WebhookLoop, mode: protocol.DeliveryMode) -> None:
-        """Run one subscription's loop; whatever its peer makes it raise costs this subscription only.
+        """Run one subscription's loop while this process holds it (``agentwake.ownership``), its
+        cursor writes fenced. A lost lease cancels it, a write fenced out stops it: it waits to
+        hold the subscription again. With one process per store it is always held."""
+        sub = loop.subscription
+        while True:
+            async with self.owners.driving(sub.name) as fence:
+                loop.fence = fence
+                try:
+                    await self._drive(loop)
+                    return
+                except FencedOut as exc:
+                    logger.info("%s", exc)  # another process took it over: not an error
+                    self.owners.fenced_out(sub.name, exc.given)
+
+    async def _drive(self, loop: PollLoop | PushLoop | WebhookLoop) -> None:
+        """Run the loop; whatever its peer makes it raise costs this subscription only.
 
         A broken connection (DeliveryError) goes up to the server's task, which reconnects.
         Anything else, a bug a peer found included, is logged with its traceback (once, then
         summarised), shown as ``failed`` in ``status``, and the loop starts again with backoff
-        from the stored cursor.
+        from the stored cursor. FencedOut goes up to ``_run_loop``.
         """
         sub = loop.subscription
         failures = 0
@@ -632,7 +664,7 @@ class Supervisor:
                 # InvalidParams, Unsupported and the like: retrying cannot help this subscription.
                 await self._end(sub, str(exc))
                 return
-            except DeliveryError:
+            except (DeliveryError, FencedOut):
                 raise
             except Exception as exc:  # contained: one peer's misbehaviour must not end the process
                 failures += 1

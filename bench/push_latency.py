@@ -104,9 +104,16 @@ class TimedStore(SqliteStore):
         truncated: bool = False,
         cursor_before: str | None = None,
         rejected: Sequence[RejectedEvent] = (),
+        fence: int | None = None,
     ) -> IngestResult:
         result = await super().ingest(
-            key, events, cursor, truncated=truncated, cursor_before=cursor_before, rejected=rejected
+            key,
+            events,
+            cursor,
+            truncated=truncated,
+            cursor_before=cursor_before,
+            rejected=rejected,
+            fence=fence,
         )
         self.commits.append((cursor, time.time()))
         return result

@@ -5,7 +5,7 @@ The order, as a newcomer reads it (README, "Architecture"):
     foundations   config, wire names and models, errors, time, backoff, redaction, signing, _compat, logs
     mcp           connections to MCP servers
     store         the seam every stage writes through: records and the Store protocol (+ its backends)
-    delivery      poll, push, webhook loops and the receiver: events into the store
+    delivery      poll, push, webhook loops and the receiver: events into the store; which process drives them
     decide        sanitize, policy, decide: one event in, one outcome out
     agent         the LLM run and its tools; the action log is written through the store
     wiring        worker, supervisor, service
@@ -52,7 +52,7 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
     ),
     ("mcp", ("agentwake.mcp", "agentwake.streams", "agentwake.stdio")),
     ("store", ("agentwake.store",)),
-    ("delivery", ("agentwake.delivery",)),
+    ("delivery", ("agentwake.delivery", "agentwake.ownership")),
     ("decide", ("agentwake.sanitize", "agentwake.policy", "agentwake.decide")),
     ("agent", ("agentwake.agent",)),
     (

@@ -19,7 +19,7 @@ import pytest
 from _postgres import postgres_server, postgres_url  # noqa: F401 - fixtures, found by pytest by name
 
 from agentwake.clock import iso, now_iso
-from agentwake.errors import StoreError
+from agentwake.errors import FencedOut, StoreError
 from agentwake.store import (
     EVENT_STATES,
     EventState,
@@ -1456,3 +1456,94 @@ async def test_event_ids_state_counts_and_the_oldest_pending_event(store: Store)
     assert list(counts) == list(EVENT_STATES)
     assert counts == {**dict.fromkeys(EVENT_STATES, 0), "processing": 2, "done": 1}
     assert await store.oldest_pending_at() is None
+
+
+# ---- who drives each subscription's delivery loop -------------------------------------------------
+
+NAMES = ["alerts", "feed", "tickets"]
+
+
+async def test_a_lease_is_renewed_by_its_owner_and_taken_over_with_a_raised_fence_once_it_lapses(
+    store: Store,
+) -> None:
+    assert await store.hold_subscriptions("a", NAMES, at(10), at(0)) == dict.fromkeys(NAMES, 1)
+    # Held by "a" until 10 s: "b" gets nothing, "a" renews it with the same fence.
+    assert await store.hold_subscriptions("b", NAMES, at(15), at(5)) == {}
+    assert await store.hold_subscriptions("a", NAMES, at(16), at(6)) == dict.fromkeys(NAMES, 1)
+    # A lease ending exactly now still holds; one that ended before now is free.
+    assert await store.hold_subscriptions("b", NAMES, at(26), at(16)) == {}
+    assert await store.hold_subscriptions("b", ["tickets", "alerts"], at(27), at(17)) == {
+        "alerts": 2,
+        "tickets": 2,
+    }
+    # "a" renews what it still holds; a new name goes to whoever asks first.
+    assert await store.hold_subscriptions("a", [*NAMES, "new"], at(28), at(17)) == {"feed": 1, "new": 1}
+    assert await store.subscription_owners() == [
+        {"subscription": "alerts", "owner": "b", "fence": 2, "lease_until": at(27)},
+        {"subscription": "feed", "owner": "a", "fence": 1, "lease_until": at(28)},
+        {"subscription": "new", "owner": "a", "fence": 1, "lease_until": at(28)},
+        {"subscription": "tickets", "owner": "b", "fence": 2, "lease_until": at(27)},
+    ]
+    # Taken back by "a" after "b" lapsed: a third owner change, a third fence.
+    assert await store.hold_subscriptions("a", ["tickets"], at(40), at(30)) == {"tickets": 3}
+
+
+async def test_a_released_lease_is_taken_over_at_once_with_its_fence_raised(store: Store) -> None:
+    await store.hold_subscriptions("a", NAMES, at(10), at(0))
+    await store.release_subscriptions("a", ["tickets"])
+    assert await store.hold_subscriptions("b", NAMES, at(11), at(1)) == {"tickets": 2}
+    await store.release_subscriptions("a")
+    assert await store.hold_subscriptions("b", NAMES, at(12), at(2)) == {"alerts": 2, "feed": 2, "tickets": 2}
+    # Releasing what another owner holds changes nothing.
+    await store.release_subscriptions("a")
+    assert await store.hold_subscriptions("a", NAMES, at(13), at(3)) == {}
+
+
+async def test_ingest_with_a_stale_fence_writes_nothing_and_raises_fenced_out(store: Store) -> None:
+    await store.register(TICKETS)
+    [fence] = (await store.hold_subscriptions("a", ["tickets"], at(10), at(0))).values()
+    await store.ingest(TICKETS, [incoming("E-1")], "c1", fence=fence)
+    # "a" pauses past its lease; "b" takes the subscription over and stores past it.
+    taken = await store.hold_subscriptions("b", ["tickets"], at(30), at(20))
+    assert taken == {"tickets": fence + 1}
+    await store.ingest(TICKETS, [incoming("E-2")], "c2", fence=taken["tickets"])
+    before = await store.subscriptions()
+    with pytest.raises(
+        FencedOut, match=r"subscription tickets is now driven by another process \(fence 2 > 1\)"
+    ):
+        await store.ingest(
+            TICKETS, [incoming("E-1b"), incoming("E-3")], "c1b", truncated=True, fence=fence, rejected=[]
+        )
+    assert await store.cursor("tickets") == "c2"
+    assert await store.event_ids() == ["E-1", "E-2"]
+    assert await store.gaps() == []
+    assert await store.subscriptions() == before
+    # Unfenced writes (webhook deliveries, a store of one process) are not checked.
+    await store.ingest(TICKETS, [incoming("E-3")], "c3")
+    assert await store.cursor("tickets") == "c3"
+
+
+async def test_a_fence_on_a_subscription_nobody_holds_is_refused(store: Store) -> None:
+    await store.register(TICKETS)
+    with pytest.raises(FencedOut):
+        await store.ingest(TICKETS, [incoming("E-1")], "c1", fence=1)
+    assert await store.event_ids() == []
+
+
+async def test_two_owners_racing_for_the_same_subscriptions_never_both_hold_one(
+    store: Store, second_store: Store
+) -> None:
+    names = [f"sub-{n:03}" for n in range(200)]
+    results: dict[str, dict[str, int]] = {}
+
+    async def hold(owner: str, handle: Store) -> None:
+        results[owner] = await handle.hold_subscriptions(owner, names, at(10), at(0))
+
+    for _ in range(3):  # the later rounds renew what each got, and take nothing from the other
+        async with anyio.create_task_group() as tg:
+            for owner, handle in (("a", store), ("b", second_store)):
+                tg.start_soon(hold, owner, handle)
+        assert not set(results["a"]) & set(results["b"])
+        assert set(results["a"]) | set(results["b"]) == set(names)
+    owners = {row["subscription"]: row["owner"] for row in await store.subscription_owners()}
+    assert owners == {name: "a" if name in results["a"] else "b" for name in names}

@@ -87,6 +87,8 @@ class PollLoop:
     retry_initial_s: float = RETRY_INITIAL_S
     retry_max_s: float = RETRY_MAX_S
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    # The lease this process drives the subscription under (agentwake.ownership); None: unfenced.
+    fence: int | None = None
     polls: int = field(default=0, init=False)
     _drained: int = field(default=0, init=False)
     _gaps: Summary = field(default_factory=Summary, init=False)
@@ -179,6 +181,7 @@ class PollLoop:
             truncated=page.truncated,
             cursor_before=cursor,
             rejected=admitted.rejected,
+            fence=self.fence,
         )
         self._quiet.wrote()
         gap = page.truncated or bool(admitted.rejected)

@@ -163,6 +163,8 @@ class PushLoop:
     retry_max_s: float = RETRY_MAX_S
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     clock: Callable[[], float] = time.monotonic
+    # The lease this process drives the subscription under (agentwake.ownership); None: unfenced.
+    fence: int | None = None
     streams: int = field(default=0, init=False)
     errors: int = field(default=0, init=False)
     received: int = field(default=0, init=False)
@@ -395,6 +397,7 @@ class PushLoop:
             truncated=pending.truncated,
             cursor_before=stored,
             rejected=pending.rejected,
+            fence=self.fence,
         )
         gap = pending.truncated or bool(pending.rejected)
         metrics.observe_ingest(self.subscription.name, "push", result.inserted, result.duplicates, gap=gap)

@@ -44,6 +44,8 @@ class WebhookRoutes:
     def __init__(self) -> None:
         self._by_id: dict[str, Route] = {}
         self._id_of: dict[str, str] = {}
+        # What each subscription was bound with: binding the same again changes nothing.
+        self._bound_as: dict[str, tuple[str, SubscriptionKey, tuple[tuple[str, float | None], ...]]] = {}
         self._retired: set[str] = set()
         self._in_flight: dict[str, _InFlight] = {}
         self._ended: dict[str, anyio.Event] = {}
@@ -56,8 +58,17 @@ class WebhookRoutes:
         webhook_id: str,
         key: SubscriptionKey,
         secrets: list[tuple[str, float | None]],
+        *,
+        changed_only: bool = False,
     ) -> None:
-        """Route ``webhook_id`` to ``key``'s subscription, accepting each secret until its time (None: always)."""
+        """Route ``webhook_id`` to ``key``'s subscription, accepting each secret until its time (None: always).
+
+        ``changed_only``: nothing happens (not even a count in ``binds``) if it is bound so already.
+        """
+        bound_as = (webhook_id, key, tuple(secrets))
+        if changed_only and self._bound_as.get(key.name) == bound_as:
+            return
+        self._bound_as[key.name] = bound_as
         old = self._id_of.get(key.name)
         if old is not None and old != webhook_id:
             self._by_id.pop(old, None)
@@ -77,7 +88,12 @@ class WebhookRoutes:
         while self.binds < count:
             await self._bound.wait()
 
+    def bound_names(self) -> set[str]:
+        """The subscriptions whose deliveries are routed now."""
+        return set(self._id_of)
+
     def unbind(self, name: str) -> str | None:
+        self._bound_as.pop(name, None)
         webhook_id = self._id_of.pop(name, None)
         if webhook_id is not None:
             self._by_id.pop(webhook_id, None)

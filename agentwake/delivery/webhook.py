@@ -33,7 +33,7 @@ from agentwake.clock import iso
 from agentwake.config import SubscriptionConfig, WebhookConfig
 from agentwake.delivery.common import CURSOR_SHOWN, RETRY_INITIAL_S, RETRY_MAX_S, subscription_key
 from agentwake.delivery.routes import WebhookRoutes
-from agentwake.errors import EventsCallError, SubscriptionEnded, TransientEventsError
+from agentwake.errors import EventsCallError, StoreError, SubscriptionEnded, TransientEventsError
 from agentwake.mcp import ServerConnection
 from agentwake.store import Store, SubscriptionKey, WebhookRecord
 from agentwake.text import peer
@@ -134,8 +134,13 @@ def describe_subscribe_error(exc: EventsCallError, sub: SubscriptionConfig, conf
     return str(exc)
 
 
-def bind_route(routes: WebhookRoutes, key: SubscriptionKey, record: WebhookRecord) -> None:
-    """Tell the receiver which secrets this subscription's deliveries may carry (current, pending, previous)."""
+def bind_route(
+    routes: WebhookRoutes, key: SubscriptionKey, record: WebhookRecord, *, changed_only: bool = False
+) -> None:
+    """Tell the receiver which secrets this subscription's deliveries may carry (current, pending, previous).
+
+    ``changed_only``: leave the route alone if it is bound with the same id and secrets already.
+    """
     if record.webhook_id is None:
         return
     secrets: list[tuple[str, float | None]] = [(record.secret, None)]
@@ -143,7 +148,39 @@ def bind_route(routes: WebhookRoutes, key: SubscriptionKey, record: WebhookRecor
         secrets.append((record.pending_secret, None))
     if record.previous_secret and record.previous_until:
         secrets.append((record.previous_secret, parse_time(record.previous_until).timestamp()))
-    routes.bind(record.webhook_id, key, secrets)
+    routes.bind(record.webhook_id, key, secrets, changed_only=changed_only)
+
+
+async def load_routes(store: Store, routes: WebhookRoutes, *, changed_only: bool = False) -> None:
+    """Route every webhook subscription in the store; ``changed_only``: also unroute those no longer
+    there, and leave alone the ones whose id and secrets are the same."""
+    records = await store.webhooks()
+    for record in records:
+        key = SubscriptionKey(record.subscription, record.server, record.event, record.arguments)
+        bind_route(routes, key, record, changed_only=changed_only)
+    if changed_only:
+        stored = {record.subscription for record in records}
+        for name in routes.bound_names() - stored:
+            routes.unbind(name)
+    for webhook_id in await store.retired_webhook_ids():
+        routes.retire(webhook_id)
+
+
+async def reload_routes(store: Store, routes: WebhookRoutes, interval_s: float) -> None:
+    """For a store several processes share, where a load balancer may send any delivery to any of
+    them: read the webhook subscriptions again every ``interval_s``, so what another process
+    subscribed, rotated or retired is routed here too."""
+    failing = False
+    while True:
+        await anyio.sleep(interval_s)
+        try:
+            await load_routes(store, routes, changed_only=True)
+        except StoreError as exc:
+            if not failing:
+                logger.warning("could not read the webhook subscriptions again: %s", exc)
+            failing = True
+        else:
+            failing = False
 
 
 def _describe_status(status: protocol.DeliveryStatus | None) -> str:
@@ -172,6 +209,8 @@ class WebhookLoop:
     rotation_check_s: float = ROTATION_CHECK_S
     rng: random.Random = field(default_factory=random.Random)
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    # The lease this process drives the subscription under (agentwake.ownership); None: unfenced.
+    fence: int | None = None
     subscribes: int = field(default=0, init=False)
     _status: str | None = field(default=None, init=False)
 
@@ -320,7 +359,9 @@ class WebhookLoop:
         )
         if updated is None:  # a terminated envelope retired it while this refresh was in flight
             raise self._terminated()
-        await self.store.ingest(key, [], result.cursor, truncated=result.truncated, cursor_before=cursor)
+        await self.store.ingest(
+            key, [], result.cursor, truncated=result.truncated, cursor_before=cursor, fence=self.fence
+        )
         # A terminated envelope may have retired it during that write; binding now would route it again.
         if self.routes.ended(sub.name).is_set() or await self.store.webhook(sub.name) is None:
             raise self._terminated()

@@ -12,6 +12,8 @@ Guarantees a backend keeps:
 - ``claim`` hands an event to one caller only; ``finish_run`` completes a run and moves
   its event in one transaction (an event is done iff a run completed).
 - ``flow_gate`` checks and marks flow control atomically, so it holds across workers.
+- ``hold_subscriptions`` gives each subscription to one owner at a time (a lease with an
+  expiry); a fenced ``ingest`` of a former owner writes nothing (``FencedOut``).
 """
 
 from __future__ import annotations
@@ -80,15 +82,41 @@ class Store(Protocol):
         truncated: bool = False,
         cursor_before: str | None = None,
         rejected: Sequence[RejectedEvent] = (),
+        fence: int | None = None,
     ) -> IngestResult:
         """A batch and the cursor after it, in one transaction. A null cursor is never stored.
 
         ``rejected`` events are stored as their summaries in state 'rejected', counted, with a gap.
+        With a ``fence`` (from ``hold_subscriptions``), the same transaction first checks it is the
+        subscription's current one; if not, nothing is written and ``FencedOut`` is raised.
+        None writes unfenced (one process per store, or webhook deliveries).
         """
         ...
 
     async def ingest_deliveries(self, deliveries: Sequence[WebhookDelivery]) -> list[IngestResult]:
         """Webhook bodies accepted together (group commit), one result each, in one transaction."""
+        ...
+
+    # ---- who drives each subscription's delivery loop (ownership) ------------------------------
+
+    async def hold_subscriptions(
+        self, owner: str, names: Sequence[str], until: str, now: str
+    ) -> dict[str, int]:
+        """One round of leases, in one transaction: renew every lease ``owner`` still holds among
+        ``names`` and take each of ``names`` that has no owner or whose lease lapsed
+        (``lease_until < now``), all until ``until`` (ISO times). A take by another owner than the
+        last raises the subscription's fence (the first is 1). Two owners racing never both hold one.
+        Returns {name: fence} of the ``names`` this owner holds after the call.
+        """
+        ...
+
+    async def release_subscriptions(self, owner: str, names: Sequence[str] | None = None) -> None:
+        """A clean stop: ``owner`` gives up its leases (of ``names``; all with None), so another
+        owner takes them at its next round. The fences are kept (the next take raises them)."""
+        ...
+
+    async def subscription_owners(self) -> list[dict[str, Any]]:
+        """Each subscription's lease, for ``status``: subscription, owner, fence, lease_until."""
         ...
 
     # ---- webhook subscriptions and their secrets (delivery) ------------------------------------
@@ -330,3 +358,5 @@ class StoreReader(Protocol):
     def oldest_pending_at(self) -> str | None: ...
 
     def services(self, limit: int = 5) -> list[dict[str, Any]]: ...
+
+    def subscription_owners(self) -> list[dict[str, Any]]: ...

@@ -1,6 +1,6 @@
 """The PostgreSQL backend of the store: natively async over a psycopg connection pool.
 
-``PostgresStore`` is assembled from one class per concern (subscriptions, inbox, webhook secrets,
+``PostgresStore`` is assembled from one class per concern (subscriptions, inbox, owners, webhook secrets,
 work queue, flow control, action log, the service's own record, read-only views), each in its own
 module, with the same semantics as the SQLite store (``agentwake.store.sqlite``), whose code is
 the specification. Each method runs in one transaction on a pooled connection, and every public
@@ -8,7 +8,8 @@ one turns a psycopg error into a StoreError naming the database (never its passw
 
 Unlike the SQLite store, one database may be shared by several processes: claims skip the rows
 another process has locked, ingest deduplicates on a unique constraint, flow control holds an
-advisory lock per rule and key, and migrations run under an advisory lock.
+advisory lock per rule and key, each subscription's delivery loop is driven by one process under a
+fenced lease (``owners``), and migrations run under an advisory lock.
 ``PostgresReader`` is the synchronous reader of the views, for the CLI's quick commands.
 
 psycopg is imported only here: ``agentwake.store`` imports this package only for a configured url.
@@ -23,6 +24,7 @@ import psycopg
 from agentwake.store.postgres.base import Named, PostgresBase, StoreErrors, describe_target
 from agentwake.store.postgres.flow import FlowControl
 from agentwake.store.postgres.inbox import Inbox
+from agentwake.store.postgres.owners import Owners
 from agentwake.store.postgres.reads import PostgresReader, Views, connect_kwargs
 from agentwake.store.postgres.runs import ActionLog
 from agentwake.store.postgres.schema import migrate
@@ -37,9 +39,12 @@ POOL_OPEN_TIMEOUT_S: Final = 30.0
 
 @StoreErrors.install
 class PostgresStore(
-    Subscriptions, Inbox, Webhooks, WorkQueue, FlowControl, ActionLog, ServiceLog, Views, PostgresBase
+    Subscriptions, Inbox, Owners, Webhooks, WorkQueue, FlowControl, ActionLog, ServiceLog, Views, PostgresBase
 ):
     """The async store over one PostgreSQL database. ``await PostgresStore.open(url)``; ``await store.close()``."""
+
+    # Several processes may share the database: delivery loops are driven under leases (agentwake.ownership).
+    shared = True
 
     @classmethod
     async def open(

@@ -18,6 +18,7 @@ from agentwake.clock import now_iso
 from agentwake.faults import crash_point
 from agentwake.jsontext import encode_json
 from agentwake.store.postgres.base import PostgresBase
+from agentwake.store.postgres.owners import check_fence
 from agentwake.store.records import (
     DUPLICATE,
     INSERTED,
@@ -156,15 +157,18 @@ class Inbox(PostgresBase):
         truncated: bool = False,
         cursor_before: str | None = None,
         rejected: Sequence[RejectedEvent] = (),
+        fence: int | None = None,
     ) -> IngestResult:
         """Insert a batch and advance the cursor in one transaction.
 
         A null cursor is never persisted (the stored one stays). A duplicate
         (server, event name, eventId) is counted, not stored again. Rejected events
         are stored as their summary in state 'rejected', counted, and make a gap.
+        With a ``fence``, nothing is written unless it is the subscription's (FencedOut).
         """
         now = now_iso()
         async with self.transaction() as conn:
+            await check_fence(conn, key.name, fence)
             await _lock_subscriptions(conn, [key.name])
             # Every row is tried, duplicates too: each uses up an id, as SQLite's INSERT OR IGNORE does.
             stored = await _insert_events(conn, [(key, event) for event in events], now)

@@ -143,3 +143,6 @@ class PostgresReader(Named):
 
     def services(self, limit: int = 5) -> list[dict[str, Any]]:
         return self._read(views.services(limit))
+
+    def subscription_owners(self) -> list[dict[str, Any]]:
+        return self._read(views.subscription_owners())

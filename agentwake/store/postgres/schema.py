@@ -194,8 +194,25 @@ _INITIAL: Final = (
     """,
 )
 
+# Which process drives each subscription's delivery loop: a lease until lease_until, and a fence raised
+# at every change of owner that each cursor write of the loop must still carry (agentwake.ownership).
+_SUBSCRIPTION_OWNERS: Final = (
+    """
+    CREATE TABLE subscription_owners (
+        subscription text PRIMARY KEY,
+        owner text NOT NULL,
+        fence bigint NOT NULL,
+        lease_until text NOT NULL,
+        acquired_at text NOT NULL
+    )
+    """,
+)
+
 # In order; a new one is appended (never edited once released): its name is recorded when applied.
-MIGRATIONS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (("0001_initial", _INITIAL),)
+MIGRATIONS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
+    ("0001_initial", _INITIAL),
+    ("0002_subscription_owners", _SUBSCRIPTION_OWNERS),
+)
 MIGRATION_NAMES: Final = tuple(name for name, _ in MIGRATIONS)
 
 _APPLIED_SQL: Final = "SELECT name FROM schema_migrations"

@@ -13,6 +13,7 @@ from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from agentwake.store.records import EVENT_STATES, final_answer, summary_line
+from agentwake.store.sqlite.owners import OWNER_COLUMNS
 from agentwake.store.sqlite.service import _COLUMNS as SERVICE_COLUMNS
 
 if TYPE_CHECKING:
@@ -377,3 +378,9 @@ def services(limit: int = 5) -> View[list[dict[str, Any]]]:
     """The most recent starts of the service, newest first."""
     rows = yield (f"SELECT {', '.join(SERVICE_COLUMNS)} FROM service ORDER BY id DESC LIMIT %s", [limit])
     return [dict(zip(SERVICE_COLUMNS, r, strict=True)) for r in rows]
+
+
+def subscription_owners() -> View[list[dict[str, Any]]]:
+    """Each subscription's owner, fence and lease end (a lease in the past is free to take)."""
+    rows = yield (f"SELECT {', '.join(OWNER_COLUMNS)} FROM subscription_owners ORDER BY subscription", ())
+    return [dict(zip(OWNER_COLUMNS, r, strict=True)) for r in rows]

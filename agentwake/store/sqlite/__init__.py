@@ -1,7 +1,7 @@
 """The SQLite backend of the store: one synchronous core, and its async face.
 
 ``SqliteCore`` is the core, assembled from one class per concern (subscriptions,
-inbox, webhook secrets, work queue, action log, the service's own record,
+inbox, subscription owners, webhook secrets, work queue, action log, the service's own record,
 read-only views), each in its own
 module over one connection. Every public method turns a sqlite3 error into a
 StoreError. ``SqliteStore`` is the async store the service uses: each method runs
@@ -14,6 +14,7 @@ from pathlib import Path
 
 from agentwake.store.sqlite.base import BUSY_TIMEOUT_MS, SqliteBase, StoreErrors
 from agentwake.store.sqlite.inbox import Inbox
+from agentwake.store.sqlite.owners import Owners
 from agentwake.store.sqlite.runs import ActionLog
 from agentwake.store.sqlite.service import ServiceLog
 from agentwake.store.sqlite.subscriptions import Subscriptions
@@ -24,7 +25,7 @@ from agentwake.store.threaded import ThreadedStore, in_store_thread
 
 
 @StoreErrors.install
-class SqliteCore(Subscriptions, Inbox, Webhooks, WorkQueue, ActionLog, ServiceLog, Views, SqliteBase):
+class SqliteCore(Subscriptions, Inbox, Owners, Webhooks, WorkQueue, ActionLog, ServiceLog, Views, SqliteBase):
     """The synchronous store over one SQLite file. ``SqliteCore.open(path)``; ``core.close()``."""
 
     @classmethod
@@ -48,6 +49,9 @@ class SqliteCore(Subscriptions, Inbox, Webhooks, WorkQueue, ActionLog, ServiceLo
 
 class SqliteStore(ThreadedStore[SqliteCore]):
     """The async store over SQLite. ``await SqliteStore.open(path)``; ``await store.close()``."""
+
+    # One process per SQLite file: its delivery loops need no leases (agentwake.ownership).
+    shared = False
 
     @classmethod
     async def open(
@@ -79,6 +83,10 @@ class SqliteStore(ThreadedStore[SqliteCore]):
 
     ingest = in_store_thread(SqliteCore.ingest)
     ingest_deliveries = in_store_thread(SqliteCore.ingest_deliveries)
+
+    hold_subscriptions = in_store_thread(SqliteCore.hold_subscriptions)
+    release_subscriptions = in_store_thread(SqliteCore.release_subscriptions)
+    subscription_owners = in_store_thread(SqliteCore.subscription_owners)
 
     webhook = in_store_thread(SqliteCore.webhook)
     webhooks = in_store_thread(SqliteCore.webhooks)

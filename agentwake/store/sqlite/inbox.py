@@ -21,6 +21,7 @@ from agentwake.store.records import (
     WebhookDelivery,
 )
 from agentwake.store.sqlite.base import SqliteBase
+from agentwake.store.sqlite.owners import check_fence
 
 INSERT_EVENT_SQL: Final = (
     "INSERT OR IGNORE INTO events (server, subscription, name, event_id, timestamp, data, meta,"
@@ -89,15 +90,18 @@ class Inbox(SqliteBase):
         truncated: bool = False,
         cursor_before: str | None = None,
         rejected: Sequence[RejectedEvent] = (),
+        fence: int | None = None,
     ) -> IngestResult:
         """Insert a batch and advance the cursor in one transaction.
 
         A null cursor is never persisted (the stored one stays). A duplicate
         (server, event name, eventId) is counted, not stored again. Rejected events
         are stored as their summary in state 'rejected', counted, and make a gap.
+        With a ``fence``, nothing is written unless it is the subscription's (FencedOut).
         """
         now = now_iso()
         with self.transaction():
+            check_fence(self.conn, key.name, fence)
             result = self._ingest(key, events, cursor, truncated, cursor_before, now, rejected)
         crash_point("after_inbox_commit", result.inserted)
         return result

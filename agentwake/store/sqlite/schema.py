@@ -271,3 +271,20 @@ def _work_queue(db: sqlite_utils.Database) -> None:
     db.execute("CREATE INDEX runs_started ON runs (started_at)")
     # Why the running service's agent waits (a cost or rate limit), for `status`; NULL when it does not.
     db.execute("ALTER TABLE service ADD COLUMN paused TEXT")
+
+
+@migrations(name="0013_subscription_owners")
+def _subscription_owners(db: sqlite_utils.Database) -> None:
+    # Which process drives each subscription's delivery loop: a lease until lease_until, and a fence
+    # raised at every change of owner that each cursor write of the loop must still carry.
+    db.execute(
+        """
+        CREATE TABLE subscription_owners (
+            subscription TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            fence INTEGER NOT NULL,
+            lease_until TEXT NOT NULL,
+            acquired_at TEXT NOT NULL
+        )
+        """
+    )

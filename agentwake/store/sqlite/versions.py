@@ -23,4 +23,5 @@ MIGRATION_NAMES: Final = (
     "0010_recent_errors",
     "0011_service",
     "0012_work_queue",
+    "0013_subscription_owners",
 )
