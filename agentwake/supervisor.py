@@ -26,7 +26,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 from agentwake import metrics, protocol
 from agentwake.backoff import backoff_s
 from agentwake.config import AgentwakeConfig, SubscriptionConfig
-from agentwake.delivery.common import Sleep, subscription_key
+from agentwake.delivery.common import KnownEvents, Sleep, subscription_key
 from agentwake.delivery.poll import PollLoop
 from agentwake.delivery.push import PushLoop
 from agentwake.delivery.receiver import Receiver
@@ -105,6 +105,8 @@ class Supervisor:
     ownership: Ownership | None = None
     owners: Ownership = field(init=False)
     receiver: Receiver | None = field(default=None, init=False)
+    # What the loops have seen stored, so overlapping subscriptions do not each write an event.
+    known_events: KnownEvents = field(default_factory=KnownEvents, init=False)
     _ended: set[str] = field(default_factory=set, init=False)
     _ends: anyio.Event = field(default_factory=anyio.Event, init=False)
     _stored: anyio.Event = field(default_factory=anyio.Event, init=False)
@@ -572,6 +574,7 @@ class Supervisor:
                             on_new_events=self._notify_new,
                             sleep=self.sleep,
                             limits=self.config.limits,
+                            known=self.known_events,
                         )
                     else:
                         loop = PollLoop(
@@ -581,6 +584,7 @@ class Supervisor:
                             on_new_events=self._notify_new,
                             sleep=self.sleep,
                             limits=self.config.limits,
+                            known=self.known_events,
                         )
                     tg.start_soon(self._run_loop, loop, plan.mode, name=f"{plan.mode}:{sub.name}")
                     running += 1

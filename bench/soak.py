@@ -134,7 +134,9 @@ class StoreView:
     unhandled: int
     """Events still pending or processing."""
     received: int
-    """Events received by all subscriptions, duplicates included."""
+    """Events received by all subscriptions, duplicates included, as the store has counted them:
+    a subscription holds back the duplicates of events another one stored (with its cursor) until
+    its next write, at most QUIET_WRITE_S later, so a short window shows fewer."""
 
 
 # ---- the config -------------------------------------------------------------------------------

@@ -85,7 +85,8 @@ async def test_events_arrive_in_order_and_heartbeats_advance_the_cursor(tmp_path
     await set_cursor(store, subscription_key(sub), "0")
     progress = Progress()
     async with ServerConnection("push", push_server(tmp_path, PUSH_SKIPPED="10")) as conn:
-        loop = PushLoop(sub, conn, store, on_stored=progress, sleep=SteppedSleep())
+        # Every heartbeat written at once (by default a cursor-only move waits up to QUIET_WRITE_S).
+        loop = PushLoop(sub, conn, store, on_stored=progress, sleep=SteppedSleep(), quiet_write_s=0)
         # Item 5 is the last event; the heartbeat then says 15 were checked.
         await run_loop(loop, progress, lambda: "15" in progress.cursors)
     assert store.core.event_ids("feed") == [f"item-{n}" for n in range(1, 6)]
@@ -93,6 +94,24 @@ async def test_events_arrive_in_order_and_heartbeats_advance_the_cursor(tmp_path
     assert progress.cursors.index("5") < progress.cursors.index("15")  # never backwards
     [row] = store.core.subscriptions()
     assert (row["mode"], row["events_received"], row["gaps"]) == ("push", 5, 0)
+
+
+async def test_a_heartbeat_cursor_waits_like_a_quiet_write_and_is_saved_when_the_loop_stops(
+    tmp_path: Path, store: Store
+) -> None:
+    sub = feed()
+    await set_cursor(store, subscription_key(sub), "0")
+    progress = Progress()
+    async with ServerConnection("push", push_server(tmp_path, PUSH_SKIPPED="10")) as conn:
+        loop = PushLoop(sub, conn, store, on_stored=progress, sleep=SteppedSleep())
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(loop.run)
+            # Reported as a batch that kept the stored cursor "5": the heartbeat's "15" waits.
+            await progress.until(lambda: "5" in progress.cursors and loop._writes.cursor == "15")
+            assert store.core.cursor("feed") == "5"  # each event was written at once
+            tg.cancel_scope.cancel()
+    assert store.core.cursor("feed") == "15"
+    assert store.core.event_ids("feed") == [f"item-{n}" for n in range(1, 6)]
 
 
 async def test_a_subscription_without_arguments_sends_an_empty_object(tmp_path: Path, store: Store) -> None:

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+import anyio
+
 from agentwake.config import SubscriptionConfig
-from agentwake.store import SubscriptionKey
+from agentwake.errors import StoreError
+from agentwake.store import IncomingEvent, Store, SubscriptionKey
 
 # A failed request or a dropped stream is tried again after backoff_s(failures, RETRY_INITIAL_S, RETRY_MAX_S).
 RETRY_INITIAL_S: Final = 0.5
@@ -22,6 +26,11 @@ MAX_CURSOR_CHARS: Final = 4096
 PROGRESS_EVERY: Final = 10_000
 # A quiet subscription (no events, the cursor unchanged) writes its "still active" at most this often.
 QUIET_WRITE_S: Final = 120.0
+# Events a process remembers as stored (see KnownEvents), and how many a loop may hold back.
+KNOWN_EVENTS_KEPT: Final = 4096
+HELD_EVENTS_MAX: Final = 256
+# How long a stopping loop may take to write what it held back.
+SAVE_ON_EXIT_S: Final = 5.0
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -80,3 +89,97 @@ class QuietWrites:
     def failed(self) -> None:
         """An error was recorded: the next batch is written, whatever it holds."""
         self._written_at = None
+
+
+class KnownEvents:
+    """The events this process has seen committed to its store, the KNOWN_EVENTS_KEPT most recent.
+
+    Subscriptions that overlap all receive an event the inbox stores once. For the others, a
+    batch made only of known events moves nothing but their cursor, so its write can wait like a
+    quiet batch's: after a crash, replaying from the older stored cursor delivers only duplicates.
+    One per store (a process may run several), shared by its loops.
+    """
+
+    def __init__(self, kept: int = KNOWN_EVENTS_KEPT) -> None:
+        self.kept = kept
+        self._keys: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+
+    def all_known(self, server: str, events: Sequence[IncomingEvent]) -> bool:
+        return all((server, event.name, event.event_id) in self._keys for event in events)
+
+    def remember(self, server: str, events: Sequence[IncomingEvent]) -> None:
+        """Call only after the store committed ``events`` (stored now, or found stored)."""
+        keys = self._keys
+        for event in events:
+            key = (server, event.name, event.event_id)
+            keys[key] = None
+            keys.move_to_end(key)
+        while len(keys) > self.kept:
+            keys.popitem(last=False)
+
+
+@dataclass
+class DeferredWrites:
+    """Which batches a loop writes at once, and what it holds back until its next write.
+
+    A batch with a new event, a gap or a refused event is written at once. One that brings
+    nothing new (no event, or only events ``known`` to be stored) says only "still active"
+    and moves the cursor, over events filtered out or stored already: it waits as a quiet batch
+    does (``QuietWrites``), its cursor and known events going with the next write, which counts
+    them as duplicates. Losing what waits loses nothing: from the older stored cursor the server
+    delivers only duplicates again. A loop that ends (a stop, an error) saves it (``save``).
+    """
+
+    known: KnownEvents
+    quiet: QuietWrites = field(default_factory=QuietWrites)
+    events: list[IncomingEvent] = field(default_factory=list)
+    cursor: str | None = None
+    waiting: bool = False
+
+    def can_wait(
+        self, server: str, events: Sequence[IncomingEvent], cursor: str | None, *, gap: bool
+    ) -> bool:
+        """True: this batch is held back (``gap``: it made a gap or refused an event; never held)."""
+        if gap or not self.quiet.skip():
+            return False
+        if events and (
+            len(self.events) + len(events) > HELD_EVENTS_MAX or not self.known.all_known(server, events)
+        ):
+            return False
+        self.events.extend(events)
+        if cursor is not None:
+            self.cursor = cursor
+        self.waiting = True
+        return True
+
+    def with_held(self, events: Sequence[IncomingEvent]) -> list[IncomingEvent]:
+        """The events of the next write: those held back, then the batch's own."""
+        return [*self.events, *events] if self.events else list(events)
+
+    def written(self, server: str, events: Sequence[IncomingEvent]) -> None:
+        """The store committed ``events`` (those held back included) and the batch's cursor."""
+        self.quiet.wrote()
+        self.known.remember(server, events)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget what waits: a loop that starts again reads from the stored cursor."""
+        self.events = []
+        self.cursor = None
+        self.waiting = False
+
+    async def save(
+        self, store: Store, key: SubscriptionKey, logger: logging.Logger, *, fence: int | None
+    ) -> None:
+        """Write what waits, on the way out, even while cancelled (bounded by SAVE_ON_EXIT_S); under
+        the loop's ``fence``, so a process that lost the subscription writes nothing."""
+        if not self.waiting:
+            return
+        events, cursor = self.events, self.cursor
+        self.reset()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(SAVE_ON_EXIT_S):
+            try:
+                await store.ingest(key, events, cursor, fence=fence)
+                self.known.remember(key.server, events)
+            except StoreError as exc:
+                logger.debug("subscription %s: the cursor held back was not saved: %s", key.name, exc)

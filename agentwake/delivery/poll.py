@@ -29,9 +29,12 @@ from agentwake.delivery.admit import Admitted, MalformedPage, Page, admit_all, r
 from agentwake.delivery.common import (
     CURSOR_SHOWN,
     PROGRESS_EVERY,
+    QUIET_WRITE_S,
     RETRY_INITIAL_S,
     RETRY_MAX_S,
     STALLED_AFTER_FAILURES,
+    DeferredWrites,
+    KnownEvents,
     QuietWrites,
     Sleep,
     Summary,
@@ -89,10 +92,17 @@ class PollLoop:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     # The lease this process drives the subscription under (agentwake.ownership); None: unfenced.
     fence: int | None = None
+    # Shared by the loops of one store (the supervisor's); a loop alone knows what it stored itself.
+    known: KnownEvents = field(default_factory=KnownEvents)
+    # How long a batch with nothing new may wait to be written (see DeferredWrites).
+    quiet_write_s: float = QUIET_WRITE_S
     polls: int = field(default=0, init=False)
     _drained: int = field(default=0, init=False)
     _gaps: Summary = field(default_factory=Summary, init=False)
-    _quiet: QuietWrites = field(default_factory=QuietWrites, init=False)
+    _writes: DeferredWrites = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._writes = DeferredWrites(self.known, QuietWrites(every_s=self.quiet_write_s))
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Poll until cancelled. SubscriptionEnded and ConnectionLost propagate to the caller."""
@@ -109,6 +119,14 @@ class PollLoop:
             f"cursor {peer(cursor, CURSOR_SHOWN)}" if resuming else "now (bootstrap)",
         )
         task_status.started()
+        self._writes.reset()
+        try:
+            await self._poll_forever(key, cursor, resuming=resuming)
+        finally:
+            await self._writes.save(self.store, key, logger, fence=self.fence)
+
+    async def _poll_forever(self, key: SubscriptionKey, cursor: str | None, *, resuming: bool) -> None:
+        sub = self.subscription
         result = await self._poll_with_retry(self._params(cursor, resuming=resuming))
         while True:
             self.polls += 1
@@ -171,21 +189,24 @@ class PollLoop:
     async def _store_batch(self, key: SubscriptionKey, result: _Polled, cursor: str | None) -> None:
         sub = self.subscription
         page, admitted = result.page, result.admitted
-        quiet = not (admitted.events or admitted.rejected or page.truncated) and page.cursor in (None, cursor)
-        if quiet and self._quiet.skip():
+        gap = page.truncated or bool(admitted.rejected)
+        writes = self._writes
+        if writes.can_wait(sub.server, admitted.events, page.cursor, gap=gap):
+            metrics.observe_ingest(sub.name, "poll", 0, len(admitted.events), gap=False)
             return
+        held = len(writes.events)
+        events = writes.with_held(admitted.events)
         ingest = await self.store.ingest(
             key,
-            admitted.events,
-            page.cursor,
+            events,
+            page.cursor if page.cursor is not None else writes.cursor,
             truncated=page.truncated,
             cursor_before=cursor,
             rejected=admitted.rejected,
             fence=self.fence,
         )
-        self._quiet.wrote()
-        gap = page.truncated or bool(admitted.rejected)
-        metrics.observe_ingest(sub.name, "poll", ingest.inserted, ingest.duplicates, gap=gap)
+        writes.written(sub.server, events)
+        metrics.observe_ingest(sub.name, "poll", ingest.inserted, ingest.duplicates - held, gap=gap)
         if page.truncated:
             self._gaps.note(
                 logger,
@@ -256,7 +277,7 @@ class PollLoop:
             exc = state.outcome.exception() if state.outcome else None
             delay = state.next_action.sleep if state.next_action else 0.0
             logger.warning("subscription %s: %s; retrying in %.1fs", sub.name, exc, delay)
-            self._quiet.failed()
+            self._writes.quiet.failed()
             if failures >= STALLED_AFTER_FAILURES:
                 await self.store.set_state(sub.name, status="stalled", error=str(exc))
             else:

@@ -30,9 +30,12 @@ from agentwake.delivery.common import (
     CURSOR_SHOWN,
     MAX_CURSOR_CHARS,
     PROGRESS_EVERY,
+    QUIET_WRITE_S,
     RETRY_INITIAL_S,
     RETRY_MAX_S,
     STALLED_AFTER_FAILURES,
+    DeferredWrites,
+    KnownEvents,
     QuietWrites,
     Sleep,
     Summary,
@@ -162,6 +165,10 @@ class PushLoop:
     retry_initial_s: float = RETRY_INITIAL_S
     retry_max_s: float = RETRY_MAX_S
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    # Shared by the loops of one store (the supervisor's); a loop alone knows what it stored itself.
+    known: KnownEvents = field(default_factory=KnownEvents)
+    # How long a batch with nothing new may wait to be written (see DeferredWrites).
+    quiet_write_s: float = QUIET_WRITE_S
     clock: Callable[[], float] = time.monotonic
     # The lease this process drives the subscription under (agentwake.ownership); None: unfenced.
     fence: int | None = None
@@ -172,7 +179,10 @@ class PushLoop:
     _since_heartbeat: int = field(default=0, init=False)
     _lost: Summary = field(default_factory=Summary, init=False)
     _errors: Summary = field(default_factory=Summary, init=False)
-    _quiet: QuietWrites = field(default_factory=QuietWrites, init=False)
+    _writes: DeferredWrites = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._writes = DeferredWrites(self.known, QuietWrites(every_s=self.quiet_write_s))
 
     @property
     def dead_after_s(self) -> float:
@@ -208,7 +218,7 @@ class PushLoop:
                 failures = 1 if progressed else failures + 1
                 # An overrun that stored its prefix is our lag, not the server failing: no wait.
                 at_once = progressed and isinstance(exc, StreamOverrun)
-                self._quiet.failed()
+                self._writes.quiet.failed()
                 if failures >= STALLED_AFTER_FAILURES:
                     await self.store.set_state(sub.name, status="stalled", error=str(exc))
                 else:
@@ -264,6 +274,13 @@ class PushLoop:
             raise request_error
 
     async def _consume(self, route: StreamRoute, key: SubscriptionKey, cursor: str | None) -> None:
+        self._writes.reset()
+        try:
+            await self._consume_stream(route, key, cursor)
+        finally:
+            await self._writes.save(self.store, key, logger, fence=self.fence)
+
+    async def _consume_stream(self, route: StreamRoute, key: SubscriptionKey, cursor: str | None) -> None:
         sub = self.subscription
         stored = cursor
         liveness = Liveness(ceiling_s=self.dead_after_s, clock=self.clock)
@@ -352,7 +369,7 @@ class PushLoop:
                     text = f"server reported an error on the stream: {peer(message)} ({code})"
                     self._errors.note(logger, f"subscription {sub.name}: {text}")
                     await self.store.count_stream_error(sub.name, text)
-                    self._quiet.failed()
+                    self._writes.quiet.failed()
                     metrics.observe_stream_error(sub.name)
                 elif method == protocol.NOTIFICATION_TERMINATED:
                     await self._store(key, pending, stored)
@@ -386,21 +403,26 @@ class PushLoop:
     async def _store(self, key: SubscriptionKey, pending: _Pending, stored: str | None) -> str | None:
         if not pending:
             return stored
-        quiet = not (pending.events or pending.rejected or pending.truncated) and pending.cursor == stored
-        if quiet and self._quiet.skip():
-            self.on_stored(stored)  # nothing to write: the stored cursor already is this one
+        sub, writes = self.subscription, self._writes
+        gap = pending.truncated or bool(pending.rejected)
+        if writes.can_wait(sub.server, pending.events, pending.cursor, gap=gap):
+            metrics.observe_ingest(sub.name, "push", 0, len(pending.events), gap=False)
+            self.on_stored(stored)  # nothing new: the stored cursor stays for now
             return stored
+        held = len(writes.events)
+        events = writes.with_held(pending.events)
+        cursor = pending.cursor if pending.cursor is not None else writes.cursor
         result = await self.store.ingest(
             key,
-            pending.events,
-            pending.cursor,
+            events,
+            cursor,
             truncated=pending.truncated,
             cursor_before=stored,
             rejected=pending.rejected,
             fence=self.fence,
         )
-        gap = pending.truncated or bool(pending.rejected)
-        metrics.observe_ingest(self.subscription.name, "push", result.inserted, result.duplicates, gap=gap)
+        writes.written(sub.server, events)
+        metrics.observe_ingest(sub.name, "push", result.inserted, result.duplicates - held, gap=gap)
         if result.duplicates:
             logger.info(
                 "subscription %s: %d duplicate event(s) ignored", self.subscription.name, result.duplicates
@@ -410,7 +432,6 @@ class PushLoop:
         before, self.received = self.received, self.received + len(pending.events)
         if self.received // PROGRESS_EVERY > before // PROGRESS_EVERY:
             logger.info("subscription %s: streamed %d events so far", self.subscription.name, self.received)
-        self._quiet.wrote()
-        stored = pending.cursor if pending.cursor is not None else stored
+        stored = cursor if cursor is not None else stored
         self.on_stored(stored)
         return stored
