@@ -409,3 +409,30 @@ def test_locate_store_refuses_what_load_config_refuses_with_the_same_words(
         load_config(config)
     assert str(located.value) == str(loaded.value)
     assert "hunter2" not in str(located.value)
+
+
+def test_status_shows_which_process_drives_each_subscription(tmp_path: Path, postgres_url: str) -> None:
+    async def hold() -> None:
+        store = await PostgresStore.open(postgres_url)
+        try:
+            await store.register(TICKETS)
+            lapsed = SubscriptionKey("alerts", "demo", "alert.fired", {})
+            await store.register(lapsed)
+            await store.hold_subscriptions("host-a:41:c0ffee", ["tickets"], "2999-01-01T00:00:00.000Z", T0)
+            await store.hold_subscriptions("host-b:42:beef00", ["alerts"], "2000-01-01T00:00:00.000Z", T0)
+        finally:
+            await store.close()
+
+    anyio.run(hold)
+    config = postgres_config(tmp_path / "postgres", postgres_url)
+    env = {PASSWORD_ENV: "not-needed-here"}
+    shown = agentwake(config, "status", env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert "host-a:41:c0ffee drives 1 subscription(s): tickets" in shown.stdout
+    assert "host-b" not in shown.stdout  # its lease lapsed: nobody drives alerts now
+    rows = {r["subscription"]: r for r in json.loads(agentwake(config, "status", "--json", env=env).stdout)}
+    assert (rows["tickets"]["driven_by"], rows["tickets"]["lease_until"]) == (
+        "host-a:41:c0ffee",
+        "2999-01-01T00:00:00.000Z",
+    )
+    assert rows["alerts"]["driven_by"] is None

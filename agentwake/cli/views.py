@@ -110,13 +110,26 @@ def status_snapshot(config: Path) -> tuple[dict[str, Any] | None, list[dict[str,
 
     def read(
         location: StoreLocation, store: StoreReader
-    ) -> tuple[list[dict[str, Any]], dict[str, Any], set[str], list[dict[str, Any]]]:
-        return store.subscriptions(), store.run_counts(), set(location.subscriptions), store.services()
+    ) -> tuple[list[dict[str, Any]], dict[str, Any], set[str], list[dict[str, Any]], list[dict[str, Any]]]:
+        return (
+            store.subscriptions(),
+            store.run_counts(),
+            set(location.subscriptions),
+            store.services(),
+            store.subscription_owners(),
+        )
 
-    rows, counts, configured, services = read_store(config, read)
+    rows, counts, configured, services, owners = read_store(config, read)
     service = service_state(services)
+    now = now_iso()
+    # A lease in the past is free: nobody drives that subscription now.
+    held = {o["subscription"]: o for o in owners if o["lease_until"] and o["lease_until"] > now}
     for row in rows:
         row["configured"] = row["subscription"] in configured
+        owner = held.get(row["subscription"])
+        # Several processes on one PostgreSQL store: which one drives this subscription's loop.
+        row["driven_by"] = None if owner is None else owner["owner"]
+        row["lease_until"] = None if owner is None else owner["lease_until"]
         # None: no service ever recorded itself in this store (one older than this field).
         row["service_running"] = None if service is None else service["running"]
         mine = counts.get(row["subscription"], {})
@@ -139,6 +152,12 @@ def print_status_view(service: dict[str, Any] | None, rows: list[dict[str, Any]]
     out.print(describe_service(service), highlight=False)
     out.print()
     print_status(rows, out)
+    drivers: dict[str, list[str]] = {}
+    for row in rows:
+        if row.get("driven_by"):
+            drivers.setdefault(row["driven_by"], []).append(row["subscription"])
+    for owner, names in sorted(drivers.items()):
+        out.print(f"{owner} drives {len(names)} subscription(s): {', '.join(names)}", highlight=False)
 
 
 def watch_status(config: Path, as_json: bool, with_service: bool, interval_s: float) -> None:
