@@ -365,12 +365,14 @@ class FencedLoop:
         self.fence: int | None = None
         self.runs: list[int | None] = []
         self.ran = anyio.Event()
+        self.stored = anyio.Event()
 
     async def run(self) -> None:
         self.runs.append(self.fence)
         ran, self.ran = self.ran, anyio.Event()
         ran.set()
         await self.store.ingest(KEY, [], f"c{len(self.runs)}", fence=self.fence)
+        self.stored.set()
         await anyio.sleep_forever()
 
 
@@ -419,7 +421,7 @@ async def test_a_loop_fenced_out_by_the_store_waits_until_this_process_holds_its
         await stores[1].release_subscriptions("b")
         await a.round()
         with anyio.fail_after(5):
-            await loop.ran.wait()
+            await loop.stored.wait()  # the second run's write, under the new fence
         assert loop.runs == [1, 3]
         assert a.held() == {"sub-0": 3}
         assert await stores[0].cursor("sub-0") == "c2"
