@@ -13,6 +13,7 @@ from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from agentwake.store.records import EVENT_STATES, final_answer, summary_line
+from agentwake.store.shapes import SUBSCRIPTIONS_SQL, subscription_view
 from agentwake.store.sqlite.owners import OWNER_COLUMNS
 from agentwake.store.sqlite.service import _COLUMNS as SERVICE_COLUMNS
 
@@ -51,51 +52,8 @@ def _json(text: str | None) -> Any:
 
 
 def subscriptions() -> View[list[dict[str, Any]]]:
-    rows = yield (
-        "SELECT s.name, s.server, s.event, s.arguments, s.mode, s.cursor, s.last_poll_at, s.events_received,"
-        " s.duplicates, s.gaps, s.status, s.last_error, s.cursor_updated_at, s.stream_errors,"
-        " w.webhook_id, w.url, w.refresh_before, w.no_expiry, w.delivery_status, w.refreshes,"
-        " w.last_refresh_at, w.pending_secret IS NOT NULL, w.previous_until, s.rejected, s.recent_errors"
-        " FROM subscriptions s LEFT JOIN webhooks w ON w.subscription = s.name ORDER BY s.name",
-        (),
-    )
-    return [
-        {
-            "subscription": r[0],
-            "server": r[1],
-            "event": r[2],
-            "arguments": json.loads(r[3]),
-            "mode": r[4],
-            "cursor": r[5],
-            # The last poll, stream frame or webhook delivery that stored something.
-            "last_activity_at": r[6],
-            "last_poll_at": r[6],
-            "events_received": r[7],
-            "duplicates": r[8],
-            "gaps": r[9],
-            "status": r[10],
-            "last_error": r[11],
-            "cursor_updated_at": r[12],
-            "stream_errors": r[13],
-            "rejected": r[23],
-            "recent_errors": json.loads(r[24]) if r[24] else [],
-            # No secret here: this is what `status --json` prints.
-            "webhook": None
-            if r[15] is None
-            else {
-                "id": r[14],
-                "url": r[15],
-                "refresh_before": r[16],
-                "no_expiry": bool(r[17]),
-                "delivery_status": _json(r[18]),
-                "refreshes": r[19],
-                "last_refresh_at": r[20],
-                "rotation_pending": bool(r[21]),
-                "previous_secret_until": r[22],
-            },
-        }
-        for r in rows
-    ]
+    rows = yield (SUBSCRIPTIONS_SQL, ())
+    return [subscription_view(r) for r in rows]
 
 
 def run_counts() -> View[dict[str, dict[str, Any]]]:
