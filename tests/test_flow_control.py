@@ -1,11 +1,11 @@
 """Policy flow control with a clock the test moves: rate limits, dedup, debounce, max_concurrent, hooks, approval.
 
-Events are ingested into a real SQLite store, claimed with ``claim(now=clock())`` and handed one at a
-time to the service's real ``Worker``, which decides each (``agentwake.decide``) and carries the outcome
-out. No LLM is involved: the worker's agent is a ``RecordingAgent`` that renders the run's plan with the
-real ``AgentRunner.prepare`` (prompts, allowed tools) and completes the run in the store, as a run would;
-"reached the agent" means it was asked to run. Windows are measured by the fake clock only: the test
-advances it by hand and never sleeps.
+Events are ingested into a real store (SQLite and PostgreSQL in turn, ``tests/_stores.py``), claimed
+with ``claim(now=clock())`` and handed one at a time to the service's real ``Worker``, which decides
+each (``agentwake.decide``) and carries the outcome out. No LLM is involved: the worker's agent is a
+``RecordingAgent`` that renders the run's plan with the real ``AgentRunner.prepare`` (prompts, allowed
+tools) and completes the run in the store, as a run would; "reached the agent" means it was asked to
+run. Windows are measured by the fake clock only: the test advances it by hand and never sleeps.
 
 Most tests give the worker no connection pool (the wait for a server's tools is not what they are
 about); the test that checks which tools a run is offered attaches a real demo server over stdio.
@@ -14,7 +14,6 @@ about); the test that checks which tools a run is offered attaches a real demo s
 from __future__ import annotations
 
 import json
-import sqlite3
 import textwrap
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from typing import Any
 
 import anyio
 import pytest
+from _stores import Backend, backend_fixture, store_fixture  # noqa: F401 - fixtures, by their names
 from conftest import REPO, demo_stdio
 
 from agentwake.agent.runner import AgentRunner, RunPlan
@@ -35,7 +35,6 @@ from agentwake.delivery.common import subscription_key
 from agentwake.mcp import ServerConnection
 from agentwake.policy import load_policy
 from agentwake.store import EventVerdict, InboxEvent, IncomingEvent, RunKind, RunProgress, Store
-from agentwake.store.sqlite import SqliteStore
 from agentwake.worker import Worker
 
 pytestmark = pytest.mark.anyio
@@ -197,7 +196,7 @@ class Rig:
         await self.store.ingest(
             key, [IncomingEvent(event_id, event, iso(self.clock()), data)], str(self.cursor)
         )
-        return int(self.row(event_id)["id"])
+        return int((await self.row(event_id))["id"])
 
     async def claim(self, limit: int = 100) -> list[InboxEvent]:
         return await self.store.claim(limit, now=iso(self.clock()))
@@ -213,16 +212,16 @@ class Rig:
         await self.add(event_id, data)
         await self.one(worker, event_id)
 
-    def row(self, event_id: str) -> dict[str, Any]:
-        [event] = self.store.core.find_events(event_id)  # type: ignore[attr-defined]
-        if isinstance(event["decision"], str):
-            event["decision"] = json.loads(event["decision"])
+    async def row(self, event_id: str) -> dict[str, Any]:
+        [event] = await self.store.find_events(event_id)
         return event
 
-    def column(self, event_id: str, name: str) -> Any:
-        """A column find_events does not return (available_at, batch_leader), read from the file."""
-        with sqlite3.connect(self.tmp / "aw.db") as db:
-            return db.execute(f"SELECT {name} FROM events WHERE event_id = ?", [event_id]).fetchone()[0]
+    async def state(self, event_id: str) -> str:
+        return str((await self.row(event_id))["state"])
+
+    async def batch(self, leader_row: int) -> list[str]:
+        """The events batched under this leader, in order."""
+        return [member.event_id for member in await self.store.batch_members(leader_row)]
 
 
 def reached_agent(agent: RecordingAgent) -> list[str]:
@@ -242,26 +241,18 @@ def no_litellm(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
-    store = await SqliteStore.open(tmp_path / "aw.db")
-    try:
-        yield Rig(tmp_path, store, FakeClock(), None, tmp_path / "demo.db")
-    finally:
-        await store.close()
+def rig(tmp_path: Path, store: Store) -> Rig:
+    return Rig(tmp_path, store, FakeClock(), None, tmp_path / "demo.db")
 
 
 @pytest.fixture
-async def live_rig(tmp_path: Path) -> AsyncIterator[Rig]:
+async def live_rig(tmp_path: Path, store: Store) -> AsyncIterator[Rig]:
     """With a real demo server connected, so a run's plan offers the allowed tools of its catalog."""
     demo_db = tmp_path / "demo.db"
     async with ServerConnection("demo", demo_stdio(demo_db)) as conn:
         pool = ConnectionPool()
         await pool.attach(conn)
-        store = await SqliteStore.open(tmp_path / "aw.db")
-        try:
-            yield Rig(tmp_path, store, FakeClock(), pool, demo_db)
-        finally:
-            await store.close()
+        yield Rig(tmp_path, store, FakeClock(), pool, demo_db)
 
 
 def fenced_blocks(text: str) -> list[Any]:
@@ -299,14 +290,14 @@ async def test_over_the_rate_limit_an_event_is_logged_and_another_key_still_runs
     await rig.arrive(worker, "B-1", {"service": "db"})
 
     assert reached_agent(agent) == ["A-1", "A-2", "B-1"]
-    third = rig.row("A-3")
+    third = await rig.row("A-3")
     assert (third["state"], third["runs"]) == ("done", [])
     assert third["decision"]["rule"] == "limited"
     assert third["decision"]["action"] == "log"
     assert third["decision"]["why"] == "over the rate limit of 2 per 60s for data.service"
     for ran in ("A-1", "A-2", "B-1"):
-        assert rig.row(ran)["state"] == "done"
-        assert [r["status"] for r in rig.row(ran)["runs"]] == ["completed"]
+        assert await rig.state(ran) == "done"
+        assert [r["status"] for r in (await rig.row(ran))["runs"]] == ["completed"]
 
     # 61 s after the first run, only A-2 is left in the window: one more fits.
     rig.clock.at(61)
@@ -314,7 +305,7 @@ async def test_over_the_rate_limit_an_event_is_logged_and_another_key_still_runs
     rig.clock.at(62)
     await rig.arrive(worker, "A-5", {"service": "api"})
     assert reached_agent(agent) == ["A-1", "A-2", "B-1", "A-4"]
-    assert rig.row("A-5")["decision"]["why"].startswith("over the rate limit")
+    assert (await rig.row("A-5"))["decision"]["why"].startswith("over the rate limit")
 
 
 async def test_over_the_rate_limit_with_ignore_the_event_is_ignored(rig: Rig) -> None:
@@ -322,7 +313,7 @@ async def test_over_the_rate_limit_with_ignore_the_event_is_ignored(rig: Rig) ->
     for n in (1, 2, 3):
         await rig.arrive(worker, f"A-{n}", {"service": "api"})
     assert reached_agent(agent) == ["A-1", "A-2"]
-    third = rig.row("A-3")
+    third = await rig.row("A-3")
     assert (third["state"], third["runs"]) == ("ignored", [])
     assert third["decision"]["why"] == "over the rate limit of 2 per 60s for data.service"
 
@@ -335,18 +326,17 @@ async def test_over_the_rate_limit_with_delay_the_event_waits_for_the_window_to_
     rig.clock.at(20)
     await rig.arrive(worker, "A-3", {"service": "api"})
 
-    third = rig.row("A-3")
+    third = await rig.row("A-3")
     assert (third["state"], third["attempts"], third["runs"], third["decision"]) == ("pending", 0, [], None)
-    # The oldest run in the window (A-1, at T0) leaves it 60 s later.
-    assert rig.column("A-3", "available_at") == iso(T0 + timedelta(seconds=60))
+    # The oldest run in the window (A-1, at T0) leaves it 60 s later: A-3 is due then, to the millisecond.
     rig.clock.at(59.999)
     assert await rig.claim() == []
 
-    rig.clock.at(60.001)
+    rig.clock.at(60)
     await rig.one(worker, "A-3")
     assert reached_agent(agent) == ["A-1", "A-2", "A-3"]
-    assert rig.row("A-3")["state"] == "done"
-    assert rig.row("A-3")["attempts"] == 1
+    assert await rig.state("A-3") == "done"
+    assert (await rig.row("A-3"))["attempts"] == 1
 
 
 async def test_a_delayed_event_runs_when_claimed_at_the_time_it_was_given(rig: Rig) -> None:
@@ -354,11 +344,12 @@ async def test_a_delayed_event_runs_when_claimed_at_the_time_it_was_given(rig: R
     for n, at in ((1, 0), (2, 10), (3, 20)):
         rig.clock.at(at)
         await rig.arrive(worker, f"A-{n}", {"service": "api"})
-    available = rig.column("A-3", "available_at")
+    # Given T0 + 60 s (the oldest run leaves the window): not a millisecond before, and at that instant.
+    rig.clock.at(59.999)
+    assert await rig.claim() == []
     rig.clock.at(60)
-    assert iso(rig.clock()) == available
     await rig.one(worker, "A-3")
-    assert rig.row("A-3")["state"] == "done"
+    assert await rig.state("A-3") == "done"
     assert reached_agent(agent) == ["A-1", "A-2", "A-3"]
 
 
@@ -385,7 +376,7 @@ async def test_the_same_key_within_the_window_is_a_duplicate_of_the_earlier_even
 
     assert reached_agent(agent) == ["A-1", "B-1"]
     for duplicate in ("A-2", "A-3"):
-        row = rig.row(duplicate)
+        row = await rig.row(duplicate)
         assert (row["state"], row["runs"]) == ("ignored", [])
         assert row["decision"]["rule"] == "once"
         assert (
@@ -396,19 +387,20 @@ async def test_the_same_key_within_the_window_is_a_duplicate_of_the_earlier_even
     rig.clock.at(601)
     await rig.arrive(worker, "A-4", {"incidentId": "I-1", "n": 4})
     assert reached_agent(agent) == ["A-1", "B-1", "A-4"]
-    assert rig.row("A-4")["state"] == "done"
+    assert await rig.state("A-4") == "done"
     # The new run starts a new window: a fifth one right after is its duplicate.
     rig.clock.at(602)
     await rig.arrive(worker, "A-5", {"incidentId": "I-1"})
-    assert rig.row("A-5")["decision"]["why"].endswith(f"event A-4 (row {rig.row('A-4')['id']}) within 600s")
+    fourth = (await rig.row("A-4"))["id"]
+    assert (await rig.row("A-5"))["decision"]["why"].endswith(f"event A-4 (row {fourth}) within 600s")
 
 
-async def test_the_dedup_window_survives_a_restart(rig: Rig) -> None:
+async def test_the_dedup_window_survives_a_restart(rig: Rig, backend: Backend) -> None:
     worker, agent = rig.worker(DEDUP)
     first = await rig.add("A-1", {"incidentId": "I-1"})
     await rig.one(worker, "A-1")
     # A new store connection and a new Supervisor, as after a restart: the window is rows, not memory.
-    reopened = await SqliteStore.open(rig.tmp / "aw.db")
+    reopened = await backend.open()
     try:
         again, _ = rig.worker(DEDUP, store=reopened)
         rig.clock.at(120)
@@ -417,8 +409,8 @@ async def test_the_dedup_window_survives_a_restart(rig: Rig) -> None:
         await again.handle(claimed)
     finally:
         await reopened.close()
-    assert rig.row("A-2")["state"] == "ignored"
-    assert rig.row("A-2")["decision"]["why"].endswith(f"event A-1 (row {first}) within 600s")
+    assert await rig.state("A-2") == "ignored"
+    assert (await rig.row("A-2"))["decision"]["why"].endswith(f"event A-1 (row {first}) within 600s")
     assert reached_agent(agent) == ["A-1"]
 
 
@@ -442,19 +434,21 @@ async def test_events_within_the_window_become_one_run_that_sees_them_all(rig: R
     }
     leader = await rig.add("A-1", data["A-1"])
     await rig.one(worker, "A-1")
-    first = rig.row("A-1")
+    first = await rig.row("A-1")
     assert (first["state"], first["attempts"], first["runs"]) == ("pending", 0, [])
     assert first["decision"]["batch_leader"] is True
-    assert rig.column("A-1", "available_at") == iso(T0 + timedelta(seconds=30))
     assert await rig.claim() == []  # not before it is due
 
+    batched: list[str] = []
     for event_id, at in (("A-2", 5), ("A-3", 29)):
         rig.clock.at(at)
         await rig.arrive(worker, event_id, data[event_id])
-        row = rig.row(event_id)
+        row = await rig.row(event_id)
         assert (row["state"], row["runs"]) == ("batched", [])
-        assert rig.column(event_id, "batch_leader") == leader
+        batched.append(event_id)
+        assert await rig.batch(leader) == batched
     assert agent.runs == []
+    # The leader is due at T0 + 30 s (its window's end), to the millisecond.
     rig.clock.at(29.999)
     assert await rig.claim() == []
 
@@ -465,8 +459,8 @@ async def test_events_within_the_window_become_one_run_that_sees_them_all(rig: R
     assert fenced_blocks(user) == [data["A-1"], data["A-2"], data["A-3"]]
     assert "2 more event(s) arrived within the debounce window" in user
     for event_id in data:
-        assert rig.row(event_id)["state"] == "done"
-    [run] = rig.row("A-1")["runs"]
+        assert await rig.state(event_id) == "done"
+    [run] = (await rig.row("A-1"))["runs"]
     assert run["status"] == "completed" and run["decision"]["batch"] == ["A-2", "A-3"]
     assert await rig.claim() == []
 
@@ -501,7 +495,7 @@ async def test_the_claim_loop_runs_a_batch_when_the_clock_reaches_its_due_time(r
         await rig.add("A-2", {"service": "api", "n": 2})
         worker.wake(1)
         await handled_count(2)
-        assert [rig.row(e)["state"] for e in ("A-1", "A-2")] == ["pending", "batched"]
+        assert [await rig.state(e) for e in ("A-1", "A-2")] == ["pending", "batched"]
         assert agent.runs == []
         # The wall clock is years before T0 + 30 s: only the fake clock can make the batch due.
         rig.clock.at(30)
@@ -510,7 +504,7 @@ async def test_the_claim_loop_runs_a_batch_when_the_clock_reaches_its_due_time(r
         tg.cancel_scope.cancel()
     assert handled == ["A-1", "A-2", "A-1"]
     assert [b["n"] for b in fenced_blocks(user_prompt(agent.runs[0]))] == [1, 2]
-    assert [rig.row(e)["state"] for e in ("A-1", "A-2")] == ["done", "done"]
+    assert [await rig.state(e) for e in ("A-1", "A-2")] == ["done", "done"]
 
 
 async def test_another_key_opens_its_own_batch(rig: Rig) -> None:
@@ -520,14 +514,14 @@ async def test_another_key_opens_its_own_batch(rig: Rig) -> None:
     await rig.arrive(worker, "B-1", {"service": "db"})
     rig.clock.at(2)
     await rig.arrive(worker, "B-2", {"service": "db"})
-    assert [rig.row(e)["state"] for e in ("A-1", "B-1", "B-2")] == ["pending", "pending", "batched"]
+    assert [await rig.state(e) for e in ("A-1", "B-1", "B-2")] == ["pending", "pending", "batched"]
     rig.clock.at(31)
     claimed = await rig.claim()
     assert [e.event_id for e in claimed] == ["A-1", "B-1"]
     for event in claimed:
         await worker.handle(event)
     assert sorted(len(fenced_blocks(user_prompt(r))) for r in agent.runs) == [1, 2]
-    assert {rig.row(e)["state"] for e in ("A-1", "B-1", "B-2")} == {"done"}
+    assert {await rig.state(e) for e in ("A-1", "B-1", "B-2")} == {"done"}
 
 
 async def test_a_full_batch_makes_the_next_event_open_a_new_one(rig: Rig) -> None:
@@ -535,7 +529,7 @@ async def test_a_full_batch_makes_the_next_event_open_a_new_one(rig: Rig) -> Non
     for n in (1, 2, 3, 4, 5):
         rig.clock.at(n)
         await rig.arrive(worker, f"A-{n}", {"service": "api", "n": n})
-    states = {f"A-{n}": rig.row(f"A-{n}")["state"] for n in (1, 2, 3, 4, 5)}
+    states = {f"A-{n}": await rig.state(f"A-{n}") for n in (1, 2, 3, 4, 5)}
     assert states == {
         "A-1": "pending",
         "A-2": "batched",
@@ -543,8 +537,8 @@ async def test_a_full_batch_makes_the_next_event_open_a_new_one(rig: Rig) -> Non
         "A-4": "batched",
         "A-5": "pending",
     }
-    leaders = {f"A-{n}": rig.column(f"A-{n}", "batch_leader") for n in (2, 4)}
-    assert leaders == {"A-2": rig.row("A-1")["id"], "A-4": rig.row("A-3")["id"]}
+    batches = {f"A-{n}": await rig.batch((await rig.row(f"A-{n}"))["id"]) for n in (1, 3, 5)}
+    assert batches == {"A-1": ["A-2"], "A-3": ["A-4"], "A-5": []}
 
     rig.clock.at(40)
     claimed = await rig.claim()
@@ -553,7 +547,7 @@ async def test_a_full_batch_makes_the_next_event_open_a_new_one(rig: Rig) -> Non
         await worker.handle(event)
     seen = [[b["n"] for b in fenced_blocks(user_prompt(r))] for r in agent.runs]
     assert sorted(seen) == [[1, 2], [3, 4], [5]]
-    assert {rig.row(f"A-{n}")["state"] for n in (1, 2, 3, 4, 5)} == {"done"}
+    assert {await rig.state(f"A-{n}") for n in (1, 2, 3, 4, 5)} == {"done"}
 
 
 async def test_a_batch_leader_retried_after_a_transient_failure_keeps_its_batch(rig: Rig) -> None:
@@ -567,7 +561,7 @@ async def test_a_batch_leader_retried_after_a_transient_failure_keeps_its_batch(
     rig.clock.at(31)
     await rig.arrive(worker, "A-3", {"service": "api", "n": 3})  # opens a new batch
     await worker.handle(leader)
-    assert rig.row("A-1")["state"] == "pending"
+    assert await rig.state("A-1") == "pending"
 
     # Its next attempt (the backoff is 0 s): it should run with its batch.
     rig.clock.at(32)
@@ -575,7 +569,7 @@ async def test_a_batch_leader_retried_after_a_transient_failure_keeps_its_batch(
     rig.clock.at(70)
     for event in await rig.claim():
         await worker.handle(event)
-    assert {rig.row(f"A-{n}")["state"] for n in (1, 2, 3)} == {"done"}
+    assert {await rig.state(f"A-{n}") for n in (1, 2, 3)} == {"done"}
 
 
 # ---- max_concurrent ------------------------------------------------------------------------------
@@ -610,22 +604,24 @@ async def test_at_the_rules_limit_an_event_goes_back_while_another_rules_event_r
         assert second.attempts == 1
         with anyio.fail_after(10):
             await worker.handle(second)
-        row = rig.row("A-2")
+        row = await rig.row("A-2")
         assert (row["state"], row["attempts"], row["runs"]) == ("pending", 0, [])  # not an attempt
-        assert rig.column("A-2", "available_at") == iso(T0 + timedelta(seconds=1))
 
         await rig.add("T-1", {"title": "printer"}, subscription="tickets")
         with anyio.fail_after(30):
             await rig.one(worker, "T-1")  # A-2 is not due yet: only T-1 is claimed
-        assert rig.row("T-1")["state"] == "done"
-        assert rig.row("A-1")["state"] == "processing"
+        assert await rig.state("T-1") == "done"
+        assert await rig.state("A-1") == "processing"
         gate.set()
-    assert rig.row("A-1")["state"] == "done"
+    assert await rig.state("A-1") == "done"
 
+    # A-2 went back until T0 + 1 s, to the millisecond.
+    rig.clock.at(0.999)
+    assert await rig.claim() == []
     rig.clock.at(1)
     await rig.one(worker, "A-2")
-    assert rig.row("A-2")["state"] == "done"
-    assert rig.row("A-2")["attempts"] == 1
+    assert await rig.state("A-2") == "done"
+    assert (await rig.row("A-2"))["attempts"] == 1
     assert reached_agent(agent) == ["A-1", "T-1", "A-2"]
 
 
@@ -643,7 +639,7 @@ async def test_an_event_released_by_max_concurrent_does_not_use_up_the_rate_limi
             await agent.started.wait()
         agent.gate = None
         await rig.arrive(worker, "A-2", {"n": 2})
-        assert rig.row("A-2")["state"] == "pending"  # released: the rule is busy
+        assert await rig.state("A-2") == "pending"  # released: the rule is busy
         gate.set()
     rig.clock.at(2)
     await rig.one(worker, "A-2")
@@ -656,10 +652,11 @@ async def test_without_its_server_connected_an_event_goes_back_untouched(rig: Ri
     worker, agent = rig.worker(CONCURRENT, pool=ConnectionPool(), connect_timeout_s=0.05)
     await rig.add("A-1", {"n": 1})
     await rig.one(worker, "A-1")
-    row = rig.row("A-1")
+    row = await rig.row("A-1")
     assert (row["state"], row["attempts"], row["runs"]) == ("pending", 0, [])
     assert agent.runs == []
-    assert rig.column("A-1", "available_at") is not None
+    # Not due again now: it waits out the server wait's backoff (retry_at, on the wall clock).
+    assert await rig.store.claim(100) == []
 
 
 # ---- hooks ---------------------------------------------------------------------------------------
@@ -757,7 +754,7 @@ async def test_a_hook_changes_the_decision_or_fails_to_the_fallback(
         await rig.arrive(worker, "A-1", {"service": "api"})
     finally:
         module["RELEASE"].set()  # the abandoned slow hook's thread ends now
-    row = rig.row("A-1")
+    row = await rig.row("A-1")
     assert row["state"] == {"ignore": "ignored", "log": "done", "agent": "done"}[decided]
     if decided == "agent":
         assert reached_agent(agent) == ["A-1"]
@@ -793,20 +790,20 @@ async def test_an_approved_event_runs_with_the_rules_tools_and_a_denied_one_neve
     for event in await rig.claim():
         await worker.handle(event)
     for event_id in ("T-1", "T-2"):
-        row = rig.row(event_id)
+        row = await rig.row(event_id)
         assert (row["state"], row["runs"]) == ("held", [])
         assert row["decision"]["rule"] == "needs-ok" and row["decision"]["action"] == "approve"
         assert row["decision"]["rule_tools"] == ["demo__get_ticket"]
-    assert [h["event_id"] for h in rig.store.core.approvals()] == ["T-1", "T-2"]
+    assert [h["event_id"] for h in await rig.store.approvals()] == ["T-1", "T-2"]
     assert await rig.claim() == []  # held is not pending
     assert agent.runs == []
 
-    rig.store.core.answer(ok, approve=True, note="looked at it")
-    rig.store.core.answer(no, approve=False, note="spam")
-    row = rig.row("T-1")
+    await rig.store.answer(ok, approve=True, note="looked at it")
+    await rig.store.answer(no, approve=False, note="spam")
+    row = await rig.row("T-1")
     assert (row["state"], row["approval_note"]) == ("pending", "looked at it")
     assert row["approved_at"] is not None
-    denied = rig.row("T-2")
+    denied = await rig.row("T-2")
     assert (denied["state"], denied["approval_note"], denied["approved_at"]) == ("denied", "spam", None)
 
     [claimed] = await rig.claim()
@@ -816,7 +813,7 @@ async def test_an_approved_event_runs_with_the_rules_tools_and_a_denied_one_neve
     assert reached_agent(agent) == ["T-1"]
     # The rule's tools, not the subscription's, are the ones the run offers.
     assert [spec.exposed for spec in agent.runs[0].plan.allowed] == ["demo__get_ticket"]
-    row = rig.row("T-1")
+    row = await rig.row("T-1")
     assert row["state"] == "done"
     [run] = row["runs"]
     assert run["status"] == "completed"
@@ -826,7 +823,7 @@ async def test_an_approved_event_runs_with_the_rules_tools_and_a_denied_one_neve
     assert run["decision"]["tools"] == ["demo__get_ticket"]
 
     assert await rig.claim() == []
-    assert rig.row("T-2")["runs"] == [] and rig.row("T-2")["state"] == "denied"
+    assert (await rig.row("T-2"))["runs"] == [] and await rig.state("T-2") == "denied"
 
 
 async def test_an_approved_event_retried_after_a_transient_failure_keeps_the_rules_tools(rig: Rig) -> None:
@@ -834,12 +831,12 @@ async def test_an_approved_event_retried_after_a_transient_failure_keeps_the_rul
     worker, agent = rig.worker(rules, ticket_tools=["demo__close_ticket"])
     row_id = await rig.add("T-1", {"title": "printer"}, subscription="tickets")
     await rig.one(worker, "T-1")
-    rig.store.core.answer(row_id, approve=True, note=None)
+    await rig.store.answer(row_id, approve=True, note=None)
     agent.fail_next = True
     await rig.one(worker, "T-1")
-    assert rig.row("T-1")["state"] == "pending"  # transient: another attempt (backoff 0 s)
+    assert await rig.state("T-1") == "pending"  # transient: another attempt (backoff 0 s)
     await rig.one(worker, "T-1")
-    first, second = rig.row("T-1")["runs"]
+    first, second = (await rig.row("T-1"))["runs"]
     assert first["decision"]["allowlist"] == ["demo__get_ticket"]
     assert second["decision"]["allowlist"] == ["demo__get_ticket"]
     for run in (first, second):  # event.md.j2, the rule's prompt, not ticket.created.md.j2

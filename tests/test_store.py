@@ -1,4 +1,8 @@
-"""The store's seam and its SQLite backend: every sqlite3 error is a StoreError, one writer thread at a time."""
+"""The store's seam and its SQLite backend: every sqlite3 error is a StoreError, one writer thread at a time.
+
+What the protocol promises runs against both backends (the ``store`` fixture of ``tests/_stores.py``);
+what is about the SQLite file, its connections and its writer thread runs on SQLite only.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +11,11 @@ import threading
 from pathlib import Path
 
 import anyio
+import psycopg
 import pytest
+from _stores import Backend, backend_fixture, store_fixture  # noqa: F401 - fixtures, by their names
 
 from agentwake.clock import now_iso
-from agentwake.config import StoreConfig
 from agentwake.errors import StoreError
 from agentwake.store import IncomingEvent, RejectedEvent, Settlement, Store, SubscriptionKey, open_store
 from agentwake.store.interface import Store as StoreProtocol
@@ -21,21 +26,24 @@ pytestmark = pytest.mark.anyio
 KEY = SubscriptionKey("tickets", "demo", "ticket.created", {"queue": "support"})
 
 
-async def test_the_sqlite_store_offers_every_method_of_the_protocol_as_a_coroutine(tmp_path: Path) -> None:
+async def test_the_store_offers_every_method_of_the_protocol_as_a_coroutine(store: Store) -> None:
     wanted = {name for name in vars(StoreProtocol) if not name.startswith("_")}
-    store = await SqliteStore.open(tmp_path / "aw.db")
-    try:
-        missing = sorted(name for name in wanted if not callable(getattr(store, name, None)))
-        assert not missing
-        assert await store.event_ids() == []
-    finally:
-        await store.close()
+    missing = sorted(name for name in wanted if not callable(getattr(store, name, None)))
+    assert not missing
+    assert await store.event_ids() == []
     assert Store is StoreProtocol
 
 
-async def test_open_store_opens_the_configured_sqlite_file_and_refuses_a_missing_one(tmp_path: Path) -> None:
-    config = StoreConfig(path=tmp_path / "aw.db")
-    with pytest.raises(StoreError, match=r"no store at .* yet: run 'agentwake run' first"):
+# How each backend says there is no store yet: no file; a database without the schema.
+MISSING = {
+    "sqlite": r"no store at .* yet: run 'agentwake run' first",
+    "postgres": r"no agentwake store in .* yet: run 'agentwake run' first",
+}
+
+
+async def test_open_store_opens_the_configured_store_and_refuses_a_missing_one(backend: Backend) -> None:
+    config = backend.store_config()
+    with pytest.raises(StoreError, match=MISSING[backend.name]):
         await open_store(config, create=False)
     store = await open_store(config)
     try:
@@ -51,6 +59,7 @@ async def test_open_store_opens_the_configured_sqlite_file_and_refuses_a_missing
         await reopened.close()
 
 
+# SQLite-only: another process's lock on the file, taken with sqlite3.
 def test_a_locked_store_is_a_store_error_that_says_so(tmp_path: Path) -> None:
     path = tmp_path / "aw.db"
     SqliteCore.open(path).close()
@@ -68,6 +77,7 @@ def test_a_locked_store_is_a_store_error_that_says_so(tmp_path: Path) -> None:
         holder.close()
 
 
+# SQLite-only: a file that is not a SQLite database.
 def test_a_file_that_is_not_a_database_is_a_store_error_naming_it(tmp_path: Path) -> None:
     path = tmp_path / "aw.db"
     path.write_bytes(b"this is not SQLite" * 100)
@@ -75,26 +85,42 @@ def test_a_file_that_is_not_a_database_is_a_store_error_naming_it(tmp_path: Path
         SqliteCore.open(path)
 
 
-def test_a_write_that_fails_mid_method_is_a_store_error_and_leaves_nothing_half_done(tmp_path: Path) -> None:
-    core = SqliteCore.open(tmp_path / "aw.db")
-    try:
-        core.register(KEY)
-        events = [IncomingEvent(f"E-{n}", "ticket.created", now_iso(), {}) for n in (1, 2)]
-        core.ingest(KEY, events, "c1")
-        first, second = core.claim(2)
-        core.conn.execute(
-            f"CREATE TRIGGER refuse BEFORE UPDATE OF state ON events WHEN NEW.id = {second.id}"
+async def refuse_state_changes(backend: Backend, store: Store, event_row: int) -> None:
+    """A trigger in the database that fails every change of this event's state (the fault to inject)."""
+    if backend.url is None:
+        assert isinstance(store, SqliteStore)
+        store.core.conn.execute(
+            f"CREATE TRIGGER refuse BEFORE UPDATE OF state ON events WHEN NEW.id = {event_row}"
             " BEGIN SELECT RAISE(ABORT, 'refused by a trigger'); END"
         )
-        with pytest.raises(StoreError, match="refused by a trigger"):
-            core.settle(
-                [Settlement(first.id, {"why": "x"}, "ignored"), Settlement(second.id, {"why": "y"}, "done")]
-            )
-        assert core.state_counts()["processing"] == 2
-    finally:
-        core.close()
+        return
+    async with await psycopg.AsyncConnection.connect(backend.url, autocommit=True) as conn:
+        await conn.execute(
+            "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql"
+            " AS $$ BEGIN RAISE EXCEPTION 'refused by a trigger'; END $$"
+        )
+        await conn.execute(
+            "CREATE TRIGGER refuse BEFORE UPDATE OF state ON events FOR EACH ROW"
+            f" WHEN (NEW.id = {event_row}) EXECUTE FUNCTION refuse()"
+        )
 
 
+async def test_a_write_that_fails_mid_method_is_a_store_error_and_leaves_nothing_half_done(
+    backend: Backend, store: Store
+) -> None:
+    await store.register(KEY)
+    events = [IncomingEvent(f"E-{n}", "ticket.created", now_iso(), {}) for n in (1, 2)]
+    await store.ingest(KEY, events, "c1")
+    first, second = await store.claim(2)
+    await refuse_state_changes(backend, store, second.id)
+    with pytest.raises(StoreError, match="refused by a trigger"):
+        await store.settle(
+            [Settlement(first.id, {"why": "x"}, "ignored"), Settlement(second.id, {"why": "y"}, "done")]
+        )
+    assert (await store.state_counts())["processing"] == 2
+
+
+# SQLite-only: SqliteStore's one writer thread (PostgreSQL's store is natively async, with a pool).
 async def test_store_calls_run_one_at_a_time_off_the_event_loop(tmp_path: Path) -> None:
     store = await SqliteStore.open(tmp_path / "aw.db")
     loop_thread = threading.get_ident()
@@ -124,6 +150,7 @@ async def test_store_calls_run_one_at_a_time_off_the_event_loop(tmp_path: Path) 
     assert most == 1
 
 
+# SQLite-only: the SQLite file's migrations (test_postgres_store.py checks PostgreSQL's).
 def test_the_migration_names_known_without_sqlite_utils_are_the_schemas(tmp_path: Path) -> None:
     from agentwake.store.sqlite.schema import migrations
     from agentwake.store.sqlite.versions import MIGRATION_NAMES, MIGRATION_SET
@@ -139,6 +166,7 @@ def test_the_migration_names_known_without_sqlite_utils_are_the_schemas(tmp_path
     assert (migrations.name, tuple(applied)) == (MIGRATION_SET, MIGRATION_NAMES)
 
 
+# SQLite-only: sqlite-utils migrates the SQLite file only.
 def test_reading_a_store_that_is_up_to_date_does_not_load_sqlite_utils(tmp_path: Path) -> None:
     import json
     import subprocess
@@ -155,6 +183,7 @@ def test_reading_a_store_that_is_up_to_date_does_not_load_sqlite_utils(tmp_path:
     assert json.loads(result.stdout) is False
 
 
+# SQLite-only: SQLite's file lock and its busy timeout, driven with sqlite3.
 def test_a_write_that_reads_first_waits_for_another_process_and_then_succeeds(tmp_path: Path) -> None:
     """`agentwake approve` while the service commits: the answer waits for the lock, it does not fail.
 
@@ -199,60 +228,51 @@ def test_a_write_that_reads_first_waits_for_another_process_and_then_succeeds(tm
         core.close()
 
 
-def test_rejected_events_are_stored_as_summaries_counted_and_make_a_gap(tmp_path: Path) -> None:
-    core = SqliteCore.open(tmp_path / "aw.db")
-    try:
-        core.register(KEY)
-        refused = RejectedEvent("x" * 64 + "…#abc", "h.tick", "", "eventId is too long", '{"eventId":"xxx')
-        good = IncomingEvent("E-1", "ticket.created", now_iso(), {"n": 1})
-        result = core.ingest(KEY, [good], "c2", cursor_before="c1", rejected=[refused])
-        again = core.ingest(KEY, [], "c3", cursor_before="c2", rejected=[refused])  # a retry: a duplicate
-        assert (result.inserted, again.inserted) == (1, 0)
-        [row] = core.subscriptions()
-        assert (row["rejected"], row["gaps"], row["cursor"]) == (1, 1, "c3")
-        [stored] = core.inbox(10, state="rejected")
-        assert stored["data"] == {"rejected": "eventId is too long", "preview": '{"eventId":"xxx'}
-        assert stored["last_error"] == "eventId is too long"
-        assert [e.event_id for e in core.claim(10)] == ["E-1"]  # a rejected event never reaches the worker
-        assert [(g["cursor_before"], g["cursor_after"]) for g in core.gaps()] == [("c1", "c2")]
-    finally:
-        core.close()
+async def test_rejected_events_are_stored_as_summaries_counted_and_make_a_gap(store: Store) -> None:
+    await store.register(KEY)
+    refused = RejectedEvent("x" * 64 + "…#abc", "h.tick", "", "eventId is too long", '{"eventId":"xxx')
+    good = IncomingEvent("E-1", "ticket.created", now_iso(), {"n": 1})
+    result = await store.ingest(KEY, [good], "c2", cursor_before="c1", rejected=[refused])
+    again = await store.ingest(KEY, [], "c3", cursor_before="c2", rejected=[refused])  # a retry: a duplicate
+    assert (result.inserted, again.inserted) == (1, 0)
+    [row] = await store.subscriptions()
+    assert (row["rejected"], row["gaps"], row["cursor"]) == (1, 1, "c3")
+    [stored] = await store.inbox(10, state="rejected")
+    assert stored["data"] == {"rejected": "eventId is too long", "preview": '{"eventId":"xxx'}
+    assert stored["last_error"] == "eventId is too long"
+    # A rejected event never reaches the worker.
+    assert [e.event_id for e in await store.claim(10)] == ["E-1"]
+    assert [(g["cursor_before"], g["cursor_after"]) for g in await store.gaps()] == [("c1", "c2")]
 
 
-def test_claims_take_each_subscriptions_next_event_in_turn_so_a_flood_starves_nobody(tmp_path: Path) -> None:
-    core = SqliteCore.open(tmp_path / "aw.db")
-    try:
-        flood = SubscriptionKey("flood", "bad", "h.tick", {})
-        quiet = SubscriptionKey("quiet", "good", "feed.item", {})
-        core.register(flood)
-        core.register(quiet)
-        core.ingest(flood, [IncomingEvent(f"F-{n}", "h.tick", now_iso(), {}) for n in range(1000)], "1000")
-        core.ingest(quiet, [IncomingEvent(f"Q-{n}", "feed.item", now_iso(), {}) for n in range(3)], "3")
-        first = [e.event_id for e in core.claim(4)]
-        assert sorted(first) == ["F-0", "F-1", "Q-0", "Q-1"]
-        second = [e.event_id for e in core.claim(4)]
-        assert "Q-2" in second
-        # One at a time, the subscription served longest ago goes first.
-        core.ingest(quiet, [IncomingEvent(f"Q-{n}", "feed.item", now_iso(), {}) for n in range(3, 6)], "6")
-        one_by_one = [core.claim(1)[0].subscription for _ in range(4)]
-        assert one_by_one in (["flood", "quiet"] * 2, ["quiet", "flood"] * 2)
-    finally:
-        core.close()
+async def test_claims_take_each_subscriptions_next_event_in_turn_so_a_flood_starves_nobody(
+    store: Store,
+) -> None:
+    flood = SubscriptionKey("flood", "bad", "h.tick", {})
+    quiet = SubscriptionKey("quiet", "good", "feed.item", {})
+    await store.register(flood)
+    await store.register(quiet)
+    await store.ingest(flood, [IncomingEvent(f"F-{n}", "h.tick", now_iso(), {}) for n in range(1000)], "1000")
+    await store.ingest(quiet, [IncomingEvent(f"Q-{n}", "feed.item", now_iso(), {}) for n in range(3)], "3")
+    first = [e.event_id for e in await store.claim(4)]
+    assert sorted(first) == ["F-0", "F-1", "Q-0", "Q-1"]
+    second = [e.event_id for e in await store.claim(4)]
+    assert "Q-2" in second
+    # One at a time, the subscription served longest ago goes first.
+    await store.ingest(quiet, [IncomingEvent(f"Q-{n}", "feed.item", now_iso(), {}) for n in range(3, 6)], "6")
+    one_by_one = [(await store.claim(1))[0].subscription for _ in range(4)]
+    assert one_by_one in (["flood", "quiet"] * 2, ["quiet", "flood"] * 2)
 
 
-async def test_recent_errors_outlive_the_success_that_clears_last_error(tmp_path: Path) -> None:
-    store = await SqliteStore.open(tmp_path / "aw.db")
-    try:
-        await store.register(KEY)
-        await store.record_error("tickets", "server 'demo': connection closed: exited with code 1")
-        await store.record_error("tickets", "server 'demo': connection closed: exited with code 1")
-        for n in range(7):
-            await store.set_state("tickets", status="stalled", error=f"events/poll failed ({n})")
-        await store.count_stream_error("tickets", "stream error: token=hunter2-secret-value")
-        await store.ingest(KEY, [IncomingEvent("E-1", "ticket.created", now_iso(), {"n": 1})], "c1")
-        [row] = await store.subscriptions()
-    finally:
-        await store.close()
+async def test_recent_errors_outlive_the_success_that_clears_last_error(store: Store) -> None:
+    await store.register(KEY)
+    await store.record_error("tickets", "server 'demo': connection closed: exited with code 1")
+    await store.record_error("tickets", "server 'demo': connection closed: exited with code 1")
+    for n in range(7):
+        await store.set_state("tickets", status="stalled", error=f"events/poll failed ({n})")
+    await store.count_stream_error("tickets", "stream error: token=hunter2-secret-value")
+    await store.ingest(KEY, [IncomingEvent("E-1", "ticket.created", now_iso(), {"n": 1})], "c1")
+    [row] = await store.subscriptions()
     assert (row["status"], row["last_error"]) == ("active", None)
     recent = row["recent_errors"]
     # The last five, oldest first, each with its time; the same error twice in a row is one entry.
@@ -266,14 +286,10 @@ async def test_recent_errors_outlive_the_success_that_clears_last_error(tmp_path
     assert all(entry["at"] for entry in recent)
 
 
-async def test_the_same_error_again_is_counted_not_repeated(tmp_path: Path) -> None:
-    store = await SqliteStore.open(tmp_path / "aw.db")
-    try:
-        await store.register(KEY)
-        for _ in range(3):
-            await store.record_error("tickets", "server 'demo': connection closed")
-        [row] = await store.subscriptions()
-    finally:
-        await store.close()
+async def test_the_same_error_again_is_counted_not_repeated(store: Store) -> None:
+    await store.register(KEY)
+    for _ in range(3):
+        await store.record_error("tickets", "server 'demo': connection closed")
+    [row] = await store.subscriptions()
     [entry] = row["recent_errors"]
     assert (entry["error"], entry["count"]) == ("server 'demo': connection closed", 3)

@@ -9,14 +9,13 @@ fixed; the ones it reads from the clock are checked for their form only.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from _postgres import postgres_server, postgres_url  # noqa: F401 - fixtures, found by pytest by name
+from _stores import backend_fixture, second_store_fixture, store_fixture  # noqa: F401 - fixtures, by their names
 
 from agentwake.clock import iso, now_iso
 from agentwake.errors import FencedOut, StoreError
@@ -43,7 +42,6 @@ from agentwake.store import (
     WebhookDelivery,
     WebhookRecord,
 )
-from agentwake.store.sqlite import SqliteStore
 
 pytestmark = pytest.mark.anyio
 
@@ -68,33 +66,6 @@ def is_iso(value: object) -> bool:
 
 def incoming(event_id: str, key: SubscriptionKey = TICKETS, **data: Any) -> IncomingEvent:
     return IncomingEvent(event_id, key.event, T0, data or {"n": event_id})
-
-
-async def open_backend(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Store:
-    if backend == "sqlite":
-        return await SqliteStore.open(tmp_path / "aw.db")
-    from agentwake.store.postgres import PostgresStore
-
-    return await PostgresStore.open(request.getfixturevalue("postgres_url"))
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    opened = await open_backend(request.param, request, tmp_path)
-    try:
-        yield opened
-    finally:
-        await opened.close()
-
-
-@pytest.fixture
-async def second_store(store: Store, request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    """Another store open on the same database as ``store`` (another process, as far as it knows)."""
-    opened = await open_backend(request.node.callspec.params["store"], request, tmp_path)
-    try:
-        yield opened
-    finally:
-        await opened.close()
 
 
 async def add(store: Store, key: SubscriptionKey, *event_ids: str) -> list[int]:

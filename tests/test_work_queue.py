@@ -1,7 +1,8 @@
 """The work queue: claims are leases, attempts end in a dead letter, per-server run limits, usage limits.
 
-The store is a real SQLite file; the worker is the service's. The agent stage is a gate that
-records which events run at once (what is under test is the scheduling, not the LLM).
+The store is real, SQLite and PostgreSQL in turn (``tests/_stores.py``); the worker is the service's.
+The agent stage is a gate that records which events run at once (what is under test is the
+scheduling, not the LLM).
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ from typing import Any
 
 import anyio
 import pytest
+from _stores import Backend, backend_fixture, store_fixture  # noqa: F401 - fixtures
 
 from agentwake.clock import iso, utc_now
 from agentwake.config import AgentConfig, AgentwakeConfig, parse_config
 from agentwake.decide import Outcome
 from agentwake.delivery.common import subscription_key
 from agentwake.errors import StoreError
-from agentwake.store import EventVerdict, InboxEvent, IncomingEvent, RunKind, RunProgress
-from agentwake.store.sqlite import SqliteCore, SqliteStore
+from agentwake.store import EventVerdict, InboxEvent, IncomingEvent, RunKind, RunProgress, Store
 from agentwake.worker import Worker
 
 pytestmark = pytest.mark.anyio
@@ -46,32 +47,33 @@ def config(
     )
 
 
-def add_events(core: SqliteCore, cfg: AgentwakeConfig, server: str, count: int, start: int = 0) -> None:
+async def add_events(store: Store, cfg: AgentwakeConfig, server: str, count: int, start: int = 0) -> None:
     sub = next(s for s in cfg.subscriptions if s.server == server)
     key = subscription_key(sub)
-    core.register(key)
+    await store.register(key)
     events = [
         IncomingEvent(f"{server}-{i}", "x.happened", iso(utc_now()), {"n": i})
         for i in range(start, start + count)
     ]
-    core.ingest(key, events, str(start + count))
+    await store.ingest(key, events, str(start + count))
 
 
-def state_of(core: SqliteCore, event_id: str) -> dict[str, Any]:
-    [event] = core.find_events(event_id)
+async def state_of(store: Store, event_id: str) -> dict[str, Any]:
+    [event] = await store.find_events(event_id)
     return event
 
 
 # ---- the store ---------------------------------------------------------------------------------
 
 
-def test_a_lapsed_lease_is_claimed_again_and_the_old_run_cannot_move_the_event(tmp_path: Path) -> None:
+async def test_a_lapsed_lease_is_claimed_again_and_the_old_run_cannot_move_the_event(
+    tmp_path: Path, store: Store
+) -> None:
     cfg = config(tmp_path)
-    core = SqliteCore.open(cfg.store.path)
-    add_events(core, cfg, "a", 1)
+    await add_events(store, cfg, "a", 1)
     now = utc_now()
-    [first] = core.claim(1, iso(now), lease_until=iso(now + timedelta(seconds=1)))
-    run = core.start_run(
+    [first] = await store.claim(1, iso(now), lease_until=iso(now + timedelta(seconds=1)))
+    run = await store.start_run(
         first.id,
         kind="agent",
         attempt=first.attempts,
@@ -81,14 +83,14 @@ def test_a_lapsed_lease_is_claimed_again_and_the_old_run_cannot_move_the_event(t
         user_prompt=None,
     )
     # Still leased: nobody else gets it.
-    assert core.claim(1, iso(now)) == []
+    assert await store.claim(1, iso(now)) == []
     later = now + timedelta(seconds=5)
-    [again] = core.claim(1, iso(later), lease_until=iso(later + timedelta(seconds=60)))
+    [again] = await store.claim(1, iso(later), lease_until=iso(later + timedelta(seconds=60)))
     assert (again.id, again.attempts) == (first.id, 2)
     # The first holder's renewal and its outcome are refused: the second claim holds the event now.
-    assert core.renew_leases([(first.id, first.attempts)], iso(later)) == [first.id]
-    assert core.renew_leases([(again.id, again.attempts)], iso(later + timedelta(seconds=90))) == []
-    applied = core.finish_run(
+    assert await store.renew_leases([(first.id, first.attempts)], iso(later)) == [first.id]
+    assert await store.renew_leases([(again.id, again.attempts)], iso(later + timedelta(seconds=90))) == []
+    applied = await store.finish_run(
         run,
         status="completed",
         reason=None,
@@ -97,62 +99,63 @@ def test_a_lapsed_lease_is_claimed_again_and_the_old_run_cannot_move_the_event(t
         verdict=EventVerdict("done"),
     )
     assert applied is False
-    event = state_of(core, "a-0")
+    event = await state_of(store, "a-0")
     assert (event["state"], event["attempts"]) == ("processing", 2)
     assert event["runs"][0]["status"] == "interrupted" and "lease lapsed" in event["runs"][0]["reason"]
-    core.close()
 
 
-def test_a_crash_requeues_its_events_but_one_that_used_up_its_attempts_is_dead(tmp_path: Path) -> None:
+async def test_a_crash_requeues_its_events_but_one_that_used_up_its_attempts_is_dead(
+    tmp_path: Path, store: Store
+) -> None:
     cfg = config(tmp_path)
-    core = SqliteCore.open(cfg.store.path)
-    add_events(core, cfg, "a", 2)
+    await add_events(store, cfg, "a", 2)
+    # Claimed in the past, with leases that lapsed before the restart: what a crash leaves (a shared
+    # PostgreSQL store requeues only lapsed leases; SQLite, one process, every claim).
     now = utc_now()
-    soon, later = iso(now + timedelta(seconds=1)), iso(now + timedelta(seconds=5))
-    claimed = core.claim(2, iso(now), lease_until=soon)
-    core.release(next(e.id for e in claimed if e.event_id == "a-1"), iso(now))
-    again = core.claim(2, later, lease_until=iso(now + timedelta(seconds=60)))
+    start, lapsed = iso(now - timedelta(seconds=10)), iso(now - timedelta(seconds=9))
+    claimed = await store.claim(2, start, lease_until=lapsed)
+    await store.release(next(e.id for e in claimed if e.event_id == "a-1"), start)
+    again = await store.claim(2, iso(now - timedelta(seconds=5)), lease_until=iso(now - timedelta(seconds=1)))
     assert sorted((e.event_id, e.attempts) for e in again) == [("a-0", 2), ("a-1", 1)]
-    assert core.requeue_interrupted(max_attempts=2) == 1
-    assert (state_of(core, "a-0")["state"], state_of(core, "a-1")["state"]) == ("dead", "pending")
-    assert "during each of its 2 attempt(s)" in state_of(core, "a-0")["last_error"]
-    core.close()
+    assert await store.requeue_interrupted(max_attempts=2) == 1
+    assert ((await state_of(store, "a-0"))["state"], (await state_of(store, "a-1"))["state"]) == (
+        "dead",
+        "pending",
+    )
+    assert "during each of its 2 attempt(s)" in (await state_of(store, "a-0"))["last_error"]
 
 
-def test_claims_leave_out_the_servers_at_their_limit(tmp_path: Path) -> None:
+async def test_claims_leave_out_the_servers_at_their_limit(tmp_path: Path, store: Store) -> None:
     cfg = config(tmp_path)
-    core = SqliteCore.open(cfg.store.path)
-    add_events(core, cfg, "a", 2)
-    add_events(core, cfg, "b", 2)
-    claimed = core.claim(10, exclude_servers=["a"])
+    await add_events(store, cfg, "a", 2)
+    await add_events(store, cfg, "b", 2)
+    claimed = await store.claim(10, exclude_servers=["a"])
     assert sorted(e.event_id for e in claimed) == ["b-0", "b-1"]
-    core.close()
 
 
-def test_retry_requeues_failed_and_dead_events_only(tmp_path: Path) -> None:
+async def test_retry_requeues_failed_and_dead_events_only(tmp_path: Path, store: Store) -> None:
     cfg = config(tmp_path)
-    core = SqliteCore.open(cfg.store.path)
-    add_events(core, cfg, "a", 3)
-    for event in core.claim(3):
-        core.finish([event.id], {"a-0": "failed", "a-1": "dead", "a-2": "done"}[event.event_id], "why")
+    await add_events(store, cfg, "a", 3)
+    for event in await store.claim(3):
+        await store.finish([event.id], {"a-0": "failed", "a-1": "dead", "a-2": "done"}[event.event_id], "why")
     for event_id in ("a-0", "a-1"):
-        assert core.retry(int(state_of(core, event_id)["id"])) == 0
-        event = state_of(core, event_id)
+        assert await store.retry(int((await state_of(store, event_id))["id"])) == 0
+        event = await state_of(store, event_id)
         assert (event["state"], event["attempts"], event["last_error"]) == ("pending", 0, None)
     with pytest.raises(StoreError, match="only failed or dead events are retried"):
-        core.retry(int(state_of(core, "a-2")["id"]))
-    core.close()
+        await store.retry(int((await state_of(store, "a-2"))["id"]))
 
 
-def test_agent_usage_counts_runs_of_the_last_hour_and_spend_of_the_last_day(tmp_path: Path) -> None:
+async def test_agent_usage_counts_runs_of_the_last_hour_and_spend_of_the_last_day(
+    tmp_path: Path, store: Store
+) -> None:
     cfg = config(tmp_path)
-    core = SqliteCore.open(cfg.store.path)
-    add_events(core, cfg, "a", 2)
-    for event in core.claim(2):
-        run = core.start_run(
+    await add_events(store, cfg, "a", 2)
+    for event in await store.claim(2):
+        run = await store.start_run(
             event.id, kind="agent", attempt=1, model="m", decision={}, system_prompt=None, user_prompt=None
         )
-        core.finish_run(
+        await store.finish_run(
             run,
             status="completed",
             reason=None,
@@ -161,9 +164,11 @@ def test_agent_usage_counts_runs_of_the_last_hour_and_spend_of_the_last_day(tmp_
             verdict=EventVerdict("done"),
         )
     now = utc_now()
-    assert core.agent_usage(iso(now - timedelta(hours=1)), iso(now - timedelta(days=1))) == (2, 0.5)
-    assert core.agent_usage(iso(now + timedelta(seconds=1)), iso(now + timedelta(seconds=1))) == (0, 0.0)
-    core.close()
+    assert await store.agent_usage(iso(now - timedelta(hours=1)), iso(now - timedelta(days=1))) == (2, 0.5)
+    assert await store.agent_usage(iso(now + timedelta(seconds=1)), iso(now + timedelta(seconds=1))) == (
+        0,
+        0.0,
+    )
 
 
 # ---- the worker --------------------------------------------------------------------------------
@@ -223,13 +228,10 @@ class GateAgent:
                 await self.changed.wait()
 
 
-async def test_a_server_runs_at_most_its_max_concurrent_runs(tmp_path: Path) -> None:
+async def test_a_server_runs_at_most_its_max_concurrent_runs(tmp_path: Path, store: Store) -> None:
     cfg = config(tmp_path, servers={"a": {"max_concurrent_runs": 1}, "b": {}})
-    core = SqliteCore.open(cfg.store.path)
-    add_events(core, cfg, "a", 3)
-    add_events(core, cfg, "b", 2)
-    core.close()
-    store = await SqliteStore.open(cfg.store.path)
+    await add_events(store, cfg, "a", 3)
+    await add_events(store, cfg, "b", 2)
     assert cfg.agent is not None
     agent = GateAgent(cfg.agent, store)
     worker = Worker(cfg, store, agent=agent)
@@ -245,16 +247,14 @@ async def test_a_server_runs_at_most_its_max_concurrent_runs(tmp_path: Path) -> 
         tg.cancel_scope.cancel()
     assert agent.peak_by_server == {"a": 1, "b": 2}
     assert (await store.state_counts()).get("done") == 5
-    await store.close()
 
 
-async def test_past_max_runs_per_hour_events_wait_in_pending_and_status_says_why(tmp_path: Path) -> None:
+async def test_past_max_runs_per_hour_events_wait_in_pending_and_status_says_why(
+    tmp_path: Path, store: Store
+) -> None:
     cfg = config(tmp_path, max_runs_per_hour=1)
-    core = SqliteCore.open(cfg.store.path)
-    add_events(core, cfg, "a", 2)
-    core.service_started(pid=1, host="h", version=None, heartbeat_s=5)
-    core.close()
-    store = await SqliteStore.open(cfg.store.path)
+    await add_events(store, cfg, "a", 2)
+    await store.service_started(pid=1, host="h", version=None, heartbeat_s=5)
     assert cfg.agent is not None
     agent = GateAgent(cfg.agent, store)
     agent.gate.set()
@@ -262,8 +262,10 @@ async def test_past_max_runs_per_hour_events_wait_in_pending_and_status_says_why
     async with anyio.create_task_group() as tg:
         await tg.start(worker.run)
         await agent.wait_started(1)
+        # Until the store says so too: the worker sets ``paused`` before it writes it, and a write
+        # cancelled mid-query (PostgreSQL; SQLite's thread finishes it) is rolled back.
         with anyio.fail_after(10):
-            while worker.paused is None:
+            while worker.paused is None or (await store.services())[0]["paused"] is None:
                 worker.wake()
                 await anyio.sleep(0.01)
         tg.cancel_scope.cancel()
@@ -271,7 +273,6 @@ async def test_past_max_runs_per_hour_events_wait_in_pending_and_status_says_why
     assert (await store.state_counts()).get("pending") == 1
     [service] = await store.services()
     assert "max_runs_per_hour=1 reached (1 runs in the last hour)" in service["paused"]
-    await store.close()
 
 
 def test_status_says_why_the_agent_waits() -> None:
@@ -285,61 +286,50 @@ def test_status_says_why_the_agent_waits() -> None:
     assert "waits" not in describe_service({**running, "paused": None})
 
 
-def test_actions_show_each_runs_tokens_and_cost(tmp_path: Path) -> None:
+async def cli(config_file: Path, *args: str) -> str:
+    """What ``agentwake <args> -c config_file`` prints, run as a program; it must succeed."""
     import os
     import subprocess
     import sys
 
+    command = [sys.executable, "-m", "agentwake.cli", *args, "-c", str(config_file)]
+    with anyio.fail_after(60):
+        shown = await anyio.run_process(
+            command, check=False, stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "250"}
+        )
+    assert shown.returncode == 0, shown.stderr.decode()
+    return str(shown.stdout.decode())
+
+
+async def test_actions_show_each_runs_tokens_and_cost(tmp_path: Path, backend: Backend, store: Store) -> None:
     cfg = config(tmp_path)
-    core = SqliteCore.open(cfg.store.path)
-    add_events(core, cfg, "a", 2)
-    for event, cost in zip(core.claim(2), (0.25, None), strict=True):
-        run = core.start_run(
+    await add_events(store, cfg, "a", 2)
+    for event, cost in zip(await store.claim(2), (0.25, None), strict=True):
+        run = await store.start_run(
             event.id, kind="agent", attempt=1, model="m", decision={}, system_prompt=None, user_prompt=None
         )
         progress = RunProgress([], 1, 100, 20, cost)
-        core.finish_run(run, status="completed", reason=None, progress=progress, duration_ms=1, verdict=None)
-    core.close()
-    (tmp_path / "agentwake.toml").write_text(f'[store]\npath = "{cfg.store.path}"\n')
-    shown = subprocess.run(
-        [sys.executable, "-m", "agentwake.cli", "actions", "-c", str(tmp_path / "agentwake.toml")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "COLUMNS": "250"},
-    )
-    assert shown.returncode == 0, shown.stderr
-    assert "cost" in shown.stdout and "$0.2500" in shown.stdout
-    assert shown.stdout.count(" 120 ") == 2  # tokens: prompt and completion together
+        await store.finish_run(
+            run, status="completed", reason=None, progress=progress, duration_ms=1, verdict=None
+        )
+    (tmp_path / "agentwake.toml").write_text(backend.store_toml())
+    shown = await cli(tmp_path / "agentwake.toml", "actions")
+    assert "cost" in shown and "$0.2500" in shown
+    assert shown.count(" 120 ") == 2  # tokens: prompt and completion together
 
 
-def test_status_counts_dead_events_and_shows_why(tmp_path: Path) -> None:
+async def test_status_counts_dead_events_and_shows_why(
+    tmp_path: Path, backend: Backend, store: Store
+) -> None:
     import json
-    import os
-    import subprocess
-    import sys
 
     cfg = config(tmp_path)
-    core = SqliteCore.open(cfg.store.path)
-    add_events(core, cfg, "a", 2)
-    [first, _] = core.claim(2)
-    core.finish([first.id], "dead", "gave up after 3 attempt(s): LLM call failed")
-    core.close()
-    (tmp_path / "agentwake.toml").write_text(f'[store]\npath = "{cfg.store.path}"\n')
-
-    def status(*args: str) -> str:
-        shown = subprocess.run(
-            [sys.executable, "-m", "agentwake.cli", "status", *args, "-c", str(tmp_path / "agentwake.toml")],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={**os.environ, "COLUMNS": "250"},
-        )
-        assert shown.returncode == 0, shown.stderr
-        return shown.stdout
-
-    [row] = json.loads(status("--json"))
+    await add_events(store, cfg, "a", 2)
+    [first, _] = await store.claim(2)
+    await store.finish([first.id], "dead", "gave up after 3 attempt(s): LLM call failed")
+    (tmp_path / "agentwake.toml").write_text(backend.store_toml())
+    [row] = json.loads(await cli(tmp_path / "agentwake.toml", "status", "--json"))
     assert (row["events_dead"], row["events_failed"]) == (1, 0)
     assert row["last_failure"] == "gave up after 3 attempt(s): LLM call failed"
-    text = status()
+    text = await cli(tmp_path / "agentwake.toml", "status")
     assert "0 (1 dead)" in text and "gave up after 3 attempt(s)" in text
