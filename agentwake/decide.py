@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Final, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 import anyio
 
@@ -33,6 +33,9 @@ from agentwake.config import AgentwakeConfig, SubscriptionConfig
 from agentwake.policy import ACTIONS, MISSING, Decision, Policy, Rule, lookup
 from agentwake.sanitize import Sanitized, sanitize_with
 from agentwake.store.records import FlowGate, FlowOutcome, InboxEvent
+
+if TYPE_CHECKING:
+    from agentwake.store import Store
 
 logger = logging.getLogger(__name__)
 
@@ -99,21 +102,43 @@ class NoHistory:
         return FlowOutcome("leader" if gate.batch_key is not None else "run")
 
 
+class Slots(Protocol):
+    """Where a rule's ``max_concurrent`` run slots are taken and given back, per claimed event."""
+
+    async def take(self, event_row: int, rule: str, limit: int) -> bool: ...
+
+    async def give_back(self, event_row: int, rule: str) -> None: ...
+
+
 @dataclass
 class RuleSlots:
-    """Agent runs in progress per rule, for ``max_concurrent``; a slot is taken before any flow mark."""
+    """Runs in progress per rule, counted in this process's memory (a decision with no store)."""
 
     running: dict[str, int] = field(default_factory=dict)
 
-    def take(self, rule: str, limit: int | None) -> bool:
+    async def take(self, event_row: int, rule: str, limit: int) -> bool:
         current = self.running.get(rule, 0)
-        if limit is not None and current >= limit:
+        if current >= limit:
             return False
         self.running[rule] = current + 1
         return True
 
-    def give_back(self, rule: str) -> None:
+    async def give_back(self, event_row: int, rule: str) -> None:
         self.running[rule] = max(0, self.running.get(rule, 0) - 1)
+
+
+@dataclass
+class StoreSlots:
+    """Runs in progress per rule, counted by the store over every process that shares it."""
+
+    store: Store
+    clock: Callable[[], datetime]
+
+    async def take(self, event_row: int, rule: str, limit: int) -> bool:
+        return await self.store.take_rule_slot(event_row, rule, limit, iso(self.clock()))
+
+    async def give_back(self, event_row: int, rule: str) -> None:
+        await self.store.give_rule_slot(event_row)
 
 
 # ---- the pure core ----------------------------------------------------------------------------
@@ -300,7 +325,7 @@ async def decide(
     policy: Policy,
     now: datetime,
     flow: FlowLedger | None,
-    slots: RuleSlots | None = None,
+    slots: Slots | None = None,
 ) -> Outcome:
     """Decide what happens to ``event`` at ``now``. See the module docstring for the steps.
 
@@ -340,10 +365,11 @@ async def decide(
         return outcome("hold", decision.why)
     # An agent run. max_concurrent first: an event at its rule's limit goes back before any flow mark.
     rule_name = rule.name if rule else decision.rule
-    if slots is not None and not slots.take(rule_name, rule.max_concurrent if rule else None):
-        why = f"rule {rule_name} is at its max_concurrent of {rule.max_concurrent if rule else '-'}"
+    limit = rule.max_concurrent if rule else None
+    holds_slot = slots is not None and limit is not None
+    if slots is not None and limit is not None and not await slots.take(event.id, rule_name, limit):
+        why = f"rule {rule_name} is at its max_concurrent of {limit}"
         return outcome("delay", why, until=now + timedelta(seconds=RULE_BUSY_S))
-    holds_slot = slots is not None
     try:
         if not resumed and flow is not None and rule is not None:
             gate = flow_gate_for(rule, view, now)
@@ -354,11 +380,12 @@ async def decide(
                     if verdict in ("ignore", "log"):
                         record = {**record, "why": why, **({"action": "log"} if verdict == "log" else {})}
                     if holds_slot and slots is not None:
-                        slots.give_back(rule_name)
+                        await slots.give_back(event.id, rule_name)
                     return outcome(verdict, why, until=until, batch_leader=found.other)
     except BaseException:
         if holds_slot and slots is not None:
-            slots.give_back(rule_name)
+            with anyio.CancelScope(shield=True):
+                await slots.give_back(event.id, rule_name)
         raise
     return outcome("run", decision.why, holds_slot=holds_slot)
 
@@ -370,6 +397,8 @@ __all__ = [
     "Outcome",
     "RuleSlots",
     "RunSpec",
+    "Slots",
+    "StoreSlots",
     "Verdict",
     "agent_unavailable",
     "apply_hook_answer",

@@ -24,10 +24,13 @@ configured servers, never an event id):
 - ``agentwake_oldest_pending_age_seconds``: age of the oldest pending event (0 if none), read at scrape
 - ``agentwake_build_info{version}``: always 1
 - ``process_*``, ``python_info``, ``python_gc_*``: prometheus_client's process and runtime collectors
+
+On a store several processes share (PostgreSQL), every series also has ``process="<owner id>"``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from prometheus_client import (
@@ -39,6 +42,7 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.gc_collector import GCCollector
+from prometheus_client.metrics_core import Metric
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
@@ -188,9 +192,29 @@ def observe_tool_call(tool: str, outcome: str) -> None:
 # ---- the scrape ------------------------------------------------------------------------------
 
 
-async def exposition(store: InboxView) -> bytes:
+class _Labelled:
+    """``registry``'s metrics with ``labels`` added to every sample (what generate_latest reads)."""
+
+    def __init__(self, registry: CollectorRegistry, labels: dict[str, str]) -> None:
+        self.registry = registry
+        self.labels = labels
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            # A copy: some collectors hand out the same family every time (python_info).
+            labelled = Metric(family.name, family.documentation, family.type, family.unit)
+            labelled.samples = [
+                sample._replace(labels={**sample.labels, **self.labels}) for sample in family.samples
+            ]
+            yield labelled
+
+
+async def exposition(store: InboxView, *, process: str | None = None) -> bytes:
     """The text exposition of every metric, with the store's gauges read now.
 
+    With ``process`` (on a store several processes share), every series carries the label
+    ``process`` with it (the owner id ``status`` shows as driven_by), so the processes' series
+    stay apart however they are scraped. The inbox gauges are the whole store's, in each.
     A StoreError from reading the store propagates: the caller answers the scrape with an error.
     """
     counts = await store.state_counts()
@@ -203,6 +227,8 @@ async def exposition(store: InboxView) -> bytes:
         age = max((utc_now() - received).total_seconds(), 0.0)
     OLDEST_PENDING_AGE.set(age)
     _set_build_info()
+    if process is not None:
+        return generate_latest(_Labelled(REGISTRY, {"process": process}))
     return generate_latest(REGISTRY)
 
 

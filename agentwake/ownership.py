@@ -55,6 +55,8 @@ class Ownership(Protocol):
     """What the supervisor asks: drive a subscription only while holding it."""
 
     shared: bool
+    # This process, as leases (and status's driven_by, and /metrics on a shared store) name it.
+    owner: str
 
     def driving(self, name: str) -> AbstractAsyncContextManager[int | None]: ...
 
@@ -69,6 +71,9 @@ class Unshared:
     """One process per store (SQLite): every subscription is this process's, unfenced, for free."""
 
     shared = False
+
+    def __init__(self) -> None:
+        self.owner = owner_id()
 
     @asynccontextmanager
     async def driving(self, name: str) -> AsyncIterator[int | None]:

@@ -26,7 +26,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 from agentwake import metrics, protocol
 from agentwake.backoff import backoff_s
 from agentwake.config import AgentwakeConfig, SubscriptionConfig
-from agentwake.delivery.common import KnownEvents, Sleep, subscription_key
+from agentwake.delivery.common import KnownEvents, QuietFlusher, Sleep, subscription_key
 from agentwake.delivery.poll import PollLoop
 from agentwake.delivery.push import PushLoop
 from agentwake.delivery.receiver import Receiver
@@ -107,6 +107,8 @@ class Supervisor:
     receiver: Receiver | None = field(default=None, init=False)
     # What the loops have seen stored, so overlapping subscriptions do not each write an event.
     known_events: KnownEvents = field(default_factory=KnownEvents, init=False)
+    # Writes what quiet loops held back, all together (see DeferredWrites).
+    quiet_flusher: QuietFlusher = field(init=False)
     _ended: set[str] = field(default_factory=set, init=False)
     _ends: anyio.Event = field(default_factory=anyio.Event, init=False)
     _stored: anyio.Event = field(default_factory=anyio.Event, init=False)
@@ -128,6 +130,7 @@ class Supervisor:
     _live_signals: dict[str, ServerSignals] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
+        self.quiet_flusher = QuietFlusher(self.store)
         self.owners = self.ownership or ownership_for(
             self.store, lambda: [s.name for s in self.config.subscriptions], self.config.store.lease_s
         )
@@ -159,6 +162,7 @@ class Supervisor:
                 server,
             )
         async with anyio.create_task_group() as tg:
+            self.quiet_flusher.spawn_in(tg)
             if self.owners.shared:
                 await tg.start(self.owners.run, name="ownership")
             if self.config.webhook is not None:
@@ -575,6 +579,7 @@ class Supervisor:
                             sleep=self.sleep,
                             limits=self.config.limits,
                             known=self.known_events,
+                            flusher=self.quiet_flusher,
                         )
                     else:
                         loop = PollLoop(
@@ -585,6 +590,7 @@ class Supervisor:
                             sleep=self.sleep,
                             limits=self.config.limits,
                             known=self.known_events,
+                            flusher=self.quiet_flusher,
                         )
                     tg.start_soon(self._run_loop, loop, plan.mode, name=f"{plan.mode}:{sub.name}")
                     running += 1

@@ -19,11 +19,12 @@ import anyio
 
 from agentwake.clock import iso, utc_now
 from agentwake.config import OFFLINE_MODEL, OFFLINE_NOTICE, AgentConfig, AgentwakeConfig
-from agentwake.decide import Outcome, RuleSlots, decide
+from agentwake.decide import Outcome, Slots, StoreSlots, decide
 from agentwake.errors import AgentwakeError
 from agentwake.logs import event_fields
 from agentwake.policy import Policy
 from agentwake.store import InboxEvent, RunKind, Settlement, Store
+from agentwake.store.quotas import ClaimLimits
 
 if TYPE_CHECKING:
     from agentwake.agent.tools import ConnectionPool
@@ -91,7 +92,8 @@ class Worker:
     pool: ConnectionPool | None = None
     clock: Callable[[], datetime] = utc_now
     on_log: Callable[[InboxEvent], None] = log_event
-    slots: RuleSlots = field(default_factory=RuleSlots)
+    # Rules' max_concurrent slots, counted by the store over every process that shares it.
+    slots: Slots = field(init=False)
     active: int = field(default=0, init=False)
     # Events being handled: row -> (server, attempts at the claim: the lease's fencing token).
     held: dict[int, tuple[str, int]] = field(default_factory=dict, init=False)
@@ -100,6 +102,9 @@ class Worker:
     _wake: anyio.Event = field(default_factory=anyio.Event, init=False)
     _slot_freed: anyio.Event = field(default_factory=anyio.Event, init=False)
     _idle_now: anyio.Event = field(default_factory=anyio.Event, init=False)
+
+    def __post_init__(self) -> None:
+        self.slots = StoreSlots(self.store, lambda: self.clock())
 
     def stop_claiming(self) -> None:
         """The first half of a graceful stop: claim nothing more; events being handled go on."""
@@ -124,21 +129,30 @@ class Worker:
     def _lease_until(self) -> str:
         return iso(self.clock() + timedelta(seconds=self.lease_s))
 
-    def _busy_servers(self) -> list[str]:
-        """Servers whose events may not start another run now ([servers.X] max_concurrent_runs)."""
-        running: dict[str, int] = {}
-        for server, _ in self.held.values():
-            running[server] = running.get(server, 0) + 1
-        return [
-            name
+    def _claim_limits(self) -> ClaimLimits:
+        """[servers.X] max_concurrent_runs and [agent] max_runs_per_hour / max_cost_per_day_usd, for
+        the store to count over every process sharing it, inside the claim."""
+        caps = {
+            name: server.max_concurrent_runs
             for name, server in self.config.servers.items()
-            if server.max_concurrent_runs is not None and running.get(name, 0) >= server.max_concurrent_runs
-        ]
+            if server.max_concurrent_runs is not None
+        }
+        agent = self.agent.agent if self.agent is not None else None
+        if agent is None:
+            return ClaimLimits(caps)
+        now = self.clock()
+        return ClaimLimits(
+            caps,
+            max_runs_per_hour=agent.max_runs_per_hour,
+            hour_ago=iso(now - timedelta(hours=1)),
+            max_cost_per_day_usd=agent.max_cost_per_day_usd,
+            day_ago=iso(now - timedelta(days=1)),
+        )
 
     async def _claim(self, limit: int) -> list[InboxEvent]:
-        """Claim up to ``limit`` events under a lease, honouring per-server limits and max_attempts."""
+        """Claim up to ``limit`` events under a lease, honouring the limits above and max_attempts."""
         batch = await self.store.claim(
-            limit, iso(self.clock()), lease_until=self._lease_until(), exclude_servers=self._busy_servers()
+            limit, iso(self.clock()), lease_until=self._lease_until(), limits=self._claim_limits()
         )
         max_attempts = self.agent.agent.max_attempts if self.agent is not None else None
         kept: list[InboxEvent] = []
@@ -148,11 +162,6 @@ class Worker:
                 reason = f"claimed {event.attempts} times without finishing (its lease lapsed each time)"
                 logger.error("event %s is dead: %s", event.event_id, reason)
                 await self.store.finish([event.id], "dead", reason)
-                continue
-            limit_of = self.config.servers.get(event.server)
-            cap = limit_of.max_concurrent_runs if limit_of is not None else None
-            if cap is not None and sum(1 for srv, _ in self.held.values() if srv == event.server) >= cap:
-                await self.store.release(event.id, iso(self.clock()))  # its server is at its limit: later
                 continue
             self.held[event.id] = (event.server, event.attempts)
             kept.append(event)
@@ -209,8 +218,8 @@ class Worker:
             logger.warning("agent paused: %s; events wait in pending", reason)
         else:
             logger.info("agent resumed: back under its limits")
-        self.paused = reason
         await self.store.service_paused(reason)
+        self.paused = reason  # after the write: one that failed is tried again next time
 
     def wake(self, count: int = 0) -> None:
         """New events are in the inbox (``count`` of them): claim now rather than at the next recheck."""
@@ -413,4 +422,5 @@ class Worker:
             await agent.run(outcome, batch=batch)
         finally:
             if outcome.holds_slot:
-                self.slots.give_back(outcome.rule)
+                with anyio.CancelScope(shield=True):
+                    await self.slots.give_back(outcome.event.id, outcome.rule)

@@ -180,14 +180,13 @@ def test_only_an_approved_or_due_batch_event_resumes_its_stored_decision() -> No
     assert leader is not None and leader.why == "held"
 
 
-def test_rule_slots_count_runs_per_rule_up_to_the_limit() -> None:
+async def test_rule_slots_count_runs_per_rule_up_to_the_limit() -> None:
     slots = RuleSlots()
-    assert slots.take("r", 1)
-    assert not slots.take("r", 1)
-    assert slots.take("other", 1)
-    slots.give_back("r")
-    assert slots.take("r", 1)
-    assert slots.take("unlimited", None) and slots.take("unlimited", None)
+    assert await slots.take(1, "r", 1)
+    assert not await slots.take(2, "r", 1)
+    assert await slots.take(3, "other", 1)
+    await slots.give_back(1, "r")
+    assert await slots.take(2, "r", 1)
 
 
 # ---- decide --------------------------------------------------------------------------------------
@@ -331,7 +330,7 @@ async def test_at_max_concurrent_an_event_is_delayed_before_any_flow_mark(
     )
     assert (outcome.verdict, outcome.until) == ("delay", NOW + timedelta(seconds=1))
     assert outcome.why == "rule limited is at its max_concurrent of 1"
-    slots.give_back("limited")
+    await slots.give_back(outcome.event.id, "limited")
     # No rate mark was taken for it: the next try runs.
     again = await decide(
         await store.event(outcome.event.id), config=config(), policy=rules, now=NOW, flow=store, slots=slots

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Final
 
 import anyio
@@ -35,7 +36,7 @@ from agentwake.delivery.common import (
     STALLED_AFTER_FAILURES,
     DeferredWrites,
     KnownEvents,
-    QuietWrites,
+    QuietFlusher,
     Sleep,
     Summary,
     subscription_key,
@@ -94,7 +95,9 @@ class PollLoop:
     fence: int | None = None
     # Shared by the loops of one store (the supervisor's); a loop alone knows what it stored itself.
     known: KnownEvents = field(default_factory=KnownEvents)
-    # How long a batch with nothing new may wait to be written (see DeferredWrites).
+    # Writes what the loops of one store held back (the supervisor's); a loop alone runs its own,
+    # every quiet_write_s (0: nothing is held back).
+    flusher: QuietFlusher | None = None
     quiet_write_s: float = QUIET_WRITE_S
     polls: int = field(default=0, init=False)
     _drained: int = field(default=0, init=False)
@@ -102,7 +105,8 @@ class PollLoop:
     _writes: DeferredWrites = field(init=False)
 
     def __post_init__(self) -> None:
-        self._writes = DeferredWrites(self.known, QuietWrites(every_s=self.quiet_write_s))
+        flusher = self.flusher or QuietFlusher(self.store, self.quiet_write_s)
+        self._writes = DeferredWrites(self.known, flusher)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Poll until cancelled. SubscriptionEnded and ConnectionLost propagate to the caller."""
@@ -121,7 +125,12 @@ class PollLoop:
         task_status.started()
         self._writes.reset()
         try:
-            await self._poll_forever(key, cursor, resuming=resuming)
+            if self.flusher is None:
+                await self._writes.flusher.alongside(
+                    partial(self._poll_forever, key, cursor, resuming=resuming)
+                )
+            else:
+                await self._poll_forever(key, cursor, resuming=resuming)
         finally:
             await self._writes.save(self.store, key, logger, fence=self.fence)
 
@@ -191,15 +200,14 @@ class PollLoop:
         page, admitted = result.page, result.admitted
         gap = page.truncated or bool(admitted.rejected)
         writes = self._writes
-        if writes.can_wait(sub.server, admitted.events, page.cursor, gap=gap):
+        if writes.can_wait(key, admitted.events, page.cursor, gap=gap, fence=self.fence):
             metrics.observe_ingest(sub.name, "poll", 0, len(admitted.events), gap=False)
             return
-        held = len(writes.events)
-        events = writes.with_held(admitted.events)
+        events, held_cursor, held = await writes.take(admitted.events)
         ingest = await self.store.ingest(
             key,
             events,
-            page.cursor if page.cursor is not None else writes.cursor,
+            page.cursor if page.cursor is not None else held_cursor,
             truncated=page.truncated,
             cursor_before=cursor,
             rejected=admitted.rejected,

@@ -18,6 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Final
 
 import anyio
@@ -36,7 +37,7 @@ from agentwake.delivery.common import (
     STALLED_AFTER_FAILURES,
     DeferredWrites,
     KnownEvents,
-    QuietWrites,
+    QuietFlusher,
     Sleep,
     Summary,
     subscription_key,
@@ -167,7 +168,9 @@ class PushLoop:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     # Shared by the loops of one store (the supervisor's); a loop alone knows what it stored itself.
     known: KnownEvents = field(default_factory=KnownEvents)
-    # How long a batch with nothing new may wait to be written (see DeferredWrites).
+    # Writes what the loops of one store held back (the supervisor's); a loop alone runs its own,
+    # every quiet_write_s (0: nothing is held back).
+    flusher: QuietFlusher | None = None
     quiet_write_s: float = QUIET_WRITE_S
     clock: Callable[[], float] = time.monotonic
     # The lease this process drives the subscription under (agentwake.ownership); None: unfenced.
@@ -182,7 +185,8 @@ class PushLoop:
     _writes: DeferredWrites = field(init=False)
 
     def __post_init__(self) -> None:
-        self._writes = DeferredWrites(self.known, QuietWrites(every_s=self.quiet_write_s))
+        flusher = self.flusher or QuietFlusher(self.store, self.quiet_write_s)
+        self._writes = DeferredWrites(self.known, flusher)
 
     @property
     def dead_after_s(self) -> float:
@@ -276,7 +280,10 @@ class PushLoop:
     async def _consume(self, route: StreamRoute, key: SubscriptionKey, cursor: str | None) -> None:
         self._writes.reset()
         try:
-            await self._consume_stream(route, key, cursor)
+            if self.flusher is None:
+                await self._writes.flusher.alongside(partial(self._consume_stream, route, key, cursor))
+            else:
+                await self._consume_stream(route, key, cursor)
         finally:
             await self._writes.save(self.store, key, logger, fence=self.fence)
 
@@ -405,13 +412,12 @@ class PushLoop:
             return stored
         sub, writes = self.subscription, self._writes
         gap = pending.truncated or bool(pending.rejected)
-        if writes.can_wait(sub.server, pending.events, pending.cursor, gap=gap):
+        if writes.can_wait(key, pending.events, pending.cursor, gap=gap, fence=self.fence):
             metrics.observe_ingest(sub.name, "push", 0, len(pending.events), gap=False)
             self.on_stored(stored)  # nothing new: the stored cursor stays for now
             return stored
-        held = len(writes.events)
-        events = writes.with_held(pending.events)
-        cursor = pending.cursor if pending.cursor is not None else writes.cursor
+        events, held_cursor, held = await writes.take(pending.events)
+        cursor = pending.cursor if pending.cursor is not None else held_cursor
         result = await self.store.ingest(
             key,
             events,

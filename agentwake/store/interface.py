@@ -21,11 +21,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
+from agentwake.store.quotas import ClaimLimits
 from agentwake.store.records import (
     EventState,
     EventVerdict,
     FlowGate,
     FlowOutcome,
+    HeldBatch,
     InboxEvent,
     IncomingEvent,
     IngestResult,
@@ -95,6 +97,12 @@ class Store(Protocol):
 
     async def ingest_deliveries(self, deliveries: Sequence[WebhookDelivery]) -> list[IngestResult]:
         """Webhook bodies accepted together (group commit), one result each, in one transaction."""
+        ...
+
+    async def ingest_held(self, batches: Sequence[HeldBatch]) -> list[IngestResult | None]:
+        """What delivery loops held back (batches with nothing new: no gap, no refused event), each
+        written as ``ingest`` would, all in one transaction: one result each, None for a batch
+        whose fence is not its subscription's (that one writes nothing; the others still do)."""
         ...
 
     # ---- who drives each subscription's delivery loop (ownership) ------------------------------
@@ -171,9 +179,24 @@ class Store(Protocol):
         *,
         lease_until: str | None = None,
         exclude_servers: Sequence[str] = (),
+        limits: ClaimLimits | None = None,
     ) -> list[InboxEvent]:
         """Up to ``limit`` due pending events (or abandoned ones: their lease lapsed), moved to
-        'processing' with a lease until ``lease_until``; none of ``exclude_servers``."""
+        'processing' with a lease until ``lease_until``; none of ``exclude_servers``. ``limits``
+        (per-server caps, the agent's hourly runs and daily spend) count the events being handled
+        by every process on the store, in the claim's transaction: two processes claiming at once
+        never take more between them than the limits allow."""
+        ...
+
+    async def take_rule_slot(self, event_row: int, rule: str, limit: int, now: str) -> bool:
+        """One of ``rule``'s ``limit`` run slots (``max_concurrent``) for this claimed event, counted
+        over every process in one transaction: the events being handled ('processing', lease not
+        lapsed at ``now``, or claimed without one) that hold one. False: all are taken. A slot is given back with
+        ``give_rule_slot``, or lapses with its event's lease or when the event leaves 'processing'."""
+        ...
+
+    async def give_rule_slot(self, event_row: int) -> None:
+        """The slot this event's run held (if any) is free again."""
         ...
 
     async def renew_leases(self, leases: Sequence[tuple[int, int]], until: str) -> list[int]:

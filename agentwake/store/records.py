@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, NamedTuple
 
@@ -94,6 +95,21 @@ class WebhookDelivery(NamedTuple):
     # A gap envelope's webhook-id: a retry of a recorded gap is a duplicate, and moves no cursor.
     control_id: str | None = None
     rejected: RejectedEvent | None = None
+
+
+# Why a run found 'running' when its event is claimed again ended.
+ABANDONED_RUN: Final = "its process stopped during the run (the event's lease lapsed)"
+
+
+class HeldBatch(NamedTuple):
+    """What a delivery loop held back (agentwake.delivery.common.DeferredWrites): batches that
+    brought nothing new, so only their cursor and known events, written later with others'."""
+
+    key: SubscriptionKey
+    events: Sequence[IncomingEvent]
+    cursor: str | None
+    # The lease the loop drove the subscription under; None: unfenced.
+    fence: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

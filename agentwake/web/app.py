@@ -291,7 +291,8 @@ class Endpoint:
     async def metrics(self, request: web.Request, caller: Caller | None) -> web.Response:
         from agentwake.metrics import CONTENT_TYPE, exposition
 
-        body = await exposition(self.store)
+        owners = self.supervisor.owners
+        body = await exposition(self.store, process=owners.owner if owners.shared else None)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     # ---- the page --------------------------------------------------------------------------------

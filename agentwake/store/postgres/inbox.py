@@ -15,6 +15,7 @@ from typing import Any, Final
 import psycopg
 
 from agentwake.clock import now_iso
+from agentwake.errors import FencedOut
 from agentwake.faults import crash_point
 from agentwake.jsontext import encode_json
 from agentwake.store.postgres.base import PostgresBase
@@ -23,6 +24,7 @@ from agentwake.store.records import (
     DUPLICATE,
     INSERTED,
     NEITHER,
+    HeldBatch,
     IncomingEvent,
     IngestResult,
     RejectedEvent,
@@ -196,6 +198,39 @@ class Inbox(PostgresBase):
             result = IngestResult(inserted, duplicates)
         crash_point("after_inbox_commit", result.inserted)
         return result
+
+    async def ingest_held(self, batches: Sequence[HeldBatch]) -> list[IngestResult | None]:
+        """Batches delivery loops held back, each as ``ingest`` writes it, in one transaction; None
+        for one fenced out (it writes nothing, the others do)."""
+        now = now_iso()
+        results: list[IngestResult | None] = []
+        async with self.transaction() as conn:
+            kept: list[HeldBatch] = []
+            for batch in sorted(batches, key=lambda b: b.key.name):  # fences share-locked in name order
+                try:
+                    await check_fence(conn, batch.key.name, batch.fence)
+                except FencedOut:
+                    continue
+                kept.append(batch)
+            await _lock_subscriptions(conn, [batch.key.name for batch in kept])
+            written: dict[int, IngestResult] = {}
+            for batch in kept:
+                inserted = len(await _insert_events(conn, [(batch.key, e) for e in batch.events], now))
+                written[id(batch)] = IngestResult(inserted, len(batch.events) - inserted)
+                await conn.execute(
+                    _ADVANCE_SQL,
+                    _advance(
+                        batch.key,
+                        batch.cursor,
+                        now,
+                        inserted=inserted,
+                        duplicates=len(batch.events) - inserted,
+                        gaps=0,
+                        rejected=0,
+                    ),
+                )
+            results = [written.get(id(batch)) for batch in batches]
+        return results
 
     async def ingest_deliveries(self, deliveries: Sequence[WebhookDelivery]) -> list[IngestResult]:
         """Webhook bodies accepted together (group commit): every event and its cursor in ONE transaction.

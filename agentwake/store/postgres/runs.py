@@ -266,11 +266,18 @@ class ActionLog(PostgresBase):
     async def agent_usage(self, since_hour: str, since_day: str) -> tuple[int, float]:
         """Agent runs started since ``since_hour``, and LLM spend (USD) of every run started since ``since_day``."""
         async with self.transaction() as conn:
-            cur = await conn.execute(
-                "SELECT (SELECT count(*) FROM runs WHERE kind = 'agent' AND started_at >= %s),"
-                " (SELECT coalesce(sum(cost_usd), 0) FROM runs WHERE started_at >= %s)",
-                [since_hour, since_day],
-            )
-            row = await cur.fetchone()
-        assert row is not None
-        return int(row[0]), float(row[1])
+            return await agent_usage(conn, since_hour, since_day)
+
+
+async def agent_usage(
+    conn: psycopg.AsyncConnection[Any], since_hour: str, since_day: str
+) -> tuple[int, float]:
+    """Agent runs started since ``since_hour``, and LLM spend (USD) of every run started since ``since_day``."""
+    cur = await conn.execute(
+        "SELECT (SELECT count(*) FROM runs WHERE kind = 'agent' AND started_at >= %s),"
+        " (SELECT coalesce(sum(cost_usd), 0) FROM runs WHERE started_at >= %s)",
+        [since_hour, since_day],
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0]), float(row[1])

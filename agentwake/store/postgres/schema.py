@@ -208,10 +208,14 @@ _SUBSCRIPTION_OWNERS: Final = (
     """,
 )
 
+# The rule whose max_concurrent slot an event's run holds, while the event is being handled.
+_RULE_SLOTS: Final = ("ALTER TABLE events ADD COLUMN slot_rule text",)
+
 # In order; a new one is appended (never edited once released): its name is recorded when applied.
 MIGRATIONS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
     ("0001_initial", _INITIAL),
     ("0002_subscription_owners", _SUBSCRIPTION_OWNERS),
+    ("0003_rule_slots", _RULE_SLOTS),
 )
 MIGRATION_NAMES: Final = tuple(name for name, _ in MIGRATIONS)
 

@@ -19,25 +19,56 @@ import psycopg
 from agentwake.clock import now_iso
 from agentwake.errors import StoreError
 from agentwake.jsontext import encode_json
-from agentwake.store.postgres.base import PostgresBase
-from agentwake.store.records import EventState, InboxEvent, Settlement
+from agentwake.store.postgres.base import PostgresBase, lock_key
+from agentwake.store.postgres.runs import agent_usage
+from agentwake.store.quotas import ClaimLimits, Quota, quota
+from agentwake.store.records import ABANDONED_RUN, EventState, InboxEvent, Settlement
 
 CLAIMED_COLUMNS: Final = (
     "id, server, subscription, name, event_id, timestamp, data, attempts, decision, approved_at"
 )
 
+# Held by every claim with limits (ClaimLimits), so each counts the claims committed before it.
+CLAIM_LIMITS_LOCK: Final = lock_key("claim-limits")
+
 # Each subscription's next due events (by priority, then age), locked; then the subscriptions take
 # turns, the one served longest ago first. Rows locked by another claim are skipped.
 _CLAIM_SQL: Final = (
-    "WITH due AS (SELECT e.id, e.subscription, e.priority, s.claimed_seq, row_number() OVER"
+    "WITH due AS (SELECT e.id, e.subscription, e.server, e.priority, s.claimed_seq, row_number() OVER"
     " (PARTITION BY e.subscription ORDER BY e.priority DESC, e.id) AS turn"
-    " FROM subscriptions s CROSS JOIN LATERAL (SELECT id, subscription, priority FROM events"
+    " FROM subscriptions s CROSS JOIN LATERAL (SELECT id, subscription, server, priority FROM events"
     " WHERE subscription = s.name AND ((state = 'pending' AND (available_at IS NULL OR available_at <= %(now)s))"
     " OR (state = 'processing' AND lease_until IS NOT NULL AND lease_until < %(now)s))"
     " AND server <> ALL(%(excluded)s::text[])"
     " ORDER BY priority DESC, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) e)"
-    " SELECT id, subscription FROM due ORDER BY turn, claimed_seq, priority DESC, id LIMIT %(limit)s"
+    " SELECT id, subscription, server FROM due ORDER BY turn, claimed_seq, priority DESC, id LIMIT %(limit)s"
 )
+
+
+async def _quota(
+    conn: psycopg.AsyncConnection[Any],
+    limit: int,
+    now: str,
+    limits: ClaimLimits | None,
+    excluded: Sequence[str],
+) -> Quota:
+    """What this claim may take under ``limits``, counted inside its transaction after taking the
+    claims' lock: every claim committed before it is counted, and none commits meanwhile."""
+    if limits is None:
+        return Quota(limit, tuple(excluded))
+    await conn.execute("SELECT pg_advisory_xact_lock(%s)", [CLAIM_LIMITS_LOCK])
+    handled: dict[str, int] = {}
+    if limits.server_caps or limits.max_runs_per_hour is not None:
+        cur = await conn.execute(
+            "SELECT server, count(*) FROM events WHERE state = 'processing' AND coalesce(lease_until >= %s, true)"
+            " GROUP BY server",
+            [now],
+        )
+        handled = {str(server): int(count) for server, count in await cur.fetchall()}
+    runs, spend = (0, 0.0)
+    if limits.counts_usage:
+        runs, spend = await agent_usage(conn, limits.hour_ago, limits.day_ago)
+    return quota(limit, limits, handled=handled, runs_last_hour=runs, spend_last_day=spend, excluded=excluded)
 
 
 def inbox_event(row: Sequence[Any]) -> InboxEvent:
@@ -125,6 +156,7 @@ class WorkQueue(PostgresBase):
         *,
         lease_until: str | None = None,
         exclude_servers: Sequence[str] = (),
+        limits: ClaimLimits | None = None,
     ) -> list[InboxEvent]:
         """Move up to ``limit`` due pending events to 'processing' and return them, oldest first.
 
@@ -134,24 +166,35 @@ class WorkQueue(PostgresBase):
 
         A claim is a lease until ``lease_until`` (renewed while the event is handled): an event
         still 'processing' after its lease lapsed was abandoned and is claimed again, with its
-        attempts counted. Events of ``exclude_servers`` (at their run limit) are left alone.
+        attempts counted. Events of ``exclude_servers`` are left alone. With ``limits``, claims
+        take one advisory lock, so each counts every other process's committed claims.
         """
         now = now or now_iso()
         async with self.transaction() as conn:
+            allowed = await _quota(conn, limit, now, limits, exclude_servers)
+            if allowed.limit <= 0:
+                return []
             cur = await conn.execute(
-                _CLAIM_SQL, {"now": now, "excluded": list(exclude_servers), "limit": limit}
+                _CLAIM_SQL, {"now": now, "excluded": list(allowed.excluded), "limit": limit}
             )
-            chosen = await cur.fetchall()
+            chosen = allowed.trim([(int(row[0]), str(row[2])) for row in await cur.fetchall()])
             if not chosen:
                 return []
             cur = await conn.execute(
                 "UPDATE events SET state = 'processing', attempts = attempts + 1, state_changed_at = %s,"
                 f" lease_until = %s WHERE id = ANY(%s) RETURNING {CLAIMED_COLUMNS}",
-                [now, lease_until, [row[0] for row in chosen]],
+                [now, lease_until, chosen],
             )
             rows = await cur.fetchall()
+            # A run left 'running' on a reclaimed event (its lease lapsed) was cut off with its process.
+            await conn.execute(
+                "UPDATE runs SET status = 'interrupted', reason = %s, finished_at = %s"
+                " WHERE status = 'running' AND event_row = ANY(%s)",
+                [ABANDONED_RUN, now, chosen],
+            )
             # Served now: these subscriptions go after the others at the next claim, in the order served.
-            served = list(dict.fromkeys(row[1] for row in chosen))
+            order = {event_row: position for position, event_row in enumerate(chosen)}
+            served = list(dict.fromkeys(row[2] for row in sorted(rows, key=lambda row: order[row[0]])))
             await conn.execute(
                 "SELECT name FROM subscriptions WHERE name = ANY(%s) ORDER BY name FOR UPDATE",
                 [sorted(served)],
@@ -164,6 +207,27 @@ class WorkQueue(PostgresBase):
             )
         rows.sort(key=lambda row: row[0])
         return [inbox_event(row) for row in rows]
+
+    async def take_rule_slot(self, event_row: int, rule: str, limit: int, now: str) -> bool:
+        """One of ``rule``'s ``limit`` run slots for this event, if the events being handled by every
+        process leave one; takes under the rule's advisory lock, so two takes never both get the last."""
+        async with self.transaction() as conn:
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", [lock_key("rule-slot", rule)])
+            cur = await conn.execute(
+                "SELECT count(*) FROM events WHERE slot_rule = %s AND state = 'processing' AND coalesce(lease_until >= %s, true)"
+                " AND id <> %s",
+                [rule, now, event_row],
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            if int(row[0]) >= limit:
+                return False
+            await conn.execute("UPDATE events SET slot_rule = %s WHERE id = %s", [rule, event_row])
+        return True
+
+    async def give_rule_slot(self, event_row: int) -> None:
+        async with self.transaction() as conn:
+            await conn.execute("UPDATE events SET slot_rule = NULL WHERE id = %s", [event_row])
 
     async def renew_leases(self, leases: Sequence[tuple[int, int]], until: str) -> list[int]:
         """Extend the leases of events still held, given as (event row, attempts at the claim).

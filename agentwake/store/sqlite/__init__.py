@@ -83,6 +83,9 @@ class SqliteStore(ThreadedStore[SqliteCore]):
 
     ingest = in_store_thread(SqliteCore.ingest)
     ingest_deliveries = in_store_thread(SqliteCore.ingest_deliveries)
+    ingest_held = in_store_thread(SqliteCore.ingest_held)
+    take_rule_slot = in_store_thread(SqliteCore.take_rule_slot)
+    give_rule_slot = in_store_thread(SqliteCore.give_rule_slot)
 
     hold_subscriptions = in_store_thread(SqliteCore.hold_subscriptions)
     release_subscriptions = in_store_thread(SqliteCore.release_subscriptions)

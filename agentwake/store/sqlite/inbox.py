@@ -8,12 +8,14 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from agentwake.clock import now_iso
+from agentwake.errors import FencedOut
 from agentwake.faults import crash_point
 from agentwake.jsontext import encode_json
 from agentwake.store.records import (
     DUPLICATE,
     INSERTED,
     NEITHER,
+    HeldBatch,
     IncomingEvent,
     IngestResult,
     RejectedEvent,
@@ -105,6 +107,21 @@ class Inbox(SqliteBase):
             result = self._ingest(key, events, cursor, truncated, cursor_before, now, rejected)
         crash_point("after_inbox_commit", result.inserted)
         return result
+
+    def ingest_held(self, batches: Sequence[HeldBatch]) -> list[IngestResult | None]:
+        """Batches delivery loops held back, each as ``ingest`` writes it, in one transaction; None
+        for one fenced out (it writes nothing, the others do)."""
+        now = now_iso()
+        results: list[IngestResult | None] = []
+        with self.transaction():
+            for batch in batches:
+                try:
+                    check_fence(self.conn, batch.key.name, batch.fence)
+                except FencedOut:
+                    results.append(None)
+                    continue
+                results.append(self._ingest(batch.key, batch.events, batch.cursor, False, None, now))
+        return results
 
     def _ingest(
         self,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
@@ -235,10 +236,15 @@ class ActionLog(SqliteBase):
 
     def agent_usage(self, since_hour: str, since_day: str) -> tuple[int, float]:
         """Agent runs started since ``since_hour``, and LLM spend (USD) of every run started since ``since_day``."""
-        runs = self.conn.execute(
-            "SELECT count(*) FROM runs WHERE kind = 'agent' AND started_at >= ?", [since_hour]
-        ).fetchone()[0]
-        cost = self.conn.execute(
-            "SELECT coalesce(sum(cost_usd), 0) FROM runs WHERE started_at >= ?", [since_day]
-        ).fetchone()[0]
-        return int(runs), float(cost)
+        return agent_usage(self.conn, since_hour, since_day)
+
+
+def agent_usage(conn: sqlite3.Connection, since_hour: str, since_day: str) -> tuple[int, float]:
+    """Agent runs started since ``since_hour``, and LLM spend (USD) of every run started since ``since_day``."""
+    runs = conn.execute(
+        "SELECT count(*) FROM runs WHERE kind = 'agent' AND started_at >= ?", [since_hour]
+    ).fetchone()[0]
+    cost = conn.execute(
+        "SELECT coalesce(sum(cost_usd), 0) FROM runs WHERE started_at >= ?", [since_day]
+    ).fetchone()[0]
+    return int(runs), float(cost)

@@ -288,3 +288,9 @@ def _subscription_owners(db: sqlite_utils.Database) -> None:
         )
         """
     )
+
+
+@migrations(name="0014_rule_slots")
+def _rule_slots(db: sqlite_utils.Database) -> None:
+    # The rule whose max_concurrent slot an event's run holds, while the event is being handled.
+    db.execute("ALTER TABLE events ADD COLUMN slot_rule TEXT")

@@ -24,4 +24,5 @@ MIGRATION_NAMES: Final = (
     "0011_service",
     "0012_work_queue",
     "0013_subscription_owners",
+    "0014_rule_slots",
 )

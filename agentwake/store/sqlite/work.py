@@ -9,8 +9,10 @@ from typing import Any, Final
 from agentwake.clock import now_iso
 from agentwake.errors import StoreError
 from agentwake.jsontext import encode_json
-from agentwake.store.records import EventState, FlowGate, FlowOutcome, InboxEvent, Settlement
+from agentwake.store.quotas import ClaimLimits, Quota, quota
+from agentwake.store.records import ABANDONED_RUN, EventState, FlowGate, FlowOutcome, InboxEvent, Settlement
 from agentwake.store.sqlite.base import SqliteBase
+from agentwake.store.sqlite.runs import agent_usage
 
 _CLAIMED_COLUMNS: Final = (
     "id, server, subscription, name, event_id, timestamp, data, attempts, decision, approved_at"
@@ -79,6 +81,7 @@ class WorkQueue(SqliteBase):
         *,
         lease_until: str | None = None,
         exclude_servers: Sequence[str] = (),
+        limits: ClaimLimits | None = None,
     ) -> list[InboxEvent]:
         """Move up to ``limit`` due pending events to 'processing' and return them, oldest first.
 
@@ -88,34 +91,88 @@ class WorkQueue(SqliteBase):
 
         A claim is a lease until ``lease_until`` (renewed while the event is handled): an event
         still 'processing' after its lease lapsed was abandoned and is claimed again, with its
-        attempts counted. Events of ``exclude_servers`` (at their run limit) are left alone.
+        attempts counted. Events of ``exclude_servers`` are left alone, and ``limits`` (per-server
+        caps, the agent's hourly runs and daily spend) are counted in the same transaction.
         """
         now = now or now_iso()
-        excluded = encode_json(list(exclude_servers))
         with self.transaction():
-            rows = self.conn.execute(
-                "WITH due AS (SELECT e.id, e.priority, s.claimed_seq, row_number() OVER"
+            allowed = self._quota(limit, now, limits, exclude_servers)
+            if allowed.limit <= 0:
+                return []
+            due = self.conn.execute(
+                "WITH due AS (SELECT e.id, e.server, e.priority, s.claimed_seq, row_number() OVER"
                 " (PARTITION BY e.subscription ORDER BY e.priority DESC, e.id) AS turn"
                 " FROM subscriptions s JOIN events e ON e.id IN (SELECT id FROM events"
                 " WHERE subscription = s.name AND ((state = 'pending' AND (available_at IS NULL OR available_at <= ?))"
                 " OR (state = 'processing' AND lease_until IS NOT NULL AND lease_until < ?))"
                 " AND server NOT IN (SELECT value FROM json_each(?))"
                 " ORDER BY priority DESC, id LIMIT ?))"
-                " UPDATE events SET state = 'processing', attempts = attempts + 1, state_changed_at = ?,"
-                " lease_until = ?"
-                " WHERE id IN (SELECT id FROM due ORDER BY turn, claimed_seq, priority DESC, id LIMIT ?)"
-                f" RETURNING {_CLAIMED_COLUMNS}",
-                [now, now, excluded, limit, now, lease_until, limit],
+                " SELECT id, server FROM due ORDER BY turn, claimed_seq, priority DESC, id LIMIT ?",
+                [now, now, encode_json(list(allowed.excluded)), limit, limit],
             ).fetchall()
-            if rows:
-                # Served now: these subscriptions go after the others at the next claim.
-                self.conn.executemany(
-                    "UPDATE subscriptions SET claimed_seq = (SELECT max(claimed_seq) FROM subscriptions) + 1"
-                    " WHERE name = ?",
-                    [(name,) for name in dict.fromkeys(row[2] for row in rows)],
-                )
+            chosen = allowed.trim([(int(row[0]), str(row[1])) for row in due])
+            if not chosen:
+                return []
+            rows = self.conn.execute(
+                "UPDATE events SET state = 'processing', attempts = attempts + 1, state_changed_at = ?,"
+                " lease_until = ? WHERE id IN (SELECT value FROM json_each(?))"
+                f" RETURNING {_CLAIMED_COLUMNS}",
+                [now, lease_until, encode_json(chosen)],
+            ).fetchall()
+            # A run left 'running' on a reclaimed event (its lease lapsed) was cut off with its process.
+            self.conn.execute(
+                "UPDATE runs SET status = 'interrupted', reason = ?, finished_at = ?"
+                " WHERE status = 'running' AND event_row IN (SELECT value FROM json_each(?))",
+                [ABANDONED_RUN, now, encode_json(chosen)],
+            )
+            # Served now: these subscriptions go after the others at the next claim, in the order served.
+            order = {event_row: position for position, event_row in enumerate(chosen)}
+            served = dict.fromkeys(row[2] for row in sorted(rows, key=lambda row: order[row[0]]))
+            self.conn.executemany(
+                "UPDATE subscriptions SET claimed_seq = (SELECT max(claimed_seq) FROM subscriptions) + 1"
+                " WHERE name = ?",
+                [(name,) for name in served],
+            )
         rows.sort(key=lambda row: row[0])
         return [_inbox_event(row) for row in rows]
+
+    def _quota(self, limit: int, now: str, limits: ClaimLimits | None, excluded: Sequence[str]) -> Quota:
+        """What this claim may take under ``limits``, counted inside its transaction."""
+        if limits is None:
+            return Quota(limit, tuple(excluded))
+        handled: dict[str, int] = {}
+        if limits.server_caps or limits.max_runs_per_hour is not None:
+            handled = {
+                str(server): int(count)
+                for server, count in self.conn.execute(
+                    "SELECT server, count(*) FROM events WHERE state = 'processing' AND coalesce(lease_until >= ?, true)"
+                    " GROUP BY server",
+                    [now],
+                )
+            }
+        runs, spend = (0, 0.0)
+        if limits.counts_usage:
+            runs, spend = agent_usage(self.conn, limits.hour_ago, limits.day_ago)
+        return quota(
+            limit, limits, handled=handled, runs_last_hour=runs, spend_last_day=spend, excluded=excluded
+        )
+
+    def take_rule_slot(self, event_row: int, rule: str, limit: int, now: str) -> bool:
+        """One of ``rule``'s ``limit`` run slots for this event, if the events being handled leave one."""
+        with self.transaction():
+            taken = self.conn.execute(
+                "SELECT count(*) FROM events WHERE slot_rule = ? AND state = 'processing' AND coalesce(lease_until >= ?, true)"
+                " AND id <> ?",
+                [rule, now, event_row],
+            ).fetchone()[0]
+            if taken >= limit:
+                return False
+            self.conn.execute("UPDATE events SET slot_rule = ? WHERE id = ?", [rule, event_row])
+        return True
+
+    def give_rule_slot(self, event_row: int) -> None:
+        with self.transaction():
+            self.conn.execute("UPDATE events SET slot_rule = NULL WHERE id = ?", [event_row])
 
     def renew_leases(self, leases: Sequence[tuple[int, int]], until: str) -> list[int]:
         """Extend the leases of events still held, given as (event row, attempts at the claim).
