@@ -164,6 +164,12 @@ async def test_held_batches_are_written_in_one_transaction_each_under_its_own_fe
     rows = {row["subscription"]: row for row in await store.subscriptions()}
     assert (rows["b"]["duplicates"], rows["c"]["duplicates"]) == (0, 1)
     assert await store.event_ids("a") == ["T-1"]
+    assert await store.ingest_held([]) == []
+    # Unfenced, and one event new to the store in two batches: the first batch stores it.
+    assert await store.ingest_held(
+        [HeldBatch(key_of("b"), [ticket(2)], "10"), HeldBatch(key_of("c"), [ticket(2)], "11")]
+    ) == [IngestResult(1, 0), IngestResult(0, 1)]
+    assert [await store.cursor(name) for name in ("b", "c")] == ["10", "11"]
 
 
 class CountingStore(SqliteStore):

@@ -280,6 +280,19 @@ async def test_a_null_cursor_never_replaces_the_stored_one(store: Store) -> None
     assert row["events_received"] == 2
 
 
+async def test_a_cursor_written_unless_moved_keeps_a_newer_one_stored_meanwhile(store: Store) -> None:
+    # A webhook subscribe carried cursor 4; a delivery stored 5 before its answer (watermark 3) came.
+    await store.register(TICKETS)
+    await store.ingest(TICKETS, [], "5")
+    await store.ingest(TICKETS, [], "3", cursor_before="4", unless_moved=True)
+    assert await store.cursor(TICKETS.name) == "5"
+    # Nothing stored meanwhile: the answer's watermark is the new cursor.
+    await store.ingest(TICKETS, [], "6", cursor_before="5", unless_moved=True)
+    assert await store.cursor(TICKETS.name) == "6"
+    [row] = await store.subscriptions()
+    assert row["status"] == "active"
+
+
 async def test_a_truncated_batch_records_a_gap_between_its_cursors(store: Store) -> None:
     await store.register(TICKETS)
     await store.register(ALERTS)

@@ -359,8 +359,16 @@ class WebhookLoop:
         )
         if updated is None:  # a terminated envelope retired it while this refresh was in flight
             raise self._terminated()
+        # Unless a delivery stored a cursor meanwhile: this watermark may be older (the server had not
+        # yet seen that delivery acknowledged), and a cursor never goes back.
         await self.store.ingest(
-            key, [], result.cursor, truncated=result.truncated, cursor_before=cursor, fence=self.fence
+            key,
+            [],
+            result.cursor,
+            truncated=result.truncated,
+            cursor_before=cursor,
+            fence=self.fence,
+            unless_moved=True,
         )
         # A terminated envelope may have retired it during that write; binding now would route it again.
         if self.routes.ended(sub.name).is_set() or await self.store.webhook(sub.name) is None:

@@ -85,8 +85,13 @@ class Store(Protocol):
         cursor_before: str | None = None,
         rejected: Sequence[RejectedEvent] = (),
         fence: int | None = None,
+        unless_moved: bool = False,
     ) -> IngestResult:
         """A batch and the cursor after it, in one transaction. A null cursor is never stored.
+
+        ``unless_moved``: the cursor is written only if the stored one is still ``cursor_before``
+        (a webhook subscribe's watermark must not overwrite a newer cursor a delivery stored while
+        the subscribe was under way).
 
         ``rejected`` events are stored as their summaries in state 'rejected', counted, with a gap.
         With a ``fence`` (from ``hold_subscriptions``), the same transaction first checks it is the

@@ -15,7 +15,6 @@ from typing import Any, Final
 import psycopg
 
 from agentwake.clock import now_iso
-from agentwake.errors import FencedOut
 from agentwake.faults import crash_point
 from agentwake.jsontext import encode_json
 from agentwake.store.postgres.base import PostgresBase
@@ -160,6 +159,7 @@ class Inbox(PostgresBase):
         cursor_before: str | None = None,
         rejected: Sequence[RejectedEvent] = (),
         fence: int | None = None,
+        unless_moved: bool = False,
     ) -> IngestResult:
         """Insert a batch and advance the cursor in one transaction.
 
@@ -172,6 +172,11 @@ class Inbox(PostgresBase):
         async with self.transaction() as conn:
             await check_fence(conn, key.name, fence)
             await _lock_subscriptions(conn, [key.name])
+            if unless_moved:
+                cur = await conn.execute("SELECT cursor FROM subscriptions WHERE name = %s", [key.name])
+                row = await cur.fetchone()
+                if (None if row is None else row[0]) != cursor_before:
+                    cursor = None  # a newer one was stored meanwhile: it stays
             # Every row is tried, duplicates too: each uses up an id, as SQLite's INSERT OR IGNORE does.
             stored = await _insert_events(conn, [(key, event) for event in events], now)
             inserted = len(stored)
@@ -201,36 +206,44 @@ class Inbox(PostgresBase):
 
     async def ingest_held(self, batches: Sequence[HeldBatch]) -> list[IngestResult | None]:
         """Batches delivery loops held back, each as ``ingest`` writes it, in one transaction; None
-        for one fenced out (it writes nothing, the others do)."""
+        for one fenced out (it writes nothing, the others do). A few statements however many
+        batches: one fence check, one lock, one insert, and the cursor updates pipelined."""
         now = now_iso()
-        results: list[IngestResult | None] = []
         async with self.transaction() as conn:
-            kept: list[HeldBatch] = []
-            for batch in sorted(batches, key=lambda b: b.key.name):  # fences share-locked in name order
-                try:
-                    await check_fence(conn, batch.key.name, batch.fence)
-                except FencedOut:
-                    continue
-                kept.append(batch)
-            await _lock_subscriptions(conn, [batch.key.name for batch in kept])
+            fenced = sorted({b.key.name for b in batches if b.fence is not None})
+            cur = await conn.execute(
+                "SELECT subscription, fence FROM subscription_owners WHERE subscription = ANY(%s)"
+                " ORDER BY subscription FOR SHARE",
+                [fenced],
+            )
+            fences = {str(name): int(fence) for name, fence in await cur.fetchall()}
+            kept = [b for b in batches if b.fence is None or fences.get(b.key.name) == b.fence]
+            await _lock_subscriptions(conn, [b.key.name for b in kept])
+            # Every row is tried, as ``ingest`` tries them; an event in two batches is the first one's.
+            stored = await _insert_events(conn, [(b.key, e) for b in kept for e in b.events], now)
             written: dict[int, IngestResult] = {}
             for batch in kept:
-                inserted = len(await _insert_events(conn, [(batch.key, e) for e in batch.events], now))
-                written[id(batch)] = IngestResult(inserted, len(batch.events) - inserted)
-                await conn.execute(
+                idents = [(batch.key.server, e.name, e.event_id) for e in batch.events]
+                inserted = sum(1 for ident in idents if ident in stored)
+                stored.difference_update(idents)
+                written[id(batch)] = IngestResult(inserted, len(idents) - inserted)
+            async with conn.cursor() as advance:
+                await advance.executemany(
                     _ADVANCE_SQL,
-                    _advance(
-                        batch.key,
-                        batch.cursor,
-                        now,
-                        inserted=inserted,
-                        duplicates=len(batch.events) - inserted,
-                        gaps=0,
-                        rejected=0,
-                    ),
+                    [
+                        _advance(
+                            b.key,
+                            b.cursor,
+                            now,
+                            inserted=written[id(b)].inserted,
+                            duplicates=written[id(b)].duplicates,
+                            gaps=0,
+                            rejected=0,
+                        )
+                        for b in kept
+                    ],
                 )
-            results = [written.get(id(batch)) for batch in batches]
-        return results
+        return [written.get(id(batch)) for batch in batches]
 
     async def ingest_deliveries(self, deliveries: Sequence[WebhookDelivery]) -> list[IngestResult]:
         """Webhook bodies accepted together (group commit): every event and its cursor in ONE transaction.

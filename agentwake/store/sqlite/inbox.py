@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -93,6 +94,7 @@ class Inbox(SqliteBase):
         cursor_before: str | None = None,
         rejected: Sequence[RejectedEvent] = (),
         fence: int | None = None,
+        unless_moved: bool = False,
     ) -> IngestResult:
         """Insert a batch and advance the cursor in one transaction.
 
@@ -104,6 +106,8 @@ class Inbox(SqliteBase):
         now = now_iso()
         with self.transaction():
             check_fence(self.conn, key.name, fence)
+            if unless_moved and stored_cursor(self.conn, key.name) != cursor_before:
+                cursor = None  # a newer one was stored meanwhile: it stays
             result = self._ingest(key, events, cursor, truncated, cursor_before, now, rejected)
         crash_point("after_inbox_commit", result.inserted)
         return result
@@ -301,3 +305,8 @@ class Inbox(SqliteBase):
                 ):
                     found.add((server, name, event_id))
         return found
+
+
+def stored_cursor(conn: sqlite3.Connection, name: str) -> str | None:
+    row = conn.execute("SELECT cursor FROM subscriptions WHERE name = ?", [name]).fetchone()
+    return None if row is None else row[0]
