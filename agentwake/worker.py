@@ -180,7 +180,8 @@ class Worker:
                 continue
             leases = [(row, attempts) for row, (_, attempts) in self.held.items()]
             for row in await self.store.renew_leases(leases, self._lease_until()):
-                logger.warning("event row %d: its lease was lost; another claim handles it", row)
+                if row in self.held:  # not one whose run ended while the renewal was under way
+                    logger.warning("event row %d: its lease was lost; another claim handles it", row)
 
     async def _usage_allowance(self, wanted: int) -> tuple[int, str | None]:
         """How many of ``wanted`` runs may start now under [agent] max_runs_per_hour and

@@ -443,11 +443,18 @@ async def test_every_process_routes_the_webhook_subscriptions_another_process_ma
     record = await other.prepare_webhook(hook, url, signing.generate_secret())
     await load_routes(here, routes, changed_only=True)
     assert routes.lookup("wh-1") is None  # not subscribed yet: no id to route
+    # But its subscribe is under way there: the server's verification challenge may come here.
+    body = b'{"type":"verification","challenge":"c"}'
+    header = signing.sign([signing.decode_secret(record.secret)], "msg-1", 1_700_000_000, body)
+    assert routes.subscribing
+    matched = routes.match_in_flight("msg-1", "1700000000", header, body)
+    assert matched is not None and matched[0] == hook
     subscribed = dict(refresh_before=None, delivery_status=None, previous_until="2999-01-01T00:00:00.000Z")
     await other.webhook_subscribed("hooks", webhook_id="wh-1", sent_secret=record.secret, **subscribed)
     await load_routes(here, routes, changed_only=True)
     route = routes.lookup("wh-1")
     assert route is not None and route.key == hook and len(route.secrets) == 1
+    assert not routes.subscribing  # bound: nothing is under way any more
     binds = routes.binds
     await load_routes(here, routes, changed_only=True)
     assert routes.binds == binds  # nothing changed: nothing bound again

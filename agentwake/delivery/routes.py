@@ -48,6 +48,8 @@ class WebhookRoutes:
         self._bound_as: dict[str, tuple[str, SubscriptionKey, tuple[tuple[str, float | None], ...]]] = {}
         self._retired: set[str] = set()
         self._in_flight: dict[str, _InFlight] = {}
+        # Subscribes another process sharing the store has under way (stored, not yet bound).
+        self._elsewhere: dict[str, _InFlight] = {}
         self._ended: dict[str, anyio.Event] = {}
         self.end_reasons: dict[str, str] = {}
         self.binds = 0
@@ -114,15 +116,23 @@ class WebhookRoutes:
     def end_subscribe(self, name: str) -> None:
         self._in_flight.pop(name, None)
 
+    def expect_elsewhere(self, pending: dict[str, tuple[SubscriptionKey, list[str]]]) -> None:
+        """The subscribes under way in the store (a secret stored, no id bound yet), whichever
+        process makes them: a load balancer may send their verification challenge here."""
+        self._elsewhere = {
+            name: _InFlight(key, [signing.decode_secret(s) for s in secrets])
+            for name, (key, secrets) in pending.items()
+        }
+
     @property
     def subscribing(self) -> bool:
-        return bool(self._in_flight)
+        return bool(self._in_flight or self._elsewhere)
 
     def match_in_flight(
         self, msg_id: str, stamp: str, header: str, body: bytes
     ) -> tuple[SubscriptionKey, bytes] | None:
-        """The in-flight subscribe whose secret signed this body, if any."""
-        for pending in self._in_flight.values():
+        """The in-flight subscribe (this process's or another's) whose secret signed this body, if any."""
+        for pending in [*self._in_flight.values(), *self._elsewhere.values()]:
             key = signing.verify(pending.secrets, msg_id, stamp, header, body)
             if key is not None:
                 return pending.key, key

@@ -155,9 +155,13 @@ async def load_routes(store: Store, routes: WebhookRoutes, *, changed_only: bool
     """Route every webhook subscription in the store; ``changed_only``: also unroute those no longer
     there, and leave alone the ones whose id and secrets are the same."""
     records = await store.webhooks()
+    unbound: dict[str, tuple[SubscriptionKey, list[str]]] = {}
     for record in records:
         key = SubscriptionKey(record.subscription, record.server, record.event, record.arguments)
         bind_route(routes, key, record, changed_only=changed_only)
+        if record.webhook_id is None:
+            unbound[record.subscription] = (key, [s for s in (record.secret, record.pending_secret) if s])
+    routes.expect_elsewhere(unbound)
     if changed_only:
         stored = {record.subscription for record in records}
         for name in routes.bound_names() - stored:
