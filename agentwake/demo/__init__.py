@@ -28,6 +28,10 @@ Settings come from flags or the environment (flags win):
   DEMO_NEXT_POLL_MS    nextPollMs the server recommends (default 1000)
   DEMO_HEARTBEAT_MS    how long a push stream (events/stream) stays silent before a heartbeat,
                        in ms (default 30000, at most 30000; larger values are capped)
+  DEMO_CURSOR_LOG      when set, a file to append one JSON line to per cursor a client asks
+                       ticket.created from: each events/poll, each events/stream's opening read,
+                       each new webhook subscription's (at, server_pid, client_pid: over stdio the
+                       process that started this server, mode, arguments, cursor); off by default
   DEMO_TOKEN           when set, HTTP requests need "Authorization: Bearer <token>" (401 otherwise),
                        checked by the SDK's bearer auth; the caller is then the principal "demo-user"
 

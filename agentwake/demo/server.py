@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import random
@@ -10,6 +11,7 @@ import secrets
 import socket
 import ssl
 import sys
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -63,6 +65,7 @@ class DemoSettings:
     webhook_ca: Path | None = None
     webhook_retry_s: float = DEFAULT_WEBHOOK_RETRY_S
     webhook_store: Path | None = None
+    cursor_log: Path | None = None
 
     @classmethod
     def from_env(cls, env: MutableMapping[str, str] | None = None) -> DemoSettings:
@@ -70,6 +73,7 @@ class DemoSettings:
         ttl = env.get("DEMO_WEBHOOK_TTL_MS")
         ca = env.get("DEMO_WEBHOOK_CA")
         store = env.get("DEMO_WEBHOOK_STORE")
+        cursor_log = env.get("DEMO_CURSOR_LOG")
         return cls(
             db=Path(env.get("DEMO_DB", "demo.db")),
             rate=float(env.get("DEMO_RATE", "0.5")),
@@ -85,6 +89,7 @@ class DemoSettings:
             webhook_ca=Path(ca) if ca else None,
             webhook_retry_s=float(env.get("DEMO_WEBHOOK_RETRY_S", str(DEFAULT_WEBHOOK_RETRY_S))),
             webhook_store=Path(store) if store else None,
+            cursor_log=Path(cursor_log) if cursor_log else None,
         )
 
 
@@ -123,6 +128,43 @@ TICKET_PAYLOAD_SCHEMA: dict[str, Any] = {
         "reporter": {"type": "string"},
     },
 }
+
+
+class CursorLog:
+    """DEMO_CURSOR_LOG: one JSON line per cursor a client asks ticket.created from (each events/poll,
+    the opening read of each events/stream and of each new webhook subscription), for tests that
+    check that cursors never go back. Appended in one write per line: several servers may share it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._streams: set[tuple[int, Any]] = set()  # push streams whose opening read is logged
+
+    def asked(
+        self, ctx: EventContext, arguments: dict[str, Any], cursor: str | None, client_pid: int | None
+    ) -> None:
+        request = ctx.request
+        if request is None:
+            return  # a webhook subscription's own reads after its opening one
+        if ctx.mode == "push":
+            stream = (id(request.session), request.request_id)
+            if stream in self._streams:
+                return  # a live read of a stream whose opening read is logged
+            self._streams.add(stream)
+        line = {
+            "at": time.time(),
+            "server_pid": os.getpid(),
+            "client_pid": client_pid,
+            "mode": ctx.mode,
+            "arguments": arguments,
+            "cursor": cursor,
+        }
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, (json.dumps(line) + "\n").encode())
+        finally:
+            os.close(fd)
+
+
 ALERT_INPUT_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -142,6 +184,8 @@ class DemoServer:
         self.store = TicketStore(settings.db)
         self.rng = random.Random()
         self.alerts: dict[str, dict[str, Any]] = {}
+        self.cursor_log = CursorLog(settings.cursor_log) if settings.cursor_log is not None else None
+        self.client_pid: int | None = None  # over stdio: the process that started this server
         self.webhook_store = (
             SqliteWebhookStore(settings.webhook_store) if settings.webhook_store is not None else None
         )
@@ -170,6 +214,7 @@ class DemoServer:
 
     def _declare_events(self) -> None:
         store = self.store
+        demo = self
 
         @self.events.event(
             name="ticket.created",
@@ -180,6 +225,8 @@ class DemoServer:
         async def ticket_created(
             ctx: EventContext, arguments: dict[str, Any], cursor: str | None
         ) -> EventResult:
+            if demo.cursor_log is not None:
+                demo.cursor_log.asked(ctx, arguments, cursor, demo.client_pid)
             head = await anyio.to_thread.run_sync(store.head)
             if cursor is None:
                 return EventResult(events=[], cursor=str(head))
@@ -381,6 +428,7 @@ class DemoServer:
             tg.cancel_scope.cancel()
 
     async def serve_stdio(self) -> None:
+        self.client_pid = os.getppid()
         await self.serve(self.mcp.run_stdio_async)
 
     async def serve_http(self, host: str, port: int) -> None:
@@ -503,6 +551,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, DemoS
         webhook_ca=args.webhook_ca,
         webhook_retry_s=args.webhook_retry_s,
         webhook_store=args.webhook_store,
+        cursor_log=env.cursor_log,
     )
     return args, settings
 
