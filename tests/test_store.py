@@ -293,3 +293,26 @@ async def test_the_same_error_again_is_counted_not_repeated(store: Store) -> Non
     [row] = await store.subscriptions()
     [entry] = row["recent_errors"]
     assert (entry["error"], entry["count"]) == ("server 'demo': connection closed", 3)
+
+
+# SQLite-only: the lock that keeps processes opening a new file from migrating it at once.
+def test_stores_opened_at_once_on_a_new_file_migrate_it_once(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from agentwake.store.sqlite.base import SqliteBase, up_to_date
+
+    path = tmp_path / "new.db"
+    barrier = threading.Barrier(6)
+
+    def open_it() -> None:
+        barrier.wait()
+        SqliteBase.connect(path).close()
+
+    with ThreadPoolExecutor(6) as pool:
+        for future in [pool.submit(open_it) for _ in range(6)]:
+            future.result()  # none says "table ... already exists"
+    conn = sqlite3.connect(path)
+    try:
+        assert up_to_date(conn)
+    finally:
+        conn.close()

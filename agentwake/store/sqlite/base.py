@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import itertools
 import json
@@ -148,7 +149,9 @@ class SqliteBase:
             if not up_to_date(conn):
                 from agentwake.store.sqlite.schema import migrations
 
-                migrations.apply(sqlite_utils_database(conn))
+                with migrating(path):
+                    if not up_to_date(conn):  # another process may have migrated meanwhile
+                        migrations.apply(sqlite_utils_database(conn))
         except sqlite3.Error as exc:
             raise StoreError(describe_error(path, exc)) from exc
         except OSError as exc:
@@ -157,6 +160,20 @@ class SqliteBase:
 
     def close(self) -> None:
         self.conn.close()
+
+
+@contextmanager
+def migrating(path: Path) -> Iterator[None]:
+    """One process at a time migrates the store at ``path`` (say ``agentwake run`` creating it while
+    a CLI command opens it): sqlite-utils applies each migration in a transaction of its own, so two
+    at once would both create the same table. The lock is ``flock`` on the store's folder, not on the
+    file: closing another descriptor of the file would drop SQLite's own POSIX locks on it."""
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(folder)  # releases the flock
 
 
 def sqlite_utils_database(conn: sqlite3.Connection) -> sqlite_utils.Database:
