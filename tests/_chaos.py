@@ -31,7 +31,7 @@ from typing import Any, Final
 import anyio
 import anyio.abc
 import psycopg
-from _faults import Run, Snapshot, StoredEvent, children, command_lines, reap
+from _faults import Run, Snapshot, StoredEvent, children, command_lines, pipe_both_ways, reap
 from anyio.abc import SocketAttribute, SocketStream
 from conftest import REPO
 
@@ -191,22 +191,6 @@ class Cluster:
 
 
 # ---- the load balancer ------------------------------------------------------------------------------
-
-
-async def pipe_both_ways(one: SocketStream, other: SocketStream) -> None:
-    """Copy bytes both ways until either side closes; then both go."""
-    async with anyio.create_task_group() as tg:
-
-        async def pipe(source: SocketStream, sink: SocketStream) -> None:
-            try:
-                async for chunk in source:
-                    await sink.send(chunk)
-                await sink.send_eof()
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                tg.cancel_scope.cancel()  # one side is gone: so is the connection
-
-        tg.start_soon(pipe, one, other)
-        tg.start_soon(pipe, other, one)
 
 
 @dataclass

@@ -369,18 +369,24 @@ class GatedProxy:
                 upstream = await anyio.connect_tcp("127.0.0.1", self.upstream_port)
             except OSError:
                 return
-            async with upstream, anyio.create_task_group() as tg:
+            async with upstream:
+                await pipe_both_ways(client, upstream)
 
-                async def pipe(source: SocketStream, sink: SocketStream) -> None:
-                    try:
-                        async for chunk in source:
-                            await sink.send(chunk)
-                        await sink.send_eof()
-                    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                        tg.cancel_scope.cancel()  # one side is gone: so is the connection
 
-                tg.start_soon(pipe, client, upstream)
-                tg.start_soon(pipe, upstream, client)
+async def pipe_both_ways(one: SocketStream, other: SocketStream) -> None:
+    """Copy bytes both ways until either side closes; then both go."""
+    async with anyio.create_task_group() as tg:
+
+        async def pipe(source: SocketStream, sink: SocketStream) -> None:
+            try:
+                async for chunk in source:
+                    await sink.send(chunk)
+                await sink.send_eof()
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                tg.cancel_scope.cancel()  # one side is gone: so is the connection
+
+        tg.start_soon(pipe, one, other)
+        tg.start_soon(pipe, other, one)
 
 
 def children(pid: int) -> list[int]:
