@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 import anyio
 
+from agentwake.authority import Authority
 from agentwake.clock import iso, parse_iso
 from agentwake.config import AgentwakeConfig, SubscriptionConfig
 from agentwake.policy import ACTIONS, MISSING, Decision, Policy, Rule, lookup
@@ -53,6 +54,9 @@ class RunSpec:
     prompt: str | None
     model: str | None
     redact_pii: bool = False
+    args: Mapping[str, Any] | None = None
+    allow_mentions: bool = False
+    rule: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +196,8 @@ def resumed_decision(event: InboxEvent) -> Decision | None:
         prompt=stored.get("prompt"),
         model=stored.get("model"),
         priority=int(stored.get("priority") or 0),
+        args=stored.get("rule_args"),
+        allow_mentions=bool(stored.get("allow_mentions")),
     )
 
 
@@ -203,7 +209,15 @@ def run_spec(decision: Decision, subscription: SubscriptionConfig | None, rule: 
         prompt=decision.prompt,
         model=decision.model or (subscription.model if subscription else None),
         redact_pii=bool(rule and rule.redact_pii),
+        args=decision.args,
+        allow_mentions=decision.allow_mentions,
+        rule=decision.rule,
     )
+
+
+def authority_for(spec: RunSpec, view: Mapping[str, object]) -> Authority:
+    """The run's authority: the rule's argument constraints bound to this event."""
+    return Authority.bind(spec.args, view, allow_mentions=spec.allow_mentions, rule=spec.rule)
 
 
 def flow_key(view: Mapping[str, object], path: str | None) -> str:
@@ -362,6 +376,8 @@ async def decide(
         record = {**record, "action": "log", "why": f"{decision.why}; {unavailable}"}
         return outcome("log", f"{decision.action} wanted, but {unavailable}")
     if decision.action == "approve" and not resumed:
+        # What a person approves, in words: shown with the held event, before anything runs.
+        record = {**record, "authority": authority_for(spec, view).describe(spec.tools)}
         return outcome("hold", decision.why)
     # An agent run. max_concurrent first: an event at its rule's limit goes back before any flow mark.
     rule_name = rule.name if rule else decision.rule
@@ -402,6 +418,7 @@ __all__ = [
     "Verdict",
     "agent_unavailable",
     "apply_hook_answer",
+    "authority_for",
     "call_hook",
     "decide",
     "flow_gate_for",

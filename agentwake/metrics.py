@@ -117,6 +117,8 @@ BUILD_INFO: Final = Gauge(
 # A model can ask for a tool no server offers; past this many names the rest share one label.
 MAX_TOOL_LABELS: Final = 500
 OTHER_TOOL: Final = "_other"
+# Every call to a tool the event does not allow counts under this one label, whatever name the model chose.
+REFUSED_TOOL: Final = "_not_allowed"
 _tool_labels: set[str] = set()
 _webhook_children: dict[int, Any] = {}
 _build_info_set = False

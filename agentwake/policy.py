@@ -154,6 +154,26 @@ class Rule(_Model):
     )
     hook_timeout_s: float = Field(default=2.0, gt=0)
     fallback: Action = Field(default="log", description="the action when the hook fails or times out")
+    args: dict[str, dict[str, Any]] | None = Field(
+        default=None,
+        description="per tool, its arguments pinned to a value or template, or checked (agentwake.authority)",
+    )
+    allow_mentions: bool = Field(
+        default=False, description="let posting tools send mentions and link markup as written"
+    )
+
+    @field_validator("args", mode="before")
+    @classmethod
+    def _args_form(cls, value: Any) -> Any:
+        from agentwake.authority import parse_args
+
+        if value is not None:
+            if not isinstance(value, dict):
+                raise ValueError(
+                    '\'args\' is a table of tools, like args."slack__post_message" = { channel = "C0123" }'
+                )
+            parse_args(value)
+        return value
 
     @field_validator("hook")
     @classmethod
@@ -178,6 +198,17 @@ class Rule(_Model):
             raise ValueError(
                 f"'tools', 'prompt' and 'model' only apply to action 'agent' or 'approve', not {self.action!r}"
             )
+        if not runs and (self.args or self.allow_mentions):
+            raise ValueError(
+                f"'args' and 'allow_mentions' only apply to action 'agent' or 'approve', not {self.action!r}"
+            )
+        if self.args and self.tools is not None:
+            stray = [tool for tool in self.args if not any(fnmatch.fnmatchcase(tool, g) for g in self.tools)]
+            if stray:
+                raise ValueError(
+                    f"args names {', '.join(map(repr, stray))}, which 'tools' does not allow"
+                    f" ({', '.join(self.tools) or 'none'})"
+                )
         flow = [key for key in ("rate_limit", "dedup", "debounce", "max_concurrent") if getattr(self, key)]
         if flow and self.action != "agent":
             # They pace agent runs; on other actions (approve included) they would silently do nothing.
@@ -213,9 +244,11 @@ class Decision:
     model: str | None = None
     priority: int = 0
     source: Rule | None = None
+    args: dict[str, dict[str, Any]] | None = None
+    allow_mentions: bool = False
 
     def to_record(self) -> dict[str, Any]:
-        return {
+        record: dict[str, Any] = {
             "action": self.action,
             "rule": self.rule,
             "why": self.why,
@@ -225,6 +258,12 @@ class Decision:
             "model": self.model,
             "priority": self.priority,
         }
+        # Kept with the event, so an approval later grants what the person saw, whatever the policy says then.
+        if self.args:
+            record["rule_args"] = self.args
+        if self.allow_mentions:
+            record["allow_mentions"] = True
+        return record
 
 
 Hook = Callable[[dict[str, Any]], Any]
@@ -272,6 +311,8 @@ class Policy:
                     model=rule.model,
                     priority=rule.priority,
                     source=rule,
+                    args=rule.args,
+                    allow_mentions=rule.allow_mentions,
                 )
         checked = f"none of the {len(self.rules)} rule(s) matched" if self.rules else "no policy rules"
         return Decision(action=self.default, rule="default", why=checked)

@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, Final
 
@@ -27,10 +27,11 @@ from agentwake.agent.journal import SETTLED, CallDone, RunScope, pending_calls, 
 from agentwake.agent.llm import LLMError, LLMSettings, complete
 from agentwake.agent.prompts import PromptError, PromptRenderer, RenderedPrompt
 from agentwake.agent.tools import Allowlist, ToolHost, ToolSpec, elapsed_ms
+from agentwake.authority import Authority
 from agentwake.backoff import backoff_s
 from agentwake.clock import iso, utc_now
 from agentwake.config import OFFLINE_MODEL, AgentConfig, AgentwakeConfig, SubscriptionConfig
-from agentwake.decide import Outcome
+from agentwake.decide import Outcome, authority_for, policy_view
 from agentwake.logs import event_fields
 from agentwake.sanitize import Sanitized
 from agentwake.store import (
@@ -92,6 +93,14 @@ class RunPlan:
     decision: dict[str, Any]
     prompt: RenderedPrompt | None
     prompt_error: str | None
+    authority: Authority
+
+    def offered(self) -> list[ToolSpec]:
+        """The allowed tools as the model is shown them: schemas narrowed by the rule's ``args``."""
+        return [
+            replace(spec, input_schema=self.authority.schema(spec.exposed, spec.input_schema))
+            for spec in self.allowed
+        ]
 
 
 @dataclass
@@ -184,6 +193,7 @@ class AgentRunner:
         allowlist = Allowlist(spec.tools)
         catalog = list(self.tools.catalog())
         allowed = allowlist.select(catalog)
+        authority = authority_for(spec, policy_view(event, cleaned.injection_score))
         fence = Fence(datamark=self.config.sanitize.datamark)
         if sub is None:
             why = f"subscription {event.subscription!r} is no longer configured; rule {decision.rule!r}: {decision.why}"
@@ -197,6 +207,9 @@ class AgentRunner:
             "model": model,
             "allowlist": list(allowlist.globs),
             "tools": [spec_.exposed for spec_ in allowed],
+            "authority": authority.describe(
+                [spec_.exposed for spec_ in allowed], {spec_.exposed: spec_.input_schema for spec_ in allowed}
+            ),
             "injection_score": cleaned.injection_score,
             "injection_signals": cleaned.injection_signals,
         }
@@ -233,7 +246,9 @@ class AgentRunner:
             )
         except PromptError as exc:
             prompt_error = str(exc)
-        return RunPlan(model, allowlist, allowed, catalog, fence, cleaned, record, prompt, prompt_error)
+        return RunPlan(
+            model, allowlist, allowed, catalog, fence, cleaned, record, prompt, prompt_error, authority
+        )
 
     async def run(
         self, outcome: Outcome, *, kind: RunKind = "agent", batch: Sequence[InboxEvent] = ()
@@ -262,7 +277,6 @@ class AgentRunner:
             plan.decision,
             plan.prompt,
         )
-        catalog = plan.catalog
         failure = _RunFailed(plan.prompt_error, transient=False) if plan.prompt_error else None
         resumed = (
             resumable(await self.store.resume_point(event.id), fence.datamark)
@@ -337,9 +351,7 @@ class AgentRunner:
             if failure is None:
                 try:
                     with anyio.fail_after(self.agent.timeout_s):
-                        final_text = await self._loop(
-                            scope, transcript, model, allowed, catalog, fence, journal
-                        )
+                        final_text = await self._loop(scope, transcript, model, plan, fence, journal)
                     status = "completed"
                 except TimeoutError:
                     failure = _RunFailed(f"timed out after {self.agent.timeout_s:g}s", transient=False)
@@ -419,15 +431,15 @@ class AgentRunner:
         scope: RunScope,
         transcript: _Transcript,
         model: str,
-        allowed: list[ToolSpec],
-        catalog: list[ToolSpec],
+        plan: RunPlan,
         fence: Fence,
         journal: dict[str, JournaledCall],
     ) -> str | None:
         settings = self._settings(model)
-        declarations = [spec.to_llm() for spec in allowed]
-        allowed_names = {spec.exposed: spec for spec in allowed}
-        known = {spec.exposed: spec for spec in catalog}
+        declarations = [spec.to_llm() for spec in plan.offered()]
+        allowed_names = {spec.exposed: spec for spec in plan.allowed}
+        known = {spec.exposed: spec for spec in plan.catalog}
+        authority = plan.authority
         # A resumed run first answers the calls its predecessor was making when it stopped.
         pending = pending_calls(transcript.messages)
         if pending:
@@ -439,7 +451,7 @@ class AgentRunner:
             if unknown:
                 raise _RunFailed(unknown_reason(scope.event, unknown), transient=False, dead=True)
             await self._step_calls(
-                scope, transcript, transcript.steps, pending, allowed_names, known, fence, journal
+                scope, transcript, transcript.steps, pending, allowed_names, known, authority, fence, journal
             )
         for _ in range(self.agent.max_steps):
             try:
@@ -459,7 +471,7 @@ class AgentRunner:
                 content = completion.message.get("content")
                 return content if isinstance(content, str) else None
             await self._step_calls(
-                scope, transcript, transcript.steps, calls, allowed_names, known, fence, {}
+                scope, transcript, transcript.steps, calls, allowed_names, known, authority, fence, {}
             )
         raise _RunFailed(
             f"stopped after max_steps={self.agent.max_steps} LLM calls without a final answer",
@@ -474,6 +486,7 @@ class AgentRunner:
         calls: list[dict[str, Any]],
         allowed: dict[str, ToolSpec],
         known: dict[str, ToolSpec],
+        authority: Authority,
         fence: Fence,
         journal: dict[str, JournaledCall],
     ) -> None:
@@ -482,7 +495,9 @@ class AgentRunner:
 
         async def one(index: int, call: dict[str, Any]) -> None:
             journaled = journal.get(str(call.get("id")))
-            results[index] = await self._tool_call(scope, step, call, allowed, known, fence, journaled)
+            results[index] = await self._tool_call(
+                scope, step, call, allowed, known, authority, fence, journaled
+            )
 
         async with anyio.create_task_group() as tg:
             for index, call in enumerate(calls):
@@ -507,6 +522,7 @@ class AgentRunner:
         call: dict[str, Any],
         allowed: dict[str, ToolSpec],
         known: dict[str, ToolSpec],
+        authority: Authority,
         fence: Fence,
         journaled: JournaledCall | None = None,
     ) -> CallDone:
@@ -520,7 +536,8 @@ class AgentRunner:
 
         def record(status: str, text: str | None, arguments: Any, *, observe: bool = True) -> ToolCallRecord:
             if observe:
-                metrics.observe_tool_call(name, status)
+                # A name the model made up is no label: /metrics would grow with whatever it invents.
+                metrics.observe_tool_call(name if name in allowed else metrics.REFUSED_TOOL, status)
             return ToolCallRecord(
                 step=step,
                 call_id=call_id,
@@ -567,6 +584,20 @@ class AgentRunner:
         if not isinstance(arguments, dict):
             return done("error", "error: the arguments must be a JSON object; nothing was called", arguments)
         spec = allowed[name]
+        arguments, broken = authority.check(name, spec.input_schema, arguments)
+        if broken is not None:
+            logger.warning(
+                "event %s: agent called %s with arguments the rule %s does not allow (%s): refused",
+                _current_event.get(),
+                name,
+                authority.rule,
+                broken,
+            )
+            return done(
+                "refused",
+                f"refused: {broken} (rule {authority.rule!r} constrains {name}), and the call was not sent.",
+                arguments,
+            )
         if scope.kind == "dry_run":
             return done(
                 "planned", "dry run: this call was planned, not sent; assume it would succeed", arguments
