@@ -16,7 +16,7 @@ Each argument takes one of:
   never from the model. The model sees it as a ``const`` in the tool's schema; a call that leaves
   the argument out gets it filled in, a call that gives another value is refused.
 - a table of checks, all of which must hold: ``in`` (a list, or a template naming a list in the
-  event), ``glob``, ``regex`` (the whole value must match), ``max_length`` (text or list),
+  event), ``glob`` (templates in it match the event's values literally), ``regex`` (the whole value must match), ``max_length`` (text or list),
   ``subset_of`` (a list whose items are all in this list), ``range`` (``{ min = .., max = .. }``),
   or ``value`` (the same as pinning, for a table or list value). A checked argument must be given.
 
@@ -175,6 +175,7 @@ class Constraint:
         glob = raw.get("glob")
         if glob is not None and not isinstance(glob, str):
             raise ValueError(f"argument {argument!r}: 'glob' takes a string pattern")
+        _check_template(glob)
         regex = raw.get("regex")
         if regex is not None:
             if not isinstance(regex, str):
@@ -218,10 +219,16 @@ class Constraint:
         return self.pin is not ABSENT
 
     def templates(self) -> list[str]:
-        return template_fields(self.pin) + template_fields(self.one_of)
+        return template_fields(self.pin) + template_fields(self.one_of) + template_fields(self.glob)
 
     def bind(self, view: Mapping[str, Any]) -> BoundConstraint:
         problem: str | None = None
+        glob = self.glob
+        if glob is not None and template_fields(glob):
+            # The event's values are matched literally: a '*' in them is no wildcard.
+            escaped = {k: _glob_literal(v) if isinstance(v, str) else v for k, v in view.items()}
+            escaped["data"] = _escape_tree(view.get("data"))
+            glob, problem = render(glob, escaped)
         pin: Any = ABSENT
         if self.pinned:
             pin, problem = render(self.pin, view)
@@ -233,7 +240,21 @@ class Constraint:
             one_of = tuple(found) if isinstance(found, list) else ()
         elif self.one_of is not None:
             one_of = tuple(self.one_of)
-        return BoundConstraint(self, pin, one_of, problem)
+        return BoundConstraint(self, pin, one_of, problem, glob if problem is None else None)
+
+
+def _glob_literal(text: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
+
+
+def _escape_tree(node: Any) -> Any:
+    if isinstance(node, str):
+        return _glob_literal(node)
+    if isinstance(node, dict):
+        return {k: _escape_tree(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_escape_tree(v) for v in node]
+    return node
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +265,7 @@ class BoundConstraint:
     pin: Any
     one_of: tuple[Any, ...] | None
     problem: str | None  # set when the event lacks what a template names: every call is refused
+    glob: str | None = None  # the source's glob with its templates filled in
 
     @property
     def argument(self) -> str:
@@ -262,8 +284,8 @@ class BoundConstraint:
             return f"argument {name!r} must be given: the rule checks it ({self.describe()})"
         if self.one_of is not None and not any(same_json(given, option) for option in self.one_of):
             return f"argument {name!r} must be one of {_shown(list(self.one_of))}, not {_shown(given)}"
-        if c.glob is not None and not (isinstance(given, str) and fnmatch.fnmatchcase(given, c.glob)):
-            return f"argument {name!r} must match the glob {c.glob!r}, not {_shown(given)}"
+        if self.glob is not None and not (isinstance(given, str) and fnmatch.fnmatchcase(given, self.glob)):
+            return f"argument {name!r} must match the glob {self.glob!r}, not {_shown(given)}"
         if c.regex is not None and not (isinstance(given, str) and re.fullmatch(c.regex, given)):
             return f"argument {name!r} must match the regex {c.regex!r}, not {_shown(given)}"
         if c.max_length is not None:
@@ -294,8 +316,8 @@ class BoundConstraint:
         parts: list[str] = []
         if self.one_of is not None:
             parts.append(f"one of {_shown(list(self.one_of))}")
-        if c.glob is not None:
-            parts.append(f"matching glob {c.glob!r}")
+        if self.glob is not None:
+            parts.append(f"matching glob {self.glob!r}")
         if c.regex is not None:
             parts.append(f"matching regex {c.regex!r}")
         if c.max_length is not None:
@@ -328,8 +350,8 @@ class BoundConstraint:
                 shown["minimum"] = c.minimum
             if c.maximum is not None:
                 shown["maximum"] = c.maximum
-            if c.glob is not None:
-                notes.append(f"must match the glob {c.glob!r}")
+            if self.glob is not None:
+                notes.append(f"must match the glob {self.glob!r}")
             if c.regex is not None:
                 notes.append(f"must match the regular expression {c.regex!r}")
             note = ("Policy: " + "; ".join(notes) + ".") if notes else ""

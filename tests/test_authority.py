@@ -374,3 +374,13 @@ async def test_an_obedient_model_cannot_act_on_another_object_and_is_told_why(
     }
     record = rig.stored()["runs"][0]["decision"]
     assert any(line.startswith(f'demo__add_comment: ticket_id = "{own}"') for line in record["authority"])
+
+
+def test_a_glob_may_name_the_events_values_which_match_literally() -> None:
+    view = {**VIEW, "data": {**VIEW["data"], "repository": "acme/d*"}}
+    authority = Authority.bind(
+        {"github__search_issues": {"query": {"glob": "repo:{{ data.repository }} *"}}}, view
+    )
+    assert authority.check("github__search_issues", None, {"query": "repo:acme/d* crash"})[1] is None
+    refused = authority.check("github__search_issues", None, {"query": "repo:acme/demo crash"})[1]
+    assert refused is not None and "glob" in refused

@@ -53,7 +53,7 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
     ("mcp", ("agentwake.mcp", "agentwake.streams", "agentwake.stdio")),
     ("store", ("agentwake.store",)),
     ("delivery", ("agentwake.delivery", "agentwake.ownership")),
-    ("decide", ("agentwake.sanitize", "agentwake.policy", "agentwake.decide")),
+    ("decide", ("agentwake.sanitize", "agentwake.authority", "agentwake.policy", "agentwake.decide")),
     ("agent", ("agentwake.agent",)),
     (
         "wiring",
