@@ -572,6 +572,41 @@ async def test_tools_reach_github_and_bad_arguments_reach_nothing(tmp_path: Path
         assert TOKEN not in text
 
 
+async def test_comments_mention_no_one_unless_allow_mentions(tmp_path: Path, github: FakeGitHub) -> None:
+    async with in_process(tmp_path, github) as bridge:
+        client = bridge.wire.client
+        issue = github.open_issue("acme/x", title="login page looks odd")
+
+        async def commented(body: str, **extra: Any) -> str:
+            arguments = {"repository": "acme/x", "number": issue["number"], "body": body, **extra}
+            result = await client.call_tool("comment", arguments)
+            assert not result.is_error, result
+            call = github.calls("POST")[-1]
+            assert call.path == f"/repos/acme/x/issues/{issue['number']}/comments"
+            assert isinstance(call.json, dict)
+            sent = call.json["body"]
+            assert isinstance(sent, str)
+            return sent
+
+        # A zero-width space after the @: it reads the same and notifies no one.
+        assert await commented("@acme/security-team please look") == "@\u200bacme/security-team please look"
+        assert await commented("cc @octocat") == "cc @\u200boctocat"
+        assert await commented("cc @octocat", allow_mentions=False) == "cc @\u200boctocat"
+        assert await commented("mail a@b.com, or `x@y`") == "mail a@b.com, or `x@y`"
+        assert [c["body"] for c in github.comments("acme/x", issue["number"])][:2] == [
+            "@\u200bacme/security-team please look",
+            "cc @\u200boctocat",
+        ]
+        # allow_mentions (which the policy pins to false unless its rule allows it): as given.
+        for body in ("@acme/security-team please look", "cc @octocat"):
+            assert await commented(body, allow_mentions=True) == body
+
+        tools = {tool.name: tool.input_schema for tool in (await client.list_tools()).tools}
+        allow = tools["comment"]["properties"]["allow_mentions"]
+        assert allow["default"] is False and allow["type"] == "boolean"
+        assert "policy" in allow["description"]
+
+
 # ---- 8. the command line ------------------------------------------------------------------------------
 
 

@@ -371,7 +371,12 @@ async def test_tools_send_the_right_requests_and_errors_name_slacks_code(
 
         posted = await call("post_message", {"channel": OPS, "text": "Incident opened."})
         request = slack.calls("chat.postMessage")[-1]
-        assert request.json == {"channel": OPS, "text": "Incident opened."}
+        assert request.json == {
+            "channel": OPS,
+            "text": "Incident opened.",
+            "link_names": False,
+            "parse": "none",
+        }
         assert request.headers["Authorization"] == f"Bearer {slack.bot_token}"
         assert posted == {"channel": OPS, "ts": slack.messages(OPS)[-1]["ts"]}
 
@@ -382,6 +387,8 @@ async def test_tools_send_the_right_requests_and_errors_name_slacks_code(
             "channel": CHANNEL,
             "text": "Yes.",
             "thread_ts": parent["ts"],
+            "link_names": False,
+            "parse": "none",
         }
         assert replied["threadTs"] == parent["ts"]
 
@@ -439,6 +446,58 @@ async def test_tools_send_the_right_requests_and_errors_name_slacks_code(
         assert result.is_error and text.endswith("Slack API chat.postMessage: channel_not_found"), text
         result = await client.call_tool("get_user", {"user": "U0NOBODY"})
         assert result.is_error and "user_not_found" in result.content[0].text  # type: ignore[union-attr]
+
+
+PHISHING = "<!everyone> reset your SSO password at <https://evil.example/login|sso.acme.com>"
+BROADCASTS = (PHISHING, "<!channel>", "<!here>", "<!subteam^S0123|@oncall>", "<@U0123ABCD>")
+
+
+async def test_posts_mention_no_one_and_show_real_urls_unless_allow_mentions(
+    tmp_path: Path, slack: FakeSlack
+) -> None:
+    async with in_process(tmp_path, slack) as bridge:
+        parent, _ = slack.say(CHANNEL, "who is on call?")
+        places = (
+            ("post_message", {"channel": OPS}),
+            ("reply_in_thread", {"channel": CHANNEL, "thread_ts": parent["ts"]}),
+        )
+
+        async def posted(tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+            result = await bridge.client.call_tool(tool, arguments)
+            assert not result.is_error, result
+            sent = slack.calls("chat.postMessage")[-1].json
+            assert isinstance(sent, dict)
+            return sent
+
+        for tool, where in places:
+            sent = await posted(tool, {**where, "text": PHISHING})
+            # Shown as typed, the real URL included; Slack makes no mention or link of it.
+            assert sent["text"] == (
+                "&lt;!everyone&gt; reset your SSO password at &lt;https://evil.example/login|sso.acme.com&gt;"
+            )
+            assert (sent["link_names"], sent["parse"]) == (False, "none")
+            expected = {
+                "<!channel>": "&lt;!channel&gt;",
+                "<!here>": "&lt;!here&gt;",
+                "<!subteam^S0123|@oncall>": "&lt;!subteam^S0123|@oncall&gt;",
+                "<@U0123ABCD>": "&lt;@U0123ABCD&gt;",
+                "@here & @channel, plain": "@here &amp; @channel, plain",
+            }
+            for text, escaped in expected.items():
+                sent = await posted(tool, {**where, "text": text, "allow_mentions": False})
+                assert (sent["text"], sent["link_names"], sent["parse"]) == (escaped, False, "none"), text
+
+            # allow_mentions (which the policy pins to false unless its rule allows it): as given.
+            for text in BROADCASTS:
+                sent = await posted(tool, {**where, "text": text, "allow_mentions": True})
+                assert sent == {**where, "text": text}, text
+
+        schema = {tool.name: tool.input_schema for tool in (await bridge.client.list_tools()).tools}
+        for tool, _ in places:
+            allow = schema[tool]["properties"]["allow_mentions"]
+            assert allow["default"] is False and allow["type"] == "boolean"
+            assert "policy" in allow["description"]
+            assert "allow_mentions" not in schema[tool].get("required", [])
 
 
 # ---- Socket Mode --------------------------------------------------------------------------------------

@@ -26,7 +26,9 @@ was there before the first poll is not emitted; events ids are the webhook's, so
 ingress paths may run at once without duplicates.
 
 Tools call the REST API (``github_api``) with the token named by ``--token-env``;
-``close_issue`` is registered only with ``--allow-tool close_issue``.
+``close_issue`` is registered only with ``--allow-tool close_issue``. ``comment`` posts its
+``@login`` and ``@org/team`` mentions as plain text (agentwake.bridges.mentions) unless called
+with ``allow_mentions``, which the policy pins to false unless its rule allows it.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ import anyio
 from aiohttp import web
 from pydantic import Field
 
-from agentwake.bridges import github_events
+from agentwake.bridges import github_events, mentions
 from agentwake.bridges.framework import (
     Bridge,
     BridgeOptions,
@@ -345,10 +347,27 @@ class GitHubBridge(Bridge):
         async def comment(
             repository: Repository,
             number: Number,
-            body: Annotated[str, Field(min_length=1, max_length=65_536)],
+            body: Annotated[
+                str,
+                Field(
+                    min_length=1,
+                    max_length=65_536,
+                    description="The comment, in GitHub Markdown. Unless allow_mentions, its @login and"
+                    " @org/team mentions are posted as plain text that notifies no one.",
+                ),
+            ],
+            allow_mentions: Annotated[
+                bool,
+                Field(
+                    description="Post the body as given, so its @login and @org/team mentions notify."
+                    " Only honoured when the policy rule allows it (allow_mentions = true); otherwise it is"
+                    " set to false.",
+                ),
+            ] = False,
         ) -> dict[str, Any]:
             """Comment on an issue or pull request (Markdown); returns the comment."""
-            result: dict[str, Any] = await call(api.comment(repository, number, body))
+            text = body if allow_mentions else mentions.github_markdown(body)
+            result: dict[str, Any] = await call(api.comment(repository, number, text))
             return result
 
         @mcp.tool()

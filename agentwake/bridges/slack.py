@@ -32,6 +32,9 @@ the same way, so steps 1 and 2 apply as they are; over Socket Mode the clicks ar
 
 Tools call the Web API through slack-sdk's ``AsyncWebClient`` with the bot token named by
 ``--bot-token-env``, retrying nothing (a post must not happen twice because an answer was lost).
+``post_message`` and ``reply_in_thread`` escape Slack's control characters in their text and ask Slack
+not to link names (agentwake.bridges.mentions), so a post mentions no one and shows every link's real
+URL, unless called with ``allow_mentions`` (which the policy pins to false unless its rule allows it).
 No token, secret or Socket Mode ticket is in an error, a repr or a log line.
 """
 
@@ -62,7 +65,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from yarl import URL
 
 from agentwake.backoff import backoff_s
-from agentwake.bridges import slack_events
+from agentwake.bridges import mentions, slack_events
 from agentwake.bridges.framework import (
     Bridge,
     BridgeOptions,
@@ -110,7 +113,23 @@ Channel = Annotated[
 Timestamp = Annotated[
     str, Field(pattern=slack_events.TS_PATTERN, description="A message's ts (1718000000.000200).")
 ]
-Text = Annotated[str, Field(min_length=1, max_length=40_000, description="The message, in Slack's mrkdwn.")]
+Text = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=40_000,
+        description="The message, in Slack's mrkdwn (*bold*, _italic_, `code`). Unless allow_mentions,"
+        " it is shown as written: <!here>, <@U…> and <url|label> stay plain text and @here notifies no one.",
+    ),
+]
+AllowMentions = Annotated[
+    bool,
+    Field(
+        description="Send the text as given, so its mentions (<!channel>, <!here>, <@U…>, <!subteam^…>)"
+        " notify and its <url|label> links show only their labels. Only honoured when the policy rule"
+        " allows it (allow_mentions = true); otherwise it is set to false.",
+    ),
+]
 
 
 @dataclass(frozen=True)
@@ -228,10 +247,29 @@ class SlackAPI:
             text = text.replace(self._token, "[token]")
         return peer(scrub(text), ERROR_CHARS)
 
-    async def post_message(self, channel: str, text: str, thread_ts: str | None = None) -> dict[str, Any]:
-        data = await self.call(
-            "chat.postMessage", lambda c: c.chat_postMessage(channel=channel, text=text, thread_ts=thread_ts)
-        )
+    async def post_message(
+        self, channel: str, text: str, thread_ts: str | None = None, *, allow_mentions: bool = False
+    ) -> dict[str, Any]:
+        """Post ``text``; unless ``allow_mentions``, escaped so it mentions no one and links nowhere
+        but where it shows."""
+        if allow_mentions:
+            data = await self.call(
+                "chat.postMessage",
+                lambda c: c.chat_postMessage(channel=channel, text=text, thread_ts=thread_ts),
+            )
+        else:
+            # Escaping covers <!here> and <@U…>; these two keep Slack from making plain
+            # "@here" or "@oncall" words into mentions.
+            data = await self.call(
+                "chat.postMessage",
+                lambda c: c.chat_postMessage(
+                    channel=channel,
+                    text=mentions.slack_text(text),
+                    thread_ts=thread_ts,
+                    link_names=False,
+                    parse="none",
+                ),
+            )
         return {"channel": data.get("channel", channel), "ts": data.get("ts")}
 
     async def post_blocks(
@@ -574,9 +612,11 @@ class SlackBridge(Bridge):
                 raise ToolError(str(exc)) from None
 
         @mcp.tool()
-        async def post_message(channel: Channel, text: Text) -> dict[str, Any]:
+        async def post_message(
+            channel: Channel, text: Text, allow_mentions: AllowMentions = False
+        ) -> dict[str, Any]:
             """Post a message in a channel the app is in; returns its channel and ts."""
-            return await call(api.post_message(channel, text))
+            return await call(api.post_message(channel, text, allow_mentions=allow_mentions))
 
         @mcp.tool()
         async def reply_in_thread(
@@ -589,9 +629,10 @@ class SlackBridge(Bridge):
                 ),
             ],
             text: Text,
+            allow_mentions: AllowMentions = False,
         ) -> dict[str, Any]:
             """Reply in a message's thread; returns the reply's channel and ts."""
-            result = await call(api.post_message(channel, text, thread_ts))
+            result = await call(api.post_message(channel, text, thread_ts, allow_mentions=allow_mentions))
             return {**result, "threadTs": thread_ts}
 
         @mcp.tool()
