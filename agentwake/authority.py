@@ -511,6 +511,57 @@ def payload_can_have(schema: Mapping[str, Any] | None, path: Sequence[str]) -> b
     return True
 
 
+def args_problems(
+    args: Mapping[str, Any] | None,
+    *,
+    tools: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    payloads: Mapping[str, Mapping[str, Mapping[str, Any] | None]],
+    match_server: str | None,
+    match_event: str | None,
+) -> list[str]:
+    """What is wrong with a rule's ``args`` against what the servers declare.
+
+    ``tools``: by server, each tool's inputSchema by exposed name; ``payloads``: by server, each
+    event type's payloadSchema. A server missing from either was not reached and is not judged.
+    """
+    problems: list[str] = []
+    parsed = parse_args(args or {})
+    for tool, constraints in parsed.items():
+        server = tool.split("__", 1)[0]
+        offered = tools.get(server)
+        if offered is None:
+            continue
+        if tool not in offered:
+            names = ", ".join(sorted(offered)[:8]) or "none"
+            problems.append(
+                f"args names {tool!r}, which server {server!r} does not offer (its tools: {names})"
+            )
+            continue
+        for argument in unknown_arguments(constraints, offered[tool]):
+            known = ", ".join(sorted((offered[tool].get("properties") or {}))) or "none"
+            problems.append(f"args.{tool!r}: {tool} has no argument {argument!r} (its arguments: {known})")
+    fields = sorted({f for constraints in parsed.values() for c in constraints for f in c.templates()})
+    types = {
+        f"{server}/{name}": schema
+        for server, events in payloads.items()
+        if match_server is None or fnmatch.fnmatchcase(server, match_server)
+        for name, schema in events.items()
+        if match_event is None or fnmatch.fnmatchcase(name, match_event)
+    }
+    if not types:
+        return problems
+    for name in fields:
+        root, _, rest = name.partition(".")
+        if root != "data" or not rest:
+            continue
+        if not any(payload_can_have(schema, rest.split(".")) for schema in types.values()):
+            which = ", ".join(sorted(types)[:6])
+            problems.append(
+                f"args: template {{{{ {name} }}}} names a field no matching event type can have ({which})"
+            )
+    return problems
+
+
 __all__ = [
     "ABSENT",
     "MENTIONS_ARGUMENT",
@@ -518,6 +569,7 @@ __all__ = [
     "Authority",
     "BoundConstraint",
     "Constraint",
+    "args_problems",
     "parse_args",
     "payload_can_have",
     "render",

@@ -782,7 +782,7 @@ def test_the_bundled_policies_load_with_their_prompts_and_p1_priority() -> None:
         if loaded.rule.prompt:
             assert (REPO / "prompts" / loaded.rule.prompt).is_file()
     p1 = bundled_decision("alert.fired", {"alertId": "A-1", "severity": "P1"})
-    assert (p1.prompt, p1.priority, p1.where) == ("alert.fired.md.j2", 10, "10-triage.toml:26")
+    assert (p1.prompt, p1.priority, p1.where) == ("alert.fired.md.j2", 10, "10-triage.toml:28")
     assert "injection_score ge 0.5" in bundled_decision("ticket.created", {**TICKET, "title": INJECTION}).why
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from agentwake.agent.runner import RunPlan
     from agentwake.config import AgentwakeConfig, SubscriptionConfig
     from agentwake.decide import Outcome
-    from agentwake.policy import Rule
+    from agentwake.policy import Policy, Rule
     from agentwake.store import InboxEvent
 
 app.add_typer(policy_app, name="policy")
@@ -43,10 +43,31 @@ VERDICT_NOTES = {
 
 
 @policy_app.command("check")
-def policy_check(config: ConfigOption = DEFAULT_CONFIG_PATH) -> None:
-    """Validate every policy file; errors name the file, the line and the rule."""
+def policy_check(
+    config: ConfigOption = DEFAULT_CONFIG_PATH,
+    offline: Annotated[
+        bool,
+        typer.Option(
+            "--offline",
+            help="Do not ask the servers for their tools and event types: rules' args are then checked"
+            " for form only, not against the tools' arguments and the events' fields.",
+        ),
+    ] = False,
+) -> None:
+    """Validate every policy file; errors name the file, the line and the rule.
+
+    Rules with ``args`` are also checked against what their servers declare (each tool's
+    inputSchema, each event type's payloadSchema), unless --offline or a server's secrets are
+    missing from the environment; a server that cannot be reached is left unjudged, with a warning.
+    """
     cfg = load(config, secrets=False)
     policy = load_rules(cfg)
+    if not offline and any(loaded.rule.args for loaded in policy.rules):
+        problems = run_async(lambda: _args_against_servers(config, policy))
+        if problems:
+            for problem in problems:
+                stdout().print(problem, markup=False, highlight=False)
+            raise fail(AgentwakeError(f"{len(problems)} problem(s) with the rules' args"), 2)
     out = stdout()
     if not policy.rules:
         out.print(
@@ -76,6 +97,64 @@ def policy_check(config: ConfigOption = DEFAULT_CONFIG_PATH) -> None:
         markup=False,
         highlight=False,
     )
+
+
+async def _args_against_servers(config: Path, policy: Policy) -> list[str]:
+    """The rules' ``args`` problems against the tools and event types of the servers they name."""
+    import fnmatch
+
+    from agentwake.authority import args_problems
+    from agentwake.config import load_config
+    from agentwake.mcp import ServerConnection
+
+    try:
+        cfg = load_config(config, secrets=True)
+    except ConfigError:
+        warn(
+            "the servers were not asked for their tools (their ${VAR}s are missing): args checked for form only"
+        )
+        return []
+    wanted: set[str] = set()
+    for loaded in policy.rules:
+        rule = loaded.rule
+        if rule.args:
+            wanted.update(tool.split("__", 1)[0] for tool in rule.args)
+            wanted.update(
+                n
+                for n in cfg.servers
+                if rule.match.server is None or fnmatch.fnmatchcase(n, rule.match.server)
+            )
+    tools: dict[str, dict[str, dict[str, Any]]] = {}
+    payloads: dict[str, dict[str, dict[str, Any] | None]] = {}
+    from agentwake.agent.tools import exposed_name
+
+    for name in sorted(wanted & set(cfg.servers)):
+        try:
+            async with ServerConnection(name, cfg.servers[name]) as conn:
+                try:
+                    listed = await conn.list_tools()
+                except AgentwakeError:
+                    listed = []
+                tools[name] = {exposed_name(name, t.name): dict(t.input_schema or {}) for t in listed}
+                try:
+                    conn.require_events()
+                    payloads[name] = {d.name: d.payload_schema for d in await conn.list_events()}
+                except AgentwakeError:
+                    pass
+        except AgentwakeError as exc:
+            warn(f"{exc}; args naming its tools or events are not checked against them")
+    problems: list[str] = []
+    for loaded in policy.rules:
+        rule = loaded.rule
+        for problem in args_problems(
+            rule.args,
+            tools=tools,
+            payloads=payloads,
+            match_server=rule.match.server,
+            match_event=rule.match.event,
+        ):
+            problems.append(f"{loaded.file}:{loaded.line}: rule {rule.name!r}: {problem}")
+    return problems
 
 
 def _rule_tools(rule: Rule) -> str:
@@ -294,6 +373,12 @@ def _print_plan(cfg: AgentwakeConfig, plan: RunPlan, unreachable: list[str], off
         out.print(f"matching tools: {', '.join(s.exposed for s in plan.allowed) or 'none'}", highlight=False)
     for problem in unreachable:
         warn(f"{problem}; its tools are missing above")
+    # What each tool may be called with for this event: the rule's args, their pins filled in.
+    names = [s.exposed for s in plan.allowed] if not offline else list(plan.allowlist.globs)
+    schemas = {s.exposed: s.input_schema for s in plan.allowed}
+    out.rule("arguments allowed")
+    for line in plan.authority.describe(names, schemas):
+        out.print(line, markup=False, highlight=False)
     out.print(f"model: {plan.model}", highlight=False)
     if plan.prompt is None:
         raise fail(AgentwakeError(plan.prompt_error or "the prompt could not be rendered"))

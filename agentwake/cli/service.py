@@ -183,10 +183,45 @@ async def _check(cfg: AgentwakeConfig) -> CheckReport:
     if cfg.agent is not None:
         # Without api_key_env, litellm says which variable a provider reads: a slow import.
         await anyio.to_thread.run_sync(_check_api_keys, cfg, [r.rule.model for r in rules], report)
-    catalogs = await _check_servers(cfg, report)
+    declared = Declared()
+    catalogs = await _check_servers(cfg, report, declared)
     if cfg.agent is not None:
         _check_tools(cfg, rules, catalogs, report)
+        _check_args(rules, declared, report)
     return report
+
+
+@dataclass
+class Declared:
+    """What the reached servers declare: tool input schemas and event payload schemas, by server."""
+
+    tools: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    payloads: dict[str, dict[str, dict[str, Any] | None]] = field(default_factory=dict)
+
+
+def _check_args(rules: list[Any], declared: Declared, report: CheckReport) -> None:
+    """Each rule's ``args`` against the tools' inputSchemas and the event types' payloadSchemas."""
+    from agentwake.authority import args_problems
+
+    for loaded in rules:
+        rule = loaded.rule
+        if not rule.args:
+            continue
+        for problem in args_problems(
+            rule.args,
+            tools=declared.tools,
+            payloads=declared.payloads,
+            match_server=rule.match.server,
+            match_event=rule.match.event,
+        ):
+            report.add(
+                "policy",
+                rule.name,
+                f"{loaded.where}: rule {rule.name!r}: {problem}",
+                rule=rule.name,
+                file=str(loaded.file),
+                line=loaded.line,
+            )
 
 
 def _check_service(cfg: AgentwakeConfig, report: CheckReport) -> None:
@@ -352,7 +387,9 @@ def _check_prompts_and_policy(cfg: AgentwakeConfig, report: CheckReport) -> list
     return list(policy.rules)
 
 
-async def _check_servers(cfg: AgentwakeConfig, report: CheckReport) -> dict[str, list[str]]:
+async def _check_servers(
+    cfg: AgentwakeConfig, report: CheckReport, declared: Declared | None = None
+) -> dict[str, list[str]]:
     """Connect to each server: its event types against its subscriptions, and its tools (the
     catalog of exposed names, by server; a server not reached has none)."""
     from agentwake.delivery.select import plan_subscription
@@ -379,9 +416,14 @@ async def _check_servers(cfg: AgentwakeConfig, report: CheckReport) -> dict[str,
         try:
             async with ServerConnection(server_name, server) as conn:
                 # Its tools stay usable by the agent even when it offers no events.
-                catalogs[server_name] = await _list_tools(conn, report) if cfg.agent is not None else []
+                tools = await _list_tools(conn, report) if cfg.agent is not None else {}
+                catalogs[server_name] = list(tools)
+                if declared is not None and cfg.agent is not None:
+                    declared.tools[server_name] = tools
                 conn.require_events()
                 descriptors = {d.name: d for d in await conn.list_events()}
+                if declared is not None:
+                    declared.payloads[server_name] = {d.name: d.payload_schema for d in descriptors.values()}
         except EventsUnsupported as exc:
             if subs:
                 report.add("server", server_name, str(exc))
@@ -404,8 +446,9 @@ async def _check_servers(cfg: AgentwakeConfig, report: CheckReport) -> dict[str,
     return catalogs
 
 
-async def _list_tools(conn: ServerConnection, report: CheckReport) -> list[str]:
-    """The server's tools as the agent sees them; a server that offers none (tools/list refused) has none."""
+async def _list_tools(conn: ServerConnection, report: CheckReport) -> dict[str, dict[str, Any]]:
+    """The server's tools as the agent sees them (input schemas by exposed name); a server that offers
+    none (tools/list refused) has none."""
     from agentwake.agent.tools import exposed_name
     from agentwake.errors import ConnectionLost, DeliveryError
 
@@ -415,8 +458,8 @@ async def _list_tools(conn: ServerConnection, report: CheckReport) -> list[str]:
         raise
     except DeliveryError as exc:
         report.add("server", conn.name, f"{exc}; its tools are not available to the agent", "warning")
-        return []
-    return [exposed_name(conn.name, tool.name) for tool in tools]
+        return {}
+    return {exposed_name(conn.name, tool.name): dict(tool.input_schema or {}) for tool in tools}
 
 
 def _unmatched(glob: str, cfg: AgentwakeConfig, catalogs: dict[str, list[str]]) -> tuple[str, str] | None:
