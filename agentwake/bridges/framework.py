@@ -13,16 +13,21 @@ the upstream's API (``poll_forever``, with ``--poll``). ``BridgeServer`` does th
   push streams and webhook subscriptions of the types that got something new;
 * the MCP server runs over stdio (the caller is the process that started the bridge, so
   a stdio caller is the principal ``stdio`` and may use webhook delivery) or Streamable
-  HTTP (``--http``, with a bearer token from ``--mcp-token-env`` naming the principal);
-* webhook subscriptions made by agentwake are kept in the state dir, so they outlive restarts.
+  HTTP (``--http``, with a bearer token from ``--mcp-token-env`` naming the principal; without
+  one only on a loopback address and with ``--no-auth``, as anyone there may call the tools);
+* webhook subscriptions made by agentwake are kept in the state dir (owner-only, 0700), so they
+  outlive restarts.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import os
 import secrets
 import socket
 import ssl
+import stat
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -116,6 +121,8 @@ class BridgeOptions:
     state_dir: Path
     http: str | None = None
     mcp_token: str | None = field(default=None, repr=False)
+    # Serve --http without a token: only on a loopback address (see http_auth_problem).
+    no_auth: bool = False
     listen: str | None = None
     webhook_path: str = "/webhook"
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -136,6 +143,49 @@ def host_port(value: str, *, what: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"{what} must be HOST:PORT, not {value!r}")
     return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (as ``host_port`` returns it) is ``localhost`` or an address in 127.0.0.0/8 or ::1."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # another name: it may resolve to anything
+
+
+def http_auth_problem(http: str | None, *, has_token: bool, no_auth: bool) -> str | None:
+    """Why ``--http`` must not be served so (its tools would be open to whoever reaches it), or None."""
+    if http is None:
+        return (
+            "--no-auth is for --http (over stdio the caller is whoever started the bridge)"
+            if no_auth
+            else None
+        )
+    if has_token:
+        return "--no-auth and --mcp-token-env exclude each other: drop --no-auth" if no_auth else None
+    host, _ = host_port(http, what="--http")
+    if not is_loopback(host):
+        return (
+            f"--http {http} is not a loopback address, so it needs a bearer token:"
+            " pass --mcp-token-env VAR (--no-auth is only for 127.0.0.1, ::1 or localhost)"
+        )
+    if not no_auth:
+        return (
+            "--http without --mcp-token-env would let anyone who reaches the port call the tools:"
+            " pass --mcp-token-env VAR, or --no-auth to serve a loopback address without a token"
+        )
+    return None
+
+
+def owner_only_dir(path: Path) -> None:
+    """Create ``path`` mode 0700, or take group and other permissions off an existing one."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        os.chmod(path, mode & 0o700)
+        logger.warning("the state dir %s was mode %04o; now %04o (owner only)", path, mode, mode & 0o700)
 
 
 class Bridge:
@@ -186,9 +236,12 @@ class BridgeServer:
 
     def __init__(self, bridge: Bridge) -> None:
         options = bridge.options
+        problem = http_auth_problem(options.http, has_token=bool(options.mcp_token), no_auth=options.no_auth)
+        if problem is not None:
+            raise ValueError(problem)
         self.bridge = bridge
         self.options = options
-        options.state_dir.mkdir(parents=True, exist_ok=True)
+        owner_only_dir(options.state_dir)
         self.log = EventLog(
             options.state_dir / "events.db",
             max_events=options.max_events,

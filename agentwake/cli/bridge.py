@@ -39,7 +39,8 @@ StateDir = Annotated[
         metavar="DIR",
         envvar="AGENTWAKE_BRIDGE_STATE_DIR",
         show_envvar=True,
-        help="Folder for the bridge's event log and webhook subscriptions (SQLite, owner-only).",
+        help="Folder for the bridge's event log and webhook subscriptions (SQLite). Created mode 0700;"
+        " an existing one open to group or others is tightened to 0700.",
     ),
 ]
 Http = Annotated[
@@ -48,7 +49,8 @@ Http = Annotated[
         "--http",
         metavar="HOST:PORT",
         envvar="AGENTWAKE_BRIDGE_HTTP",
-        help="Serve MCP over Streamable HTTP at http://HOST:PORT/mcp instead of stdio.",
+        help="Serve MCP over Streamable HTTP at http://HOST:PORT/mcp instead of stdio; needs"
+        " --mcp-token-env, or --no-auth on a loopback address.",
     ),
 ]
 McpTokenEnv = Annotated[
@@ -58,6 +60,14 @@ McpTokenEnv = Annotated[
         metavar="VAR",
         help="With --http: the variable holding the bearer token MCP callers must send"
         " (webhook delivery needs an authenticated caller).",
+    ),
+]
+NoAuth = Annotated[
+    bool,
+    typer.Option(
+        "--no-auth",
+        help="With --http on a loopback address (127.0.0.0/8, ::1, localhost) and no --mcp-token-env:"
+        " serve MCP without a token, so any local process may call the tools. Refused on other addresses.",
     ),
 ]
 Listen = Annotated[
@@ -150,6 +160,7 @@ def bridge_options(
     state_dir: Path,
     http: str | None,
     mcp_token_env: str | None,
+    no_auth: bool,
     listen: str | None,
     webhook_path: str,
     poll: bool,
@@ -162,7 +173,7 @@ def bridge_options(
     events_webhook_ca: Path | None,
     events_webhook_ttl_ms: int,
 ) -> BridgeOptions:
-    from agentwake.bridges.framework import BridgeOptions, host_port
+    from agentwake.bridges.framework import BridgeOptions, host_port, http_auth_problem
 
     try:
         for value, flag in ((http, "--http"), (listen, "--listen")):
@@ -176,10 +187,15 @@ def bridge_options(
         raise fail(
             "--mcp-token-env is for --http (over stdio the caller is whoever started the bridge)", code=2
         )
+    # Before anything is created or bound: an --http without a token is open to whoever reaches it.
+    problem = http_auth_problem(http, has_token=mcp_token_env is not None, no_auth=no_auth)
+    if problem is not None:
+        raise fail(problem, code=2)
     return BridgeOptions(
         state_dir=state_dir,
         http=http,
         mcp_token=secret_from(mcp_token_env, flag="--mcp-token-env"),
+        no_auth=no_auth,
         listen=listen,
         webhook_path=webhook_path,
         poll=poll,
@@ -223,6 +239,7 @@ def github(
     state_dir: StateDir = Path(".agentwake-bridge/github"),
     http: Http = None,
     mcp_token_env: McpTokenEnv = None,
+    no_auth: NoAuth = False,
     listen: Listen = None,
     webhook_path: WebhookPath = "/webhook",
     webhook_secret_env: Annotated[
@@ -305,6 +322,7 @@ def github(
         state_dir=state_dir,
         http=http,
         mcp_token_env=mcp_token_env,
+        no_auth=no_auth,
         listen=listen,
         webhook_path=webhook_path,
         poll=poll,

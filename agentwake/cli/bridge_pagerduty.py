@@ -26,6 +26,7 @@ from agentwake.cli.bridge import (
     MaxEvents,
     McpTokenEnv,
     NextPollMs,
+    NoAuth,
     Poll,
     RetentionDays,
     StateDir,
@@ -43,6 +44,7 @@ def pagerduty(
     state_dir: StateDir = Path(".agentwake-bridge/pagerduty"),
     http: Http = None,
     mcp_token_env: McpTokenEnv = None,
+    no_auth: NoAuth = False,
     listen: Listen = None,
     webhook_path: WebhookPath = "/webhook",
     webhook_secret_env: Annotated[
@@ -127,6 +129,7 @@ def pagerduty(
         state_dir=state_dir,
         http=http,
         mcp_token_env=mcp_token_env,
+        no_auth=no_auth,
         listen=listen,
         webhook_path=webhook_path,
         poll=poll,

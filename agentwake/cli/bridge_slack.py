@@ -25,6 +25,7 @@ from agentwake.cli.bridge import (
     MaxEvents,
     McpTokenEnv,
     NextPollMs,
+    NoAuth,
     RetentionDays,
     StateDir,
     WebhookPath,
@@ -41,6 +42,7 @@ def slack(
     state_dir: StateDir = Path(".agentwake-bridge/slack"),
     http: Http = None,
     mcp_token_env: McpTokenEnv = None,
+    no_auth: NoAuth = False,
     listen: Listen = None,
     webhook_path: WebhookPath = "/slack/events",
     signing_secret_env: Annotated[
@@ -164,6 +166,7 @@ def slack(
         state_dir=state_dir,
         http=http,
         mcp_token_env=mcp_token_env,
+        no_auth=no_auth,
         listen=listen,
         webhook_path=webhook_path,
         poll=socket_mode,
