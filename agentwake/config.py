@@ -330,12 +330,28 @@ class SubscriptionConfig(_Model):
         default_factory=list,
         description='globs of the tools the agent may use for these events, e.g. "demo__get_*"; default none',
     )
+    args: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="per tool of `tools`, its arguments pinned or checked, as a policy rule's args",
+    )
     model: str | None = Field(
         default=None, description="litellm model for these events; default [agent] model"
     )
     prompt: str | None = Field(
         default=None, description="prompt template in the prompts folder for these events"
     )
+
+    @model_validator(mode="after")
+    def _args_of_its_tools(self) -> SubscriptionConfig:
+        import fnmatch
+
+        from agentwake.authority import parse_args
+
+        parse_args(self.args)
+        stray = [tool for tool in self.args if not any(fnmatch.fnmatchcase(tool, g) for g in self.tools)]
+        if stray:
+            raise ValueError(f"args names {', '.join(map(repr, stray))}, which 'tools' does not allow")
+        return self
 
     @field_validator("tools")
     @classmethod

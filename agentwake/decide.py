@@ -202,14 +202,17 @@ def resumed_decision(event: InboxEvent) -> Decision | None:
 
 
 def run_spec(decision: Decision, subscription: SubscriptionConfig | None, rule: Rule | None) -> RunSpec:
-    """The rule's tools, prompt and model win over the subscription's; no tools unless one names them."""
-    tools = decision.tools if decision.tools is not None else (subscription.tools if subscription else [])
+    """The rule's tools, prompt and model win over the subscription's; no tools unless one names them.
+    The subscription's ``args`` constrain its own tools (a rule's args for the same tool win)."""
+    own = decision.tools is not None
+    tools = decision.tools if own else (subscription.tools if subscription else [])
     return RunSpec(
-        tools=tuple(tools),
+        tools=tuple(tools or ()),
         prompt=decision.prompt,
         model=decision.model or (subscription.model if subscription else None),
         redact_pii=bool(rule and rule.redact_pii),
-        args=decision.args,
+        # The subscription's args go with its tools, when the rule names none.
+        args=decision.args if own or subscription is None else {**subscription.args, **(decision.args or {})},
         allow_mentions=decision.allow_mentions,
         rule=decision.rule,
     )

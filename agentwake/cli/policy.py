@@ -56,7 +56,7 @@ def policy_check(
 ) -> None:
     """Validate every policy file; errors name the file, the line and the rule.
 
-    Rules with ``args`` are also checked against what their servers declare (each tool's
+    Rules with args are also checked against what their servers declare (each tool's
     inputSchema, each event type's payloadSchema), unless --offline or a server's secrets are
     missing from the environment; a server that cannot be reached is left unjudged, with a warning.
     """

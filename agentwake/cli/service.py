@@ -187,7 +187,7 @@ async def _check(cfg: AgentwakeConfig) -> CheckReport:
     catalogs = await _check_servers(cfg, report, declared)
     if cfg.agent is not None:
         _check_tools(cfg, rules, catalogs, report)
-        _check_args(rules, declared, report)
+        _check_args(cfg, rules, declared, report)
     return report
 
 
@@ -199,9 +199,20 @@ class Declared:
     payloads: dict[str, dict[str, dict[str, Any] | None]] = field(default_factory=dict)
 
 
-def _check_args(rules: list[Any], declared: Declared, report: CheckReport) -> None:
-    """Each rule's ``args`` against the tools' inputSchemas and the event types' payloadSchemas."""
+def _check_args(cfg: AgentwakeConfig, rules: list[Any], declared: Declared, report: CheckReport) -> None:
+    """Each rule's and subscription's ``args`` against the tools' inputSchemas and the event types'
+    payloadSchemas."""
     from agentwake.authority import args_problems
+
+    for sub in cfg.subscriptions:
+        for problem in args_problems(
+            sub.args,
+            tools=declared.tools,
+            payloads=declared.payloads,
+            match_server=sub.server,
+            match_event=sub.event,
+        ):
+            report.add("subscription", sub.name, f"subscription {sub.name!r}: {problem}", server=sub.server)
 
     for loaded in rules:
         rule = loaded.rule
