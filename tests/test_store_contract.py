@@ -21,6 +21,7 @@ from agentwake.clock import iso, now_iso
 from agentwake.errors import FencedOut, StoreError
 from agentwake.store import (
     EVENT_STATES,
+    Answerer,
     EventState,
     EventVerdict,
     FlowGate,
@@ -876,6 +877,70 @@ async def test_an_approved_event_goes_back_to_pending_and_a_denied_one_ends(stor
     assert (again.id, again.approved, again.decision) == (events[0].id, True, {"action": "approve"})
 
 
+async def test_each_answer_is_recorded_with_who_where_when_the_rule_and_what_it_grants(store: Store) -> None:
+    events = await claimed(store, TICKETS, "E-1", "E-2", "E-3")
+    decision = {
+        "rule": "hold-it",
+        "rule_tools": ["demo__close"],
+        "why": "held",
+        "authority": ["demo__close: ticket = 'E-1' (pinned)"],
+    }
+    await store.settle([Settlement(e.id, decision, "held") for e in events])
+    slack = Answerer("slack:U0123ABCD", "relayed by token slack", "127.0.0.1")
+    await store.answer(events[0].id, approve=True, note="ok", by=slack)
+    await store.answer(
+        events[1].id,
+        approve=False,
+        note=None,
+        by=Answerer("operator", "browser session operator", "::1"),
+        tools=[],
+    )
+    await store.answer(events[2].id, approve=True, note=None)  # no answerer given: said so, not guessed
+    newest = await store.answers(10)
+    assert [a["event_id"] for a in newest] == ["E-3", "E-2", "E-1"]
+    for answer in newest:
+        assert is_iso(answer.pop("at")) and answer.pop("id")
+    assert newest[2] == {
+        "row": events[0].id,
+        "event_id": "E-1",
+        "server": "demo",
+        "subscription": "tickets",
+        "answer": "approved",
+        "who": "slack:U0123ABCD",
+        "via": "relayed by token slack",
+        "address": "127.0.0.1",
+        "rule": "hold-it",
+        "tools": ["demo__close"],  # the rule's, when the answerer does not say what it was shown
+        "authority": ["demo__close: ticket = 'E-1' (pinned)"],
+        "note": "ok",
+    }
+    assert (newest[1]["answer"], newest[1]["who"], newest[1]["address"], newest[1]["tools"]) == (
+        "denied",
+        "operator",
+        "::1",
+        [],
+    )
+    assert (newest[0]["who"], newest[0]["via"], newest[0]["address"]) == ("unrecorded", "unrecorded", None)
+    assert [a["event_id"] for a in await store.answers(1)] == ["E-3"]
+    [recorded] = (await detail(store, events[0].id))["answers"]
+    assert recorded["who"] == "slack:U0123ABCD" and recorded["row"] == events[0].id
+    assert [a["event_id"] for a in await store.answers(5, events[1].id)] == ["E-2"]
+    # A refused answer (no longer held) records nothing.
+    with pytest.raises(StoreError, match="not held for approval"):
+        await store.answer(events[0].id, approve=False, note=None, by=slack)
+    assert len(await store.answers(10)) == 3
+
+
+async def test_holding_an_event_costs_it_no_attempt(store: Store) -> None:
+    [event] = await claimed(store, TICKETS, "E-1")
+    assert event.attempts == 1
+    await store.settle([Settlement(event.id, {"rule": "hold-it"}, "held")])
+    assert (await detail(store, event.id))["attempts"] == 0
+    await store.answer(event.id, approve=True, note=None)
+    [again] = await store.claim(5, T0, lease_until=at(60))
+    assert (again.id, again.attempts, again.approved) == (event.id, 1, True)  # its first run, not its second
+
+
 # ---- flow control --------------------------------------------------------------------------------------
 
 
@@ -1418,6 +1483,7 @@ async def test_find_events_gives_each_servers_event_with_that_id(store: Store) -
         "approved_at": None,
         "approval_note": None,
         "runs": [],
+        "answers": [],
     }
     assert await store.event_detail(ticket) == {**shown, "received_at": received}
 

@@ -16,6 +16,7 @@ from agentwake.errors import StoreError
 from agentwake.store.interface import Store, StoreReader
 from agentwake.store.records import (
     EVENT_STATES,
+    Answerer,
     EventState,
     EventVerdict,
     FlowGate,
@@ -93,6 +94,7 @@ def _password(config: StoreConfig) -> str | None:
 
 __all__ = [
     "EVENT_STATES",
+    "Answerer",
     "EventState",
     "EventVerdict",
     "FlowGate",

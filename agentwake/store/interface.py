@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from agentwake.store.quotas import ClaimLimits
 from agentwake.store.records import (
+    Answerer,
     EventState,
     EventVerdict,
     FlowGate,
@@ -239,8 +240,20 @@ class Store(Protocol):
         """One stored event, with its stored decision and approval, whatever its state."""
         ...
 
-    async def answer(self, event_row: int, *, approve: bool, note: str | None) -> None:
-        """A person's answer to a held event: approved goes back to pending, denied ends it."""
+    async def answer(
+        self,
+        event_row: int,
+        *,
+        approve: bool,
+        note: str | None,
+        by: Answerer | None = None,
+        tools: Sequence[str] | None = None,
+    ) -> None:
+        """A person's answer to a held event: approved goes back to pending, denied ends it.
+
+        Recorded in the audit trail (``answers``) with ``by``, the time, the rule and ``tools``
+        (the tools approving grants, as the answerer was shown them; default: the rule's).
+        """
         ...
 
     # ---- the action log (agent) --------------------------------------------------------------------
@@ -341,6 +354,10 @@ class Store(Protocol):
 
     async def approvals(self) -> list[dict[str, Any]]: ...
 
+    async def answers(self, limit: int = 50, event_row: int | None = None) -> list[dict[str, Any]]:
+        """The approvals' audit trail, newest first: who answered what, from where, when, granting what."""
+        ...
+
     async def gaps(self, subscription: str | None = None) -> list[dict[str, Any]]: ...
 
     async def event_ids(self, subscription: str | None = None) -> list[str]: ...
@@ -376,6 +393,8 @@ class StoreReader(Protocol):
     def event_detail(self, event_row: int) -> dict[str, Any] | None: ...
 
     def approvals(self) -> list[dict[str, Any]]: ...
+
+    def answers(self, limit: int = 50, event_row: int | None = None) -> list[dict[str, Any]]: ...
 
     def gaps(self, subscription: str | None = None) -> list[dict[str, Any]]: ...
 

@@ -187,6 +187,19 @@ class InboxEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class Answerer:
+    """Who answered a held event, as the endpoint or the CLI authenticated them, and from where.
+
+    ``who`` is a token's name (``operator``), an identity a token with the approve scope relayed
+    (``slack:U0123ABCD``) or ``cli:<user>``; ``via`` is how it was let in; ``address`` the client's.
+    """
+
+    who: str
+    via: str
+    address: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class FlowGate:
     """The flow-control checks one event faces, with window starts already computed (ISO times)."""
 

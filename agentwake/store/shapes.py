@@ -16,6 +16,67 @@ SUBSCRIPTIONS_SQL: Final = (
 )
 
 
+ANSWER_COLUMNS: Final = (
+    "a.id, a.event_row, e.event_id, e.server, e.subscription, a.answer, a.who, a.via, a.address, a.at,"
+    " a.rule, a.tools, a.authority, a.note"
+)
+# Newest first; the placeholder style ("?" or "%s") is the backend's.
+ANSWERS_SQL: Final = (
+    f"SELECT {ANSWER_COLUMNS} FROM answers a JOIN events e ON e.id = a.event_row{{where}} ORDER BY a.id DESC"
+    " LIMIT {mark}"
+)
+
+
+def answer_view(r: Sequence[Any]) -> dict[str, Any]:
+    """One row of ANSWERS_SQL: one approval or denial, who gave it, from where, when, granting what."""
+    return {
+        "id": r[0],
+        "row": r[1],
+        "event_id": r[2],
+        "server": r[3],
+        "subscription": r[4],
+        "answer": r[5],
+        "who": r[6],
+        "via": r[7],
+        "address": r[8],
+        "at": r[9],
+        "rule": r[10],
+        "tools": json.loads(r[11]) if r[11] else [],
+        "authority": json.loads(r[12]) if r[12] else None,
+        "note": r[13],
+    }
+
+
+def answer_values(
+    decision: dict[str, Any] | None,
+    *,
+    approve: bool,
+    note: str | None,
+    by: Any,
+    tools: Sequence[str] | None,
+    at: str,
+) -> tuple[Any, ...]:
+    """The audit record's values after (event_row): answer, who, via, address, at, rule, tools, authority, note."""
+    decision = decision or {}
+    rule = decision.get("rule")
+    if tools is None:
+        granted = decision.get("rule_tools")
+        tools = granted if isinstance(granted, list) else []
+    authority = decision.get("authority")
+    lines = [str(line) for line in authority] if isinstance(authority, list) else None
+    return (
+        "approved" if approve else "denied",
+        by.who if by is not None else "unrecorded",
+        by.via if by is not None else "unrecorded",
+        by.address if by is not None else None,
+        at,
+        str(rule) if rule is not None else None,
+        json.dumps([str(t) for t in tools], ensure_ascii=False),
+        json.dumps(lines, ensure_ascii=False) if lines is not None else None,
+        note,
+    )
+
+
 def subscription_view(r: Sequence[Any]) -> dict[str, Any]:
     """One row of SUBSCRIPTIONS_SQL as `status --json` prints it."""
     return {

@@ -58,6 +58,9 @@ class Views(PostgresBase):
     async def approvals(self) -> list[dict[str, Any]]:
         return await self._read(views.approvals())
 
+    async def answers(self, limit: int = 50, event_row: int | None = None) -> list[dict[str, Any]]:
+        return await self._read(views.answers(limit, event_row))
+
     async def gaps(self, subscription: str | None = None) -> list[dict[str, Any]]:
         return await self._read(views.gaps(subscription))
 
@@ -128,6 +131,9 @@ class PostgresReader(Named):
 
     def approvals(self) -> list[dict[str, Any]]:
         return self._read(views.approvals())
+
+    def answers(self, limit: int = 50, event_row: int | None = None) -> list[dict[str, Any]]:
+        return self._read(views.answers(limit, event_row))
 
     def gaps(self, subscription: str | None = None) -> list[dict[str, Any]]:
         return self._read(views.gaps(subscription))

@@ -211,11 +211,32 @@ _SUBSCRIPTION_OWNERS: Final = (
 # The rule whose max_concurrent slot an event's run holds, while the event is being handled.
 _RULE_SLOTS: Final = ("ALTER TABLE events ADD COLUMN slot_rule text",)
 
+# The approvals' audit trail (the SQLite store's 0015_approval_answers).
+_APPROVAL_ANSWERS: Final = (
+    """
+    CREATE TABLE answers (
+        id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        event_row bigint NOT NULL REFERENCES events(id),
+        answer text NOT NULL,
+        who text NOT NULL,
+        via text NOT NULL,
+        address text,
+        at text NOT NULL,
+        rule text,
+        tools text NOT NULL,
+        authority text,
+        note text
+    )
+    """,
+    "CREATE INDEX answers_event ON answers (event_row, id)",
+)
+
 # In order; a new one is appended (never edited once released): its name is recorded when applied.
 MIGRATIONS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
     ("0001_initial", _INITIAL),
     ("0002_subscription_owners", _SUBSCRIPTION_OWNERS),
     ("0003_rule_slots", _RULE_SLOTS),
+    ("0004_approval_answers", _APPROVAL_ANSWERS),
 )
 MIGRATION_NAMES: Final = tuple(name for name, _ in MIGRATIONS)
 

@@ -13,7 +13,7 @@ from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from agentwake.store.records import EVENT_STATES, final_answer, summary_line
-from agentwake.store.shapes import SUBSCRIPTIONS_SQL, subscription_view
+from agentwake.store.shapes import ANSWERS_SQL, SUBSCRIPTIONS_SQL, answer_view, subscription_view
 from agentwake.store.sqlite.owners import OWNER_COLUMNS
 from agentwake.store.sqlite.service import _COLUMNS as SERVICE_COLUMNS
 
@@ -264,12 +264,21 @@ def _find_events(where: str, args: list[Any]) -> View[list[dict[str, Any]]]:
             call = dict(zip(_CALL_KEYS, c[1:], strict=True))
             call["arguments"] = _json(call["arguments"])
             calls_of[c[0]].append(call)
+    answers_of: dict[int, list[dict[str, Any]]] = {}
+    for a in (
+        yield (
+            ANSWERS_SQL.format(where=" WHERE a.event_row = ANY(%s)", mark="%s"),
+            [[event["id"] for event in events], MAX_EVENT_ANSWERS],
+        )
+    ):
+        answers_of.setdefault(a[1], []).insert(0, answer_view(a))
     for event in events:
         event["data"] = json.loads(event["data"])
         event["sanitize_report"] = _json(event["sanitize_report"])
         event["meta"] = _json(event["meta"])
         event["decision"] = _json(event["decision"])
         event["runs"] = runs_of.get(event["id"], [])
+        event["answers"] = answers_of.get(event["id"], [])  # after runs, as the SQLite store's
     return events
 
 
@@ -298,6 +307,19 @@ def approvals() -> View[list[dict[str, Any]]]:
         event["decision"] = _json(event["decision"])
         event["data"] = json.loads(event["data"])
     return held
+
+
+# The answers shown with events (each held event has one, unless held again after a retry).
+MAX_EVENT_ANSWERS: Final = 1000
+
+
+def answers(limit: int = 50, event_row: int | None = None) -> View[list[dict[str, Any]]]:
+    """The approvals' audit trail, newest first."""
+    if event_row is None:
+        rows = yield (ANSWERS_SQL.format(where="", mark="%s"), [limit])
+    else:
+        rows = yield (ANSWERS_SQL.format(where=" WHERE a.event_row = %s", mark="%s"), [event_row, limit])
+    return [answer_view(r) for r in rows]
 
 
 _GAP_KEYS: Final = ("subscription", "server", "event", "detected_at", "cursor_before", "cursor_after")

@@ -22,7 +22,8 @@ from agentwake.jsontext import encode_json
 from agentwake.store.postgres.base import PostgresBase, lock_key
 from agentwake.store.postgres.runs import agent_usage
 from agentwake.store.quotas import ClaimLimits, Quota, quota
-from agentwake.store.records import ABANDONED_RUN, EventState, InboxEvent, Settlement
+from agentwake.store.records import ABANDONED_RUN, Answerer, EventState, InboxEvent, Settlement
+from agentwake.store.shapes import answer_values
 
 CLAIMED_COLUMNS: Final = (
     "id, server, subscription, name, event_id, timestamp, data, attempts, decision, approved_at"
@@ -262,10 +263,14 @@ class WorkQueue(PostgresBase):
             await lock_events(conn, [s.event_row for s in settlements])
             async with conn.cursor() as cur:
                 await cur.executemany(
+                    # Holding is no attempt (as in the SQLite store): an approved event runs even
+                    # with [agent] max_attempts = 1.
                     "UPDATE events SET decision = %s, state = %s, state_changed_at = %s,"
-                    " injection_score = coalesce(%s, injection_score) WHERE id = %s",
+                    " injection_score = coalesce(%s, injection_score),"
+                    " attempts = CASE WHEN %s = 'held' THEN greatest(0, attempts - 1) ELSE attempts END"
+                    " WHERE id = %s",
                     [
-                        (encode_json(s.record), s.state, now, score(s.record), s.event_row)
+                        (encode_json(s.record), s.state, now, score(s.record), s.state, s.event_row)
                         for s in settlements
                     ],
                 )
@@ -307,17 +312,36 @@ class WorkQueue(PostgresBase):
             raise StoreError(f"no stored event with row id {event_row}")
         return inbox_event(row)
 
-    async def answer(self, event_row: int, *, approve: bool, note: str | None) -> None:
-        """A person's answer to a held event: approved goes back to pending (the agent runs), denied ends it."""
+    async def answer(
+        self,
+        event_row: int,
+        *,
+        approve: bool,
+        note: str | None,
+        by: Answerer | None = None,
+        tools: Sequence[str] | None = None,
+    ) -> None:
+        """A person's answer to a held event: approved goes back to pending (the agent runs), denied ends it.
+
+        The answer goes into the audit trail (``answers``) in the same transaction.
+        """
         now = now_iso()
         async with self.transaction() as conn:
             state = await event_state(conn, event_row)
             if state != "held":
                 raise StoreError(f"the event is {state!r}, not held for approval")
+            cur = await conn.execute("SELECT decision FROM events WHERE id = %s", [event_row])
+            found = await cur.fetchone()
+            decision = json.loads(found[0]) if found and found[0] else None
             await conn.execute(
                 "UPDATE events SET state = %s, approved_at = %s, approval_note = %s, state_changed_at = %s"
                 " WHERE id = %s",
                 ["pending" if approve else "denied", now if approve else None, note, now, event_row],
+            )
+            await conn.execute(
+                "INSERT INTO answers (event_row, answer, who, via, address, at, rule, tools, authority, note)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                [event_row, *answer_values(decision, approve=approve, note=note, by=by, tools=tools, at=now)],
             )
 
     async def retry(self, event_row: int, *, resend_unknown: bool = False) -> int:

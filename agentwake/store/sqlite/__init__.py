@@ -136,6 +136,7 @@ class SqliteStore(ThreadedStore[SqliteCore]):
     find_events = in_store_thread(SqliteCore.find_events)
     event_detail = in_store_thread(SqliteCore.event_detail)
     approvals = in_store_thread(SqliteCore.approvals)
+    answers = in_store_thread(SqliteCore.answers)
     gaps = in_store_thread(SqliteCore.gaps)
     event_ids = in_store_thread(SqliteCore.event_ids)
     state_counts = in_store_thread(SqliteCore.state_counts)

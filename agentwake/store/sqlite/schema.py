@@ -294,3 +294,27 @@ def _subscription_owners(db: sqlite_utils.Database) -> None:
 def _rule_slots(db: sqlite_utils.Database) -> None:
     # The rule whose max_concurrent slot an event's run holds, while the event is being handled.
     db.execute("ALTER TABLE events ADD COLUMN slot_rule TEXT")
+
+
+@migrations(name="0015_approval_answers")
+def _approval_answers(db: sqlite_utils.Database) -> None:
+    # The approvals' audit trail: each answer to a held event with who gave it (as authenticated,
+    # never as the request said), from where, when, under which rule, and what it granted.
+    db.execute(
+        """
+        CREATE TABLE answers (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            event_row INTEGER NOT NULL REFERENCES events(id),
+            answer TEXT NOT NULL,
+            who TEXT NOT NULL,
+            via TEXT NOT NULL,
+            address TEXT,
+            at TEXT NOT NULL,
+            rule TEXT,
+            tools TEXT NOT NULL,
+            authority TEXT,
+            note TEXT
+        )
+        """
+    )
+    db.execute("CREATE INDEX answers_event ON answers (event_row, id)")

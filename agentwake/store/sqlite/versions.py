@@ -25,4 +25,5 @@ MIGRATION_NAMES: Final = (
     "0012_work_queue",
     "0013_subscription_owners",
     "0014_rule_slots",
+    "0015_approval_answers",
 )

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Final
 
 from agentwake.store.records import EVENT_STATES, final_answer, summary_line
-from agentwake.store.shapes import SUBSCRIPTIONS_SQL, subscription_view
+from agentwake.store.shapes import ANSWERS_SQL, SUBSCRIPTIONS_SQL, answer_view, subscription_view
 from agentwake.store.sqlite.base import SqliteBase
+
+# The answers shown with events (each held event has one, unless held again after a retry).
+MAX_EVENT_ANSWERS: Final = 1000
 
 
 class Views(SqliteBase):
@@ -154,6 +157,7 @@ class Views(SqliteBase):
             event["meta"] = json.loads(event["meta"]) if event["meta"] else None
             event["decision"] = json.loads(event["decision"]) if event["decision"] else None
             event["runs"] = self._runs_of(event["id"])
+            event["answers"] = self.answers(MAX_EVENT_ANSWERS, event["id"])[::-1]
         return events
 
     def _runs_of(self, event_row: int) -> list[dict[str, Any]]:
@@ -230,6 +234,16 @@ class Views(SqliteBase):
             event["decision"] = json.loads(event["decision"]) if event["decision"] else None
             event["data"] = json.loads(event["data"])
         return held
+
+    def answers(self, limit: int = 50, event_row: int | None = None) -> list[dict[str, Any]]:
+        """The approvals' audit trail, newest first."""
+        if event_row is None:
+            rows = self.conn.execute(ANSWERS_SQL.format(where="", mark="?"), [limit]).fetchall()
+        else:
+            rows = self.conn.execute(
+                ANSWERS_SQL.format(where=" WHERE a.event_row = ?", mark="?"), [event_row, limit]
+            ).fetchall()
+        return [answer_view(r) for r in rows]
 
     def gaps(self, subscription: str | None = None) -> list[dict[str, Any]]:
         where, args = "", []

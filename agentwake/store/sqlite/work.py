@@ -10,7 +10,16 @@ from agentwake.clock import now_iso
 from agentwake.errors import StoreError
 from agentwake.jsontext import encode_json
 from agentwake.store.quotas import ClaimLimits, Quota, quota
-from agentwake.store.records import ABANDONED_RUN, EventState, FlowGate, FlowOutcome, InboxEvent, Settlement
+from agentwake.store.records import (
+    ABANDONED_RUN,
+    Answerer,
+    EventState,
+    FlowGate,
+    FlowOutcome,
+    InboxEvent,
+    Settlement,
+)
+from agentwake.store.shapes import answer_values
 from agentwake.store.sqlite.base import SqliteBase
 from agentwake.store.sqlite.runs import agent_usage
 
@@ -203,10 +212,16 @@ class WorkQueue(SqliteBase):
         """Store decisions that end their events here (ignored, done, held), in one transaction."""
         now = now_iso()
         with self.transaction():
+            # Holding is no attempt: the claim that decided to hold is given back, so an approved
+            # event runs even with [agent] max_attempts = 1.
             self.conn.executemany(
                 "UPDATE events SET decision = ?, state = ?, state_changed_at = ?,"
-                " injection_score = coalesce(?, injection_score) WHERE id = ?",
-                [(encode_json(s.record), s.state, now, _score(s.record), s.event_row) for s in settlements],
+                " injection_score = coalesce(?, injection_score),"
+                " attempts = CASE WHEN ? = 'held' THEN max(0, attempts - 1) ELSE attempts END WHERE id = ?",
+                [
+                    (encode_json(s.record), s.state, now, _score(s.record), s.state, s.event_row)
+                    for s in settlements
+                ],
             )
 
     def record_decision(self, event_row: int, record: dict[str, Any]) -> None:
@@ -304,11 +319,22 @@ class WorkQueue(SqliteBase):
             raise StoreError(f"no stored event with row id {event_row}")
         return _inbox_event(row)
 
-    def answer(self, event_row: int, *, approve: bool, note: str | None) -> None:
-        """A person's answer to a held event: approved goes back to pending (the agent runs), denied ends it."""
+    def answer(
+        self,
+        event_row: int,
+        *,
+        approve: bool,
+        note: str | None,
+        by: Answerer | None = None,
+        tools: Sequence[str] | None = None,
+    ) -> None:
+        """A person's answer to a held event: approved goes back to pending (the agent runs), denied ends it.
+
+        The answer goes into the audit trail (``answers``) in the same transaction.
+        """
         now = now_iso()
         with self.transaction():
-            row = self.conn.execute("SELECT state FROM events WHERE id = ?", [event_row]).fetchone()
+            row = self.conn.execute("SELECT state, decision FROM events WHERE id = ?", [event_row]).fetchone()
             if row is None:
                 raise StoreError(f"no stored event with row id {event_row}")
             if row[0] != "held":
@@ -316,6 +342,12 @@ class WorkQueue(SqliteBase):
             self.conn.execute(
                 "UPDATE events SET state = ?, approved_at = ?, approval_note = ?, state_changed_at = ? WHERE id = ?",
                 ["pending" if approve else "denied", now if approve else None, note, now, event_row],
+            )
+            decision = json.loads(row[1]) if row[1] else None
+            self.conn.execute(
+                "INSERT INTO answers (event_row, answer, who, via, address, at, rule, tools, authority, note)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [event_row, *answer_values(decision, approve=approve, note=note, by=by, tools=tools, at=now)],
             )
 
     def retry(self, event_row: int, *, resend_unknown: bool = False) -> int:
