@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -384,3 +385,43 @@ def test_a_glob_may_name_the_events_values_which_match_literally() -> None:
     assert authority.check("github__search_issues", None, {"query": "repo:acme/d* crash"})[1] is None
     refused = authority.check("github__search_issues", None, {"query": "repo:acme/demo crash"})[1]
     assert refused is not None and "glob" in refused
+
+
+HELD = """
+[[rules]]
+name = "hold-and-bind"
+action = "approve"
+tools = ["demo__get_ticket", "demo__add_comment"]
+args."demo__add_comment" = { ticket_id = "{{ data.ticketId }}" }
+"""
+
+
+@pytest.mark.anyio
+async def test_a_held_event_says_what_approval_grants_and_the_approved_run_keeps_those_args(
+    rig: Rig, tmp_path: Path
+) -> None:
+    runner = rig.runner(tools=[])
+    event = await rig.event()
+    held = await decide(
+        event,
+        config=runner.config,
+        policy=Policy(rules=load_file(policy_file(tmp_path, HELD))),
+        now=utc_now(),
+        flow=None,
+    )
+    assert held.verdict == "hold"
+    own = rig.ticket["id"]
+    assert held.record["authority"][:2] == [
+        "demo__get_ticket: any arguments",
+        f'demo__add_comment: ticket_id = "{own}" (from {{{{ data.ticketId }}}})',
+    ]
+    assert held.record["rule_args"] == {"demo__add_comment": {"ticket_id": "{{ data.ticketId }}"}}
+    # Approved later, under a policy that no longer has the rule: the stored decision still binds.
+    approved = replace(event, decision=held.record, approved=True)
+    outcome = await decide(approved, config=runner.config, policy=Policy(), now=utc_now(), flow=None)
+    assert outcome.verdict == "run"
+    elsewhere = other_ticket(rig)
+    rig.fake.script(tool_calls(("demo__add_comment", {"ticket_id": elsewhere, "body": "x"})), text("done"))
+    result = await runner.run(outcome)
+    assert [c.status for c in result.tool_calls] == ["refused"]
+    assert comments_on(rig, elsewhere) == []
