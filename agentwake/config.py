@@ -147,6 +147,20 @@ class LogConfig(_Model):
     )
 
 
+SERVICE_SCOPES: Final = ("read", "approve", "metrics")
+TOKEN_NAME_PATTERN: Final = r"^[a-z][a-z0-9_-]{0,31}$"
+
+
+class ServiceTokenConfig(_Model):
+    """[service.tokens.NAME]: one named access token of the endpoint and what it may do."""
+
+    env: str = Field(description="environment variable holding the token")
+    scopes: list[Literal["read", "approve", "metrics"]] = Field(
+        min_length=1,
+        description="'read' (the page, GET /approvals), 'approve' (approve and deny), 'metrics' (/metrics)",
+    )
+
+
 class ServiceConfig(_Model):
     """[service]: the operator's HTTP endpoint (health, metrics, approvals page) and how the service stops."""
 
@@ -156,7 +170,25 @@ class ServiceConfig(_Model):
     )
     token_env: str | None = Field(
         default=None,
-        description="environment variable holding the endpoint's access token; required beyond loopback",
+        description="environment variable holding the endpoint's full-scope access token (named 'operator')",
+    )
+    tokens: dict[str, ServiceTokenConfig] = Field(
+        default_factory=dict,
+        description="[service.tokens.NAME]: more access tokens, each with its own scopes; the name is who acts",
+    )
+    tls_cert: Path | None = Field(
+        default=None, description="PEM certificate chain: serve the endpoint over https"
+    )
+    tls_key: Path | None = Field(default=None, description="PEM private key of tls_cert")
+    trusted_proxy: list[str] = Field(
+        default_factory=list,
+        description="addresses or CIDRs of the reverse proxy whose X-Forwarded-For and X-Forwarded-Proto count",
+    )
+    session_ttl_s: float = Field(
+        default=12 * 3600.0, gt=0, description="a browser session ends this long after the login"
+    )
+    session_idle_s: float = Field(
+        default=3600.0, gt=0, description="a browser session unused this long ends (before session_ttl_s)"
     )
     stop_timeout_s: float = Field(
         default=30.0, gt=0, description="after a stop signal, how long running agent runs may finish"
@@ -164,6 +196,46 @@ class ServiceConfig(_Model):
     watchdog: bool = Field(
         default=True, description="under systemd with WatchdogSec=, send WATCHDOG=1 while the loops run"
     )
+
+    @field_validator("tokens")
+    @classmethod
+    def _token_names(cls, value: dict[str, ServiceTokenConfig]) -> dict[str, ServiceTokenConfig]:
+        for name in value:
+            if not re.match(TOKEN_NAME_PATTERN, name):
+                raise ValueError(
+                    f"token name {name!r} must be lower-case letters, digits, '-' or '_' (at most 32),"
+                    " starting with a letter: it names who approved"
+                )
+        return value
+
+    @field_validator("trusted_proxy", mode="before")
+    @classmethod
+    def _proxy_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("trusted_proxy")
+    @classmethod
+    def _valid_proxies(cls, value: list[str]) -> list[str]:
+        import ipaddress
+
+        for entry in value:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(f"trusted_proxy entry {entry!r} is not an IP address or CIDR") from None
+        return value
+
+    @model_validator(mode="after")
+    def _service_consistent(self) -> ServiceConfig:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("set both tls_cert and tls_key to serve the endpoint over https, or neither")
+        if self.token_env is not None and "operator" in self.tokens:
+            raise ValueError(
+                "token_env is the token named 'operator': remove it or rename [service.tokens.operator]"
+            )
+        if self.session_idle_s > self.session_ttl_s:
+            raise ValueError("session_idle_s must not be longer than session_ttl_s")
+        return self
 
 
 class ServerConfig(_Model):
@@ -693,8 +765,20 @@ def _resolve_paths(config: AgentwakeConfig, base: Path) -> AgentwakeConfig:
         webhook = webhook.model_copy(
             update={"tls_cert": under(base, webhook.tls_cert), "tls_key": under(base, webhook.tls_key)}
         )
+    service = config.service
+    if service.tls_cert is not None and service.tls_key is not None:
+        service = service.model_copy(
+            update={"tls_cert": under(base, service.tls_cert), "tls_key": under(base, service.tls_key)}
+        )
     return config.model_copy(
-        update={"store": store, "servers": servers, "agent": agent, "policy": policy, "webhook": webhook}
+        update={
+            "store": store,
+            "servers": servers,
+            "agent": agent,
+            "policy": policy,
+            "webhook": webhook,
+            "service": service,
+        }
     )
 
 

@@ -27,6 +27,15 @@ pytestmark = pytest.mark.anyio
 
 TOKEN = "tok-approvals-5c1e9a7d20"
 TOKEN_ENV = "AW_APPROVALS_TOKEN"
+# Tokens that can do one job: the Slack bridge's (list and answer) and Prometheus's (scrape).
+SLACK_TOKEN = "tok-slack-0b7e44c1d9a2f6"
+METRICS_TOKEN = "tok-metrics-93c0de51a7b8"
+TOKENS_ENV = {TOKEN_ENV: TOKEN, "AW_SLACK_TOKEN": SLACK_TOKEN, "AW_METRICS_TOKEN": METRICS_TOKEN}
+HOLD_DECISION: dict[str, Any] = {
+    "rule": "hold-suspicious",
+    "rule_tools": ["close_ticket"],
+    "why": "looks injected",
+}
 KEY = SubscriptionKey("tickets", "demo", "ticket.created", {})
 # Markup and a mention in peer data: whoever shows it must escape it.
 TITLE = "Close <@U0BOSS> & <!channel> now"
@@ -46,14 +55,29 @@ class Held:
 
 
 @asynccontextmanager
-async def held_endpoint(tmp_path: Path, count: int = 1) -> AsyncIterator[Held]:
-    """The operator endpoint (bearer token required) over a store with ``count`` held events."""
+async def held_endpoint(
+    tmp_path: Path,
+    count: int = 1,
+    *,
+    service: dict[str, Any] | None = None,
+    decision: dict[str, Any] | None = None,
+) -> AsyncIterator[Held]:
+    """The operator endpoint (tokens required: the operator's, the Slack bridge's, Prometheus's) over a
+    store with ``count`` held events; ``service`` replaces [service] keys."""
     config = parse_config(
         {
             "store": {"path": str(tmp_path / "aw.db")},
-            "service": {"listen": "127.0.0.1:0", "token_env": TOKEN_ENV},
+            "service": {
+                "listen": "127.0.0.1:0",
+                "token_env": TOKEN_ENV,
+                "tokens": {
+                    "slack": {"env": "AW_SLACK_TOKEN", "scopes": ["read", "approve"]},
+                    "prometheus": {"env": "AW_METRICS_TOKEN", "scopes": ["metrics"]},
+                },
+                **(service or {}),
+            },
         },
-        env={TOKEN_ENV: TOKEN},
+        env=TOKENS_ENV,
     )
     store = await SqliteStore.open(config.store.path)
     try:
@@ -64,10 +88,9 @@ async def held_endpoint(tmp_path: Path, count: int = 1) -> AsyncIterator[Held]:
         ]
         await store.ingest(KEY, incoming, "c1")
         claimed = await store.claim(count)
-        decision = {"rule": "hold-suspicious", "rule_tools": ["close_ticket"], "why": "looks injected"}
-        await store.settle([Settlement(e.id, decision, "held") for e in claimed])
+        await store.settle([Settlement(e.id, decision or HOLD_DECISION, "held") for e in claimed])
         endpoint = Endpoint(
-            endpoint_settings(config.service, env={TOKEN_ENV: TOKEN}),
+            endpoint_settings(config.service, env=TOKENS_ENV),
             store,
             Supervisor(config, store),
             Health(heartbeat_s=60),

@@ -20,7 +20,7 @@ import aiohttp
 import anyio
 import pytest
 from fake_slack import HUMAN, FakeSlack, Recorded, signature
-from test_approvals_api import TITLE, TOKEN, Held, held_endpoint
+from test_approvals_api import SLACK_TOKEN, TITLE, TOKEN, Held, held_endpoint
 from typer.testing import CliRunner
 
 from agentwake.bridges.framework import BridgeOptions, BridgeServer
@@ -103,7 +103,7 @@ async def rig(tmp_path: Path, *, count: int = 1, socket_mode: bool = False) -> A
             api_base=slack.url,
             approvals=ApprovalSettings(
                 url=held.url,
-                token=TOKEN,
+                token=SLACK_TOKEN,  # read and approve, nothing else
                 channel=OPS,
                 approvers=frozenset({APPROVER}),
                 rules=("hold-*",),
@@ -174,6 +174,15 @@ async def test_an_approvers_signed_click_approves_in_agentwake_and_updates_the_m
         approved = await r.held.detail(row)
         assert approved["state"] == "pending"  # back in the inbox: the agent runs on it
         assert approved["approval_note"] == f"approved in Slack by <@{APPROVER}>"
+        # Who approved: the Slack user the bridge's token relayed, from the bridge's address.
+        [answer] = approved["answers"]
+        assert (answer["answer"], answer["who"], answer["via"]) == (
+            "approved",
+            f"slack:{APPROVER}",
+            "relayed by token slack",
+        )
+        assert answer["address"] == "127.0.0.1" and answer["at"] and answer["rule"] == "hold-suspicious"
+        assert answer["tools"] == ["close_ticket"]
         assert update.args["ts"] == r.posted_ts(row) and update.args["channel"] == OPS
         assert buttons(update) == []
         assert f"Approved by <@{APPROVER}>" in update.args["text"]

@@ -250,11 +250,22 @@ def test_the_endpoint_settings_ask_for_a_token_beyond_loopback() -> None:
     with pytest.raises(ConfigError, match="listen must be HOST:PORT"):
         endpoint_settings(ServiceConfig(listen="8080"), env={})
 
+    with pytest.raises(ConfigError, match="shorter than 16 characters"):
+        endpoint_settings(
+            ServiceConfig(listen="127.0.0.1:8080", token_env="AW_TOKEN"), env={"AW_TOKEN": "s3"}
+        )
+    secret = "s3-" + "x" * 20
+    # Beyond loopback a token is not enough: it would travel in clear without TLS or a TLS proxy.
+    with pytest.raises(ConfigError, match=r"over plain http.*tls_cert.*trusted_proxy"):
+        endpoint_settings(
+            ServiceConfig(listen="0.0.0.0:8080", token_env="AW_TOKEN"), env={"AW_TOKEN": secret}
+        )
     exposed = endpoint_settings(
-        ServiceConfig(listen="0.0.0.0:8080", token_env="AW_TOKEN"), env={"AW_TOKEN": "s3"}
+        ServiceConfig(listen="0.0.0.0:8080", token_env="AW_TOKEN", trusted_proxy=["10.0.0.1"]),
+        env={"AW_TOKEN": secret},
     )
-    assert exposed.accepts("s3") and not exposed.accepts("s4") and not exposed.accepts("")
-    assert "s3" not in repr(exposed)
+    assert exposed.accepts(secret) and not exposed.accepts("s4") and not exposed.accepts("")
+    assert secret not in repr(exposed) and secret.encode() not in repr(exposed).encode()
 
 
 def test_browser_checks_tell_a_cross_site_request_and_a_rebound_host() -> None:
@@ -271,22 +282,33 @@ def test_browser_checks_tell_a_cross_site_request_and_a_rebound_host() -> None:
 
 def test_sessions_expire_and_wrong_tokens_are_throttled() -> None:
     now = [0.0]
-    sessions = Sessions(ttl_s=10, limit=2, clock=lambda: now[0])
-    first, second = sessions.create(), sessions.create()
+    sessions = Sessions(ttl_s=10, idle_s=4, limit=2, clock=lambda: now[0])
+    first, second = sessions.create("operator"), sessions.create("operator")
     assert sessions.get(first.id) is first and first.csrf_matches(first.csrf)
     assert not first.csrf_matches(second.csrf) and sessions.get("") is None
-    third = sessions.create()  # over the limit: the oldest goes
-    assert sessions.get(first.id) is None and sessions.get(third.id) is third
+    assert not first.csrf_matches("\udcff")  # undecodable bytes are no token
+    third = sessions.create("operator")  # over the limit: the least recently used goes
+    assert sessions.get(second.id) is None and sessions.get(third.id) is third
+    assert sessions.get(first.id) is first
+    now[0] = 3.0
+    assert sessions.get(first.id) is first  # used: idle again from now
+    now[0] = 6.5
+    assert sessions.get(third.id) is None  # unused for 4 s: idle timeout
+    assert sessions.get(first.id) is first
     now[0] = 10.0
-    assert sessions.get(second.id) is None
+    assert sessions.get(first.id) is None  # the absolute limit, however busy
 
     throttle = LoginThrottle(allowed=2, window_s=60, clock=lambda: now[0])
-    throttle.failed()
-    assert not throttle.blocked()
-    throttle.failed()
-    assert throttle.blocked()
+    assert throttle.failed("127.0.0.5") is True  # the first of its window: worth a log line
+    assert not throttle.blocked("127.0.0.5")
+    assert throttle.failed("127.0.0.5") is False
+    assert throttle.blocked("127.0.0.5")
+    assert not throttle.blocked("127.0.0.6")  # per client address
+    throttle.failed("2001:db8::1")
+    throttle.failed("2001:db8::2")
+    assert throttle.blocked("2001:db8::ffff")  # IPv6: per /64
     now[0] += 60
-    assert not throttle.blocked()
+    assert not throttle.blocked("127.0.0.5")
 
 
 # ---- in this process: the stop signal, and a store that cannot be written ----------------------

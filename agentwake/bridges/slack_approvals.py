@@ -2,8 +2,9 @@
 
 Authority stays with agentwake's operator endpoint (``[service] listen``): the bridge lists
 held events with ``GET {url}/approvals`` (JSON, the page's sanitized view) and answers one with
-``POST {url}/approvals/{row}/approve|deny``, both with the endpoint's bearer token, exactly as
-the CLI and the approvals page do. A click grants nothing by itself: it counts only when Slack
+``POST {url}/approvals/{row}/approve|deny``, both with a bearer token of the endpoint (best one
+of its own, with the scopes read and approve only: ``[service.tokens.slack]``). The answer carries
+who clicked as ``on_behalf_of = slack:<user id>``, which agentwake records as who answered. A click grants nothing by itself: it counts only when Slack
 signed it (checked by the caller: the interactions route, or the Socket Mode connection), it is
 a button of a message this bridge posted for that row in the approvals channel, and the clicking
 user is one of ``--approver``.
@@ -43,6 +44,8 @@ QUEUED_CLICKS: Final = 100
 SECTION_CHARS: Final = 3000
 _TOKEN: Final = re.compile(r"[\x21-\x7e]+")
 _ROW: Final = re.compile(r"[0-9]{1,18}")
+# A Slack user id (U0123ABCD, W...): what agentwake records as slack:<id>.
+_USER: Final = re.compile(r"[A-Z0-9]{1,64}")
 
 
 def escape(text: object) -> str:
@@ -151,7 +154,9 @@ class SlackApprovals:
         verb = "approve" if click.approve else "deny"
         field_name, said = ("note", "approved") if click.approve else ("reason", "denied")
         url = str(URL(self.settings.url) / "approvals" / str(click.row) / verb)
-        form = {field_name: f"{said} in Slack by <@{click.user}>"}
+        # Who clicked goes as a structured identity: agentwake records it as who answered, but only
+        # because this bridge's token has the approve scope (the token's name says who relayed it).
+        form = {field_name: f"{said} in Slack by <@{click.user}>", "on_behalf_of": f"slack:{click.user}"}
         try:
             async with self._session().post(url, data=form, headers=self._headers()) as response:
                 status = response.status
@@ -247,7 +252,7 @@ class SlackApprovals:
         if not (isinstance(value, str) and _ROW.fullmatch(value)):
             logger.warning("%s: a click without a row; ignored", source)
             return None
-        if not isinstance(user, str) or user not in self.settings.approvers:
+        if not isinstance(user, str) or user not in self.settings.approvers or not _USER.fullmatch(user):
             # Only --approver users count; anyone else's click changes nothing.
             logger.warning(
                 "%s: %s clicked on row %s but is not an approver; ignored", source, peer(user, 40), value

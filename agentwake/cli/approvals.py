@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import getpass
 import json
+import os
+import socket
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -28,19 +31,45 @@ from agentwake.errors import AgentwakeError
 
 if TYPE_CHECKING:
     from agentwake.store import Store
+    from agentwake.store.records import Answerer
 
 APPROVALS_COLUMNS = ("event id", "server", "subscription", "event", "received", "rule", "why", "data")
 HeldEventId = Annotated[str, typer.Argument(help="The eventId of a held event (see 'agentwake approvals').")]
+
+
+AUTHORITY_HEADING = "If approved, the agent may:"
+ANSWERS_COLUMNS = ("when", "event id", "answer", "who", "via", "from", "rule", "tools granted", "note")
+
+
+def authority_of(decision: dict[str, Any] | None) -> list[str] | None:
+    """The decision's "authority" lines (what approving lets the agent do); None when not recorded."""
+    lines = (decision or {}).get("authority")
+    return [str(line) for line in lines] if isinstance(lines, list) else None
 
 
 @app.command()
 def approvals(
     config: ConfigOption = DEFAULT_CONFIG_PATH,
     as_json: JsonOption = False,
+    answered: Annotated[
+        int | None,
+        typer.Option(
+            "--answered",
+            min=1,
+            help="Instead, the audit trail: the last N answers, who gave them, from where, when, granting what.",
+        ),
+    ] = None,
 ) -> None:
-    """List the events held for approval by an 'approve' rule, oldest first."""
+    """List the events held for approval by an 'approve' rule, oldest first (with --answered: the answers)."""
+    if answered is not None:
+        _print_answers(read_store(config, lambda location, store: store.answers(answered)), as_json)
+        return
     held = read_store(config, lambda location, store: store.approvals())
     if as_json:
+        for h in held:  # the lines a person reads before approving, at the top level too
+            lines = authority_of(h["decision"])
+            if lines is not None:
+                h["authority"] = lines
         sys.stdout.write(json.dumps(held, indent=2, ensure_ascii=False) + "\n")
         return
     out = stdout()
@@ -63,6 +92,49 @@ def approvals(
             clip(json.dumps(h["data"], ensure_ascii=False)),
         )
     print_table(table, out)
+    for h in held:
+        lines = authority_of(h["decision"])
+        if lines is not None:
+            out.print(f"{h['event_id']}: {AUTHORITY_HEADING}", markup=False, highlight=False)
+            for line in lines:
+                out.print(f"  - {line}", markup=False, highlight=False)
+
+
+def _print_answers(answers: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(answers, indent=2, ensure_ascii=False) + "\n")
+        return
+    out = stdout()
+    if not answers:
+        out.print("no held event has been answered")
+        return
+    from agentwake.cli.tables import print_table, table_of
+
+    table = table_of("Answers (newest first)", ANSWERS_COLUMNS)
+    for a in answers:
+        table.add_row(
+            a["at"],
+            a["event_id"],
+            a["answer"],
+            a["who"],
+            a["via"],
+            a["address"] or "",
+            a["rule"] or "",
+            ", ".join(a["tools"]) or "none",
+            a["note"] or "",
+        )
+    print_table(table, out)
+
+
+def cli_answerer() -> Answerer:
+    """Who answers from the CLI: the local user (whoever can open the store can answer)."""
+    from agentwake.store.records import Answerer  # not at import: `--help` loads no store module
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid {os.getuid()}"
+    return Answerer(f"cli:{user}", "agentwake CLI", socket.gethostname())
 
 
 def _answer(config: Path, event_id: str, server: str | None, *, approve: bool, note: str | None) -> None:
@@ -71,7 +143,11 @@ def _answer(config: Path, event_id: str, server: str | None, *, approve: bool, n
     async def answer(store: Store) -> None:
         row = await find_event(store, event_id, server)
         try:
-            await store.answer(row["id"], approve=approve, note=note)
+            event = await store.event(row["id"])
+            rule_tools = (event.decision or {}).get("rule_tools")
+            sub = next((s for s in cfg.subscriptions if s.name == event.subscription), None)
+            tools = rule_tools if isinstance(rule_tools, list) else (sub.tools if sub is not None else [])
+            await store.answer(row["id"], approve=approve, note=note, by=cli_answerer(), tools=tools)
         except AgentwakeError as exc:
             raise fail(AgentwakeError(f"event {event_id!r}: {exc}")) from None
 

@@ -397,6 +397,25 @@ def show(
         highlight=False,
     )
     out.print_json(json.dumps(event["data"], ensure_ascii=False))
+    decision = event.get("decision") or {}
+    if event["state"] == "held":
+        out.print(
+            f"held by rule {decision.get('rule')}: {decision.get('why')}", markup=False, highlight=False
+        )
+    authority = decision.get("authority")
+    if event["state"] == "held" and isinstance(authority, list):
+        out.print("If approved, the agent may:", highlight=False)
+        for line in authority:
+            out.print(f"  - {line}", markup=False, highlight=False)
+    for answer in event.get("answers") or []:
+        tools = ", ".join(answer["tools"]) or "none"
+        out.print(
+            f"{answer['answer']} by {answer['who']} ({answer['via']}, from {answer['address'] or 'unknown'})"
+            f" at {answer['at']}; rule {answer['rule']}, tools granted: {tools}"
+            + (f"; note: {answer['note']}" if answer["note"] else ""),
+            markup=False,
+            highlight=False,
+        )
     if not event["runs"]:
         out.print("no agent run yet")
     for run in event["runs"]:

@@ -120,7 +120,12 @@ _INDEX = """{% extends "layout.html" %}
     <dd>{% for tool in e.tools %}<code>{{ tool }}</code>{% if not loop.last %}, {% endif %}{% else %}none{% endfor %}</dd>
     {% if e.notes %}<dt>sanitized</dt><dd>{{ e.notes | join("; ") }}</dd>{% endif %}
   </dl>
+  {% if e.authority is not none %}
+  <h4>If approved, the agent may:</h4>
+  <ul aria-label="authority {{ e.event_id }}">{% for line in e.authority %}<li><code>{{ line }}</code></li>{% endfor %}</ul>
+  {% endif %}
   <pre>{{ e.data }}</pre>
+  {% if can_approve %}
   <div class="answers">
     <form method="post" action="/approvals/{{ e.row }}/approve" aria-label="approve {{ e.event_id }}">
       <input type="hidden" name="csrf" value="{{ csrf }}">
@@ -133,8 +138,26 @@ _INDEX = """{% extends "layout.html" %}
       <button type="submit">Deny</button>
     </form>
   </div>
+  {% else %}
+  <p class="muted">The token {{ who }} cannot approve or deny (it has no approve scope).</p>
+  {% endif %}
 </section>
 {% endfor %}
+
+<h2 id="answers">Recent answers</h2>
+{% if not answers %}<p class="muted">No held event answered yet.</p>{% else %}
+<table aria-label="answers">
+<thead><tr><th>when</th><th>event</th><th>answer</th><th>who</th><th>via</th><th>from</th><th>rule</th>
+<th>tools granted</th><th>note</th></tr></thead>
+<tbody>
+{% for a in answers %}
+<tr><td class="nowrap">{{ a.at }}</td><td class="nowrap"><code>{{ a.event_id }}</code></td><td>{{ a.answer }}</td>
+<td><code>{{ a.who }}</code></td><td>{{ a.via }}</td><td>{{ a.address or "" }}</td><td>{{ a.rule or "" }}</td>
+<td>{{ a.tools | join(", ") }}{% if a.authority %}<br>{{ a.authority | join("; ") }}{% endif %}</td><td>{{ a.note or "" }}</td></tr>
+{% endfor %}
+</tbody>
+</table>
+{% endif %}
 
 <h2 id="runs">Recent runs</h2>
 {% if not runs %}<p class="muted">No run yet.</p>{% else %}
@@ -201,6 +224,43 @@ class HeldEvent:
     signals: list[str]
     notes: list[str]
     data: str
+    # What the agent may do if approved (the decision's "authority" lines); None: not recorded.
+    authority: list[str] | None = None
+
+
+def authority_lines(decision: dict[str, Any] | None) -> list[str] | None:
+    """The decision's "authority" lines (what approving lets the agent do), made safe; None without them."""
+    lines = (decision or {}).get("authority")
+    if not isinstance(lines, list):
+        return None
+    return [shown(line, 500) for line in lines]
+
+
+def granted_tools(decision: dict[str, Any] | None, subscription: str, config: AgentwakeConfig) -> list[str]:
+    """The tools a run would get if approved: the rule's, else the subscription's (agentwake.decide.run_spec)."""
+    tools = (decision or {}).get("rule_tools")
+    if isinstance(tools, list):
+        return [str(t) for t in tools]
+    sub = next((s for s in config.subscriptions if s.name == subscription), None)
+    return list(sub.tools) if sub is not None else []
+
+
+def answer_shown(answer: dict[str, Any]) -> dict[str, Any]:
+    """One record of the approvals' audit trail (``store.answers()``), made safe to show."""
+    authority = answer.get("authority")
+    return {
+        "event_id": shown(answer["event_id"]),
+        "subscription": shown(answer["subscription"]),
+        "answer": shown(answer["answer"]),
+        "who": shown(answer["who"]),
+        "via": shown(answer["via"]),
+        "address": shown(answer["address"]) if answer.get("address") else None,
+        "at": shown(answer["at"]),
+        "rule": shown(answer["rule"]) if answer.get("rule") else None,
+        "tools": [shown(t) for t in answer.get("tools") or []],
+        "authority": [shown(line, 500) for line in authority] if isinstance(authority, list) else None,
+        "note": shown(answer["note"], 500) if answer.get("note") else None,
+    }
 
 
 def held_event(held: dict[str, Any], config: AgentwakeConfig, policy: Policy | None) -> HeldEvent:
@@ -209,11 +269,7 @@ def held_event(held: dict[str, Any], config: AgentwakeConfig, policy: Policy | N
     rule_name = str(decision.get("rule") or "default")
     rule = policy.rule(rule_name) if policy is not None else None
     cleaned = sanitize_with(config.sanitize, held["data"], pii=bool(rule and rule.redact_pii))
-    # The tools a run would get: the rule's, else the subscription's (agentwake.decide.run_spec).
-    tools = decision.get("rule_tools")
-    if tools is None:
-        sub = next((s for s in config.subscriptions if s.name == held["subscription"]), None)
-        tools = sub.tools if sub is not None else []
+    tools = granted_tools(decision, held["subscription"], config)
     notes = [*cleaned.cuts]
     if cleaned.redactions:
         notes.append("redacted: " + ", ".join(f"{k} ({v})" for k, v in sorted(cleaned.redactions.items())))
@@ -233,6 +289,7 @@ def held_event(held: dict[str, Any], config: AgentwakeConfig, policy: Policy | N
         signals=[shown(s) for s in cleaned.injection_signals],
         notes=[shown(n, 500) for n in notes],
         data=json.dumps(cleaned.value, indent=2, ensure_ascii=False, sort_keys=True),
+        authority=authority_lines(decision),
     )
 
 
@@ -272,6 +329,9 @@ __all__ = [
     "CONTENT_SECURITY_POLICY",
     "TEMPLATES",
     "HeldEvent",
+    "answer_shown",
+    "authority_lines",
+    "granted_tools",
     "held_event",
     "recent_event",
     "recent_run",
