@@ -538,7 +538,7 @@ def args_problems(
             )
             continue
         for argument in unknown_arguments(constraints, offered[tool]):
-            known = ", ".join(sorted((offered[tool].get("properties") or {}))) or "none"
+            known = ", ".join(sorted(offered[tool].get("properties") or {})) or "none"
             problems.append(f"args.{tool!r}: {tool} has no argument {argument!r} (its arguments: {known})")
     fields = sorted({f for constraints in parsed.values() for c in constraints for f in c.templates()})
     types = {

@@ -1,7 +1,9 @@
 """agentwake.toml: pydantic models of every section, and ``load_config``.
 
 Reading the file, ``${ENV}`` interpolation and path resolution are in
-``agentwake.configfile`` (no pydantic), which the CLI's quick readers use alone.
+``agentwake.configfile`` (no pydantic), which the CLI's quick readers use alone. Its nearly 800
+lines are one model per section, each field with its description: one place to read the whole
+schema, which splitting would scatter.
 """
 
 from __future__ import annotations

@@ -31,6 +31,8 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
         "foundations",
         (
             "agentwake._compat",
+            # Pure (no agentwake imports): the config validates a subscription's args with it.
+            "agentwake.authority",
             "agentwake.backoff",
             "agentwake.clock",
             "agentwake.codes",
@@ -53,7 +55,7 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
     ("mcp", ("agentwake.mcp", "agentwake.streams", "agentwake.stdio")),
     ("store", ("agentwake.store",)),
     ("delivery", ("agentwake.delivery", "agentwake.ownership")),
-    ("decide", ("agentwake.sanitize", "agentwake.authority", "agentwake.policy", "agentwake.decide")),
+    ("decide", ("agentwake.sanitize", "agentwake.policy", "agentwake.decide")),
     ("agent", ("agentwake.agent",)),
     (
         "wiring",
