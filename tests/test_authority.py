@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from _rig import Rig
-from fake_llm import text, tool_calls
+from fake_llm import Reply, text, tool_calls
 
 from agentwake import metrics
 from agentwake.authority import Authority, Constraint, parse_args, payload_can_have, render
@@ -425,3 +425,14 @@ async def test_a_held_event_says_what_approval_grants_and_the_approved_run_keeps
     result = await runner.run(outcome)
     assert [c.status for c in result.tool_calls] == ["refused"]
     assert comments_on(rig, elsewhere) == []
+
+
+@pytest.mark.anyio
+async def test_an_unknown_tool_is_refused_before_its_arguments_are_parsed(rig: Rig) -> None:
+    runner = rig.runner(tools=["demo__get_ticket"])
+    # Malformed JSON for a tool the event does not allow: a refusal, not an argument error.
+    rig.fake.script(Reply("tool_calls", calls=(("demo__close_ticket", "{not json"),)), text("done"))
+    event = await rig.event()
+    outcome = await decide(event, config=runner.config, policy=Policy(), now=utc_now(), flow=None)
+    result = await runner.run(outcome)
+    assert [(c.status, c.arguments) for c in result.tool_calls] == [("refused", "{not json")]

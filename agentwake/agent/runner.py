@@ -128,6 +128,16 @@ class _RunFailed(Exception):
         self.dead = dead
 
 
+def _as_recorded(raw: Any) -> Any:
+    """A refused call's arguments for the action log: as JSON where they parse, else as sent."""
+    if not isinstance(raw, str):
+        return raw
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
 def retry_at(attempt: int, base_s: float) -> str:
     """When a transiently failed event may be claimed again: the shared backoff, capped at RETRY_CAP_S."""
     return iso(utc_now() + timedelta(seconds=backoff_s(attempt, initial_s=base_s, max_s=RETRY_CAP_S)))
@@ -565,10 +575,7 @@ class AgentRunner:
                 reply(journaled.reply),
                 journaled=True,
             )
-        try:
-            arguments = json.loads(raw_arguments) if isinstance(raw_arguments, str) else raw_arguments
-        except ValueError:
-            return done("error", "error: the arguments are not valid JSON; nothing was called", raw_arguments)
+        # An unknown tool is refused before its arguments are even parsed.
         if name not in allowed:
             logger.warning(
                 "event %s: agent asked for tool %s, which is not allowed for this event: refused",
@@ -579,8 +586,12 @@ class AgentRunner:
                 "refused",
                 f"refused: the tool {name!r} is not allowed for this event, and the call was not sent."
                 f" Allowed tools: {', '.join(allowed) or 'none'}.",
-                arguments,
+                _as_recorded(raw_arguments),
             )
+        try:
+            arguments = json.loads(raw_arguments) if isinstance(raw_arguments, str) else raw_arguments
+        except ValueError:
+            return done("error", "error: the arguments are not valid JSON; nothing was called", raw_arguments)
         if not isinstance(arguments, dict):
             return done("error", "error: the arguments must be a JSON object; nothing was called", arguments)
         spec = allowed[name]
