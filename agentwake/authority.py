@@ -16,9 +16,10 @@ Each argument takes one of:
   never from the model. The model sees it as a ``const`` in the tool's schema; a call that leaves
   the argument out gets it filled in, a call that gives another value is refused.
 - a table of checks, all of which must hold: ``in`` (a list, or a template naming a list in the
-  event), ``glob`` (templates in it match the event's values literally), ``regex`` (the whole value must match), ``max_length`` (text or list),
-  ``subset_of`` (a list whose items are all in this list), ``range`` (``{ min = .., max = .. }``),
-  or ``value`` (the same as pinning, for a table or list value). A checked argument must be given.
+  event), ``glob`` (templates in it match the event's values literally), ``regex`` (the whole
+  value must match), ``max_length`` (text or list), ``subset_of`` (a list whose items are all in
+  this list), ``range`` (``{ min = .., max = .. }``), or ``value`` (the same as pinning, for a
+  table or list value). A checked argument must be given.
 
 ``allow_mentions = true`` on the rule lets tools that take an ``allow_mentions`` argument (the
 bridges' Slack and GitHub posting tools) post mentions and link markup as written; otherwise that
@@ -56,7 +57,8 @@ class _Absent:
 ABSENT: Final = _Absent()
 
 
-def _lookup(view: Mapping[str, Any], path: str) -> Any:
+def lookup(view: Mapping[str, Any], path: str) -> Any:
+    """The value at a dotted path (``data.items.0.id``), or ABSENT."""
     node: Any = view
     for part in path.split("."):
         if isinstance(node, Mapping) and part in node:
@@ -108,14 +110,14 @@ def render(value: Any, view: Mapping[str, Any]) -> tuple[Any, str | None]:
         return value, None
     whole = _TEMPLATE.fullmatch(value)
     if whole:
-        found = _lookup(view, whole.group(1))
+        found = lookup(view, whole.group(1))
         if found is ABSENT or found is None:
             return ABSENT, f"the event has no {whole.group(1)}"
         return found, None
     missing: list[str] = []
 
     def fill(match: re.Match[str]) -> str:
-        found = _lookup(view, match.group(1))
+        found = lookup(view, match.group(1))
         if isinstance(found, bool) or not isinstance(found, str | int | float):
             missing.append(match.group(1))
             return ""
@@ -570,6 +572,7 @@ __all__ = [
     "BoundConstraint",
     "Constraint",
     "args_problems",
+    "lookup",
     "parse_args",
     "payload_can_have",
     "render",

@@ -28,10 +28,11 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 import anyio
 
-from agentwake.authority import Authority
+from agentwake.authority import ABSENT as MISSING
+from agentwake.authority import Authority, lookup
 from agentwake.clock import iso, parse_iso
 from agentwake.config import AgentwakeConfig, SubscriptionConfig
-from agentwake.policy import ACTIONS, MISSING, Decision, Policy, Rule, lookup
+from agentwake.policy import ACTIONS, Decision, Policy, Rule
 from agentwake.sanitize import Sanitized, sanitize_with
 from agentwake.store.records import FlowGate, FlowOutcome, InboxEvent
 

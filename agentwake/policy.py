@@ -38,6 +38,8 @@ from typing import Any, Final, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from agentwake.authority import ABSENT as MISSING
+from agentwake.authority import lookup
 from agentwake.errors import ConfigError, PolicyError
 
 logger = logging.getLogger(__name__)
@@ -48,7 +50,6 @@ PACKAGED_POLICIES: Final = Path(__file__).resolve().parent / "defaults" / "polic
 Action = Literal["ignore", "log", "agent", "approve"]
 ACTIONS: Final[tuple[Action, ...]] = ("ignore", "log", "agent", "approve")
 Op = Literal["eq", "ne", "in", "glob", "regex", "gt", "ge", "lt", "le", "exists"]
-MISSING: Final = object()
 _NUMERIC: Final = frozenset({"gt", "ge", "lt", "le"})
 
 
@@ -316,18 +317,6 @@ class Policy:
                 )
         checked = f"none of the {len(self.rules)} rule(s) matched" if self.rules else "no policy rules"
         return Decision(action=self.default, rule="default", why=checked)
-
-
-def lookup(event: Mapping[str, Any], path: str) -> Any:
-    node: Any = event
-    for part in path.split("."):
-        if isinstance(node, Mapping) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return MISSING
-    return node
 
 
 def _same(actual: Any, expected: Any) -> bool:

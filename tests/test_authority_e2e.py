@@ -29,6 +29,7 @@ from fake_github import FakeGitHub
 from fake_llm import FakeLLM, Reply, text, tool_calls
 from fake_pagerduty import FakePagerDuty, post_webhook, sign
 from fake_slack import FakeSlack
+from test_cross_upstream_e2e import configured_channel
 from test_github_e2e import Hook, webhook_url
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -132,14 +133,6 @@ async def test_an_issue_cannot_steer_the_agent_to_another_repository_or_issue(tm
 
 
 # ---- PagerDuty to Slack -----------------------------------------------------------------------------
-
-
-def configured_channel() -> str:
-    found = re.search(
-        r'{% set slack_channel = "([^"]+)" %}', (REPO / "prompts" / "triage.settings.md.j2").read_text()
-    )
-    assert found
-    return found.group(1)
 
 
 def obey_the_title(other_incident: str) -> Any:
