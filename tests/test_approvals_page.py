@@ -153,6 +153,13 @@ async def test_a_person_logs_in_sees_the_held_events_and_approves_one_and_the_ag
                 await browser.close()
         await run.stop(signal.SIGTERM)
     log = "\n".join(run.lines)
-    assert "event T-000001 (tickets) approved on the service endpoint (session)" in log
-    assert "event T-000002 (tickets) denied on the service endpoint (session)" in log
+    # Who answered is the token the session logged in with, and where from.
+    assert (
+        "event T-000001 (tickets) approved on the service endpoint by operator (browser session operator, from 127.0.0.1)"
+        in log
+    )
+    assert (
+        "event T-000002 (tickets) denied on the service endpoint by operator (browser session operator, from 127.0.0.1)"
+        in log
+    )
     assert TOKEN not in log and "Warning: " not in log
