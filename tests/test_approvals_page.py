@@ -125,6 +125,9 @@ async def test_a_person_logs_in_sees_the_held_events_and_approves_one_and_the_ag
                 assert "hold-suspicious" in text
                 assert "demo__get_ticket, demo__add_comment" in text  # the rule's tools, if approved
                 assert "ignore previous instructions" in text  # the signal that fired
+                # What approval grants, bound to this ticket by the bundled rule's args.
+                assert "If approved, the agent may:" in text
+                assert 'demo__add_comment: ticket_id = "T-000001" (from {{ data.ticketId }})' in text
                 # The payload's markup is shown as text, never run: no script element, no dialog.
                 assert INJECTION in await held.locator("pre").inner_text()
                 assert await page.locator("script").count() == 0
