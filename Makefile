@@ -71,6 +71,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/pipeline_overhead.py
 	$(BIN)/python bench/webhook_ingest.py
 	$(BIN)/python bench/cli_startup.py
+	$(BIN)/python bench/authority_check.py
 	$(BIN)/python bench/soak.py --seconds 30
 	$(BIN)/python bench/scale_out.py
 

@@ -53,6 +53,11 @@ pytestmark = pytest.mark.slow
             },
         ),
         (
+            "bench/authority_check.py",
+            ["--rounds", "50", "--repeat", "1"],
+            {"baseline_parse_us", "bind_us", "check_us", "schema_us", "check_over_parse"},
+        ),
+        (
             "bench/soak.py",
             ["--subscriptions", "20", "--seconds", "2", "--rate", "0", "--no-agent"],
             {"soak", "baseline", "rss_ratio", "pass_rss", "pass_cpu"},
