@@ -37,7 +37,7 @@ import copy
 import fnmatch
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -104,12 +104,17 @@ def _check_template(value: Any) -> None:
             )
 
 
-def render(value: Any, view: Mapping[str, Any]) -> tuple[Any, str | None]:
-    """A pinned value for this event, or why it cannot be had (a field the event lacks)."""
+def render(
+    value: Any, view: Mapping[str, Any], *, quote: Callable[[str], str] | None = None
+) -> tuple[Any, str | None]:
+    """A pinned value for this event, or why it cannot be had (a field the event lacks).
+
+    ``quote`` is applied to each value filled into text (a glob's, so that it matches literally).
+    """
     if not isinstance(value, str) or not _TEMPLATE.search(value):
         return value, None
     whole = _TEMPLATE.fullmatch(value)
-    if whole:
+    if whole and quote is None:
         found = lookup(view, whole.group(1))
         if found is ABSENT or found is None:
             return ABSENT, f"the event has no {whole.group(1)}"
@@ -121,7 +126,7 @@ def render(value: Any, view: Mapping[str, Any]) -> tuple[Any, str | None]:
         if isinstance(found, bool) or not isinstance(found, str | int | float):
             missing.append(match.group(1))
             return ""
-        return str(found)
+        return quote(str(found)) if quote is not None else str(found)
 
     text = _TEMPLATE.sub(fill, value)
     if missing:
@@ -228,9 +233,7 @@ class Constraint:
         glob = self.glob
         if glob is not None and template_fields(glob):
             # The event's values are matched literally: a '*' in them is no wildcard.
-            escaped = {k: _glob_literal(v) if isinstance(v, str) else v for k, v in view.items()}
-            escaped["data"] = _escape_tree(view.get("data"))
-            glob, problem = render(glob, escaped)
+            glob, problem = render(glob, view, quote=_glob_literal)
         pin: Any = ABSENT
         if self.pinned:
             pin, problem = render(self.pin, view)
@@ -247,16 +250,6 @@ class Constraint:
 
 def _glob_literal(text: str) -> str:
     return "".join(f"[{c}]" if c in "*?[" else c for c in text)
-
-
-def _escape_tree(node: Any) -> Any:
-    if isinstance(node, str):
-        return _glob_literal(node)
-    if isinstance(node, dict):
-        return {k: _escape_tree(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_escape_tree(v) for v in node]
-    return node
 
 
 @dataclass(frozen=True, slots=True)
