@@ -147,8 +147,11 @@ class Snapshot:
 
 
 def snapshot(store: Path) -> Snapshot:
-    db = sqlite3.connect(store, timeout=30)
+    """The store as of one moment. The reads share one transaction: read one after another, a run
+    could be read 'running' and its event, finished in between, 'done'."""
+    db = sqlite3.connect(store, timeout=30, isolation_level=None)
     try:
+        db.execute("BEGIN")
         calls: dict[int, list[tuple[str, str | None]]] = {}
         for run_id, status, key in db.execute(
             "SELECT run_id, status, idempotency_key FROM tool_calls ORDER BY id"
@@ -169,6 +172,7 @@ def snapshot(store: Path) -> Snapshot:
         }
         subscriptions = db.execute("SELECT name, cursor, duplicates, gaps FROM subscriptions").fetchall()
         (gap_rows,) = db.execute("SELECT count(*) FROM gaps").fetchone()
+        db.execute("COMMIT")
     finally:
         db.close()
     return Snapshot(

@@ -122,11 +122,20 @@ class FakeLLM:
         self._poke()
 
     # ASYNC109: the agreed interface takes a timeout argument.
-    async def wait_for_requests(self, n: int, timeout: float = 10.0) -> None:  # noqa: ASYNC109
-        """Wait until at least `n` chat requests have arrived; TimeoutError after `timeout` seconds."""
-        with anyio.fail_after(timeout):
-            while len(self.requests) < n:
-                await self._event().wait()
+    async def wait_for_requests(self, n: int, timeout: float = 60.0) -> None:  # noqa: ASYNC109
+        """Wait until at least `n` chat requests have arrived; TimeoutError after `timeout` seconds.
+
+        The default guards against a hang, not a slow start: on a busy machine an `agentwake run`
+        subprocess takes many seconds to import litellm before its first request.
+        """
+        try:
+            with anyio.fail_after(timeout):
+                while len(self.requests) < n:
+                    await self._event().wait()
+        except TimeoutError:
+            raise TimeoutError(
+                f"the fake LLM got {len(self.requests)} of the {n} chat request(s) awaited in {timeout:g} s"
+            ) from None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
