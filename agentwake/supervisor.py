@@ -4,7 +4,8 @@ Everything runs in one anyio task group; cancelling it is the only way anything
 stops (``stop_delivery`` first ends the delivery loops on their open connections, so
 that a stop cancels open push streams on their servers). A server that cannot be
 reached, or whose connection breaks, is retried with exponential backoff and
-jitter; it never takes the others down. A subscription the server refuses
+jitter, capped at RECONNECT_MAX_S (5 s) so that a long outage costs at most a few seconds
+after the server is back; it never takes the others down. A subscription the server refuses
 (unknown event, Forbidden) ends alone. What happens to a stored event is the
 worker's business (``agentwake.worker``), not this module's: the loops only wake it.
 Each loop runs only while this process holds its subscription (``agentwake.ownership``: several
@@ -54,7 +55,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 RECONNECT_INITIAL_S: Final = 1.0
-RECONNECT_MAX_S: Final = 60.0
+# Low on purpose: a server down for an hour is still tried every few seconds, so delivery resumes
+# within about RECONNECT_MAX_S (plus up to a second of jitter) of its return, not a minute later.
+# A refused connect or a failed spawn is cheap; the warning each failure logs is the cost.
+RECONNECT_MAX_S: Final = 5.0
+# A subscription that fails with an unexpected error (a bug, not an outage) is restarted less eagerly.
+RESTART_MAX_S: Final = 60.0
 # A connection that stayed up this long was healthy: the failure that ends it starts a new series.
 HEALTHY_AFTER_S: Final = 10.0
 
@@ -100,6 +106,7 @@ class Supervisor:
     sleep: Sleep = anyio.sleep
     reconnect_initial_s: float = RECONNECT_INITIAL_S
     reconnect_max_s: float = RECONNECT_MAX_S
+    restart_max_s: float = RESTART_MAX_S
     routes: WebhookRoutes = field(default_factory=WebhookRoutes)
     # Which subscriptions this process drives (None: as the store allows, see agentwake.ownership).
     ownership: Ownership | None = None
@@ -623,6 +630,8 @@ class Supervisor:
 
     async def _listen_tools(self, conn: ServerConnection, signals: ServerSignals) -> None:
         # 2026-07-28 servers announce changes on a subscriptions/listen stream, not a notification.
+        if not conn.offers_tools:
+            return  # no tools capability: nothing to watch, and nothing to ask it
         try:
             async with conn.client.listen(tools_list_changed=True) as changes:
                 # A change between the first listing and this stream's start would be missed: list once more.
@@ -678,7 +687,7 @@ class Supervisor:
                 raise
             except Exception as exc:  # contained: one peer's misbehaviour must not end the process
                 failures += 1
-                delay = backoff_s(failures, initial_s=self.reconnect_initial_s, max_s=self.reconnect_max_s)
+                delay = backoff_s(failures, initial_s=self.reconnect_initial_s, max_s=self.restart_max_s)
                 reason = f"{type(exc).__name__}: {exc}"
                 if failures == 1:
                     logger.exception("subscription %s failed; restarting it in %.1fs", sub.name, delay)
