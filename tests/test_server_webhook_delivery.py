@@ -214,20 +214,31 @@ async def test_the_watermark_never_passes_an_unacknowledged_delivery(
 async def test_delivery_status_reports_categories_only(ca: trustme.CA, signals: Signals) -> None:
     caller, now = Caller(), FakeNow()
     dns = DNS()
-    # One lookup per connection: the verification, inc-1, inc-2, then inc-3 meets a private address.
-    dns.set("hooks.test", "127.0.0.1", "127.0.0.1", "127.0.0.1", "10.0.0.1", "127.0.0.1")
+    # One lookup per connection: the verification, inc-1, the gap envelope reporting it, inc-2, then
+    # inc-3 meets a private address.
+    dns.set("hooks.test", "127.0.0.1", "127.0.0.1", "127.0.0.1", "127.0.0.1", "10.0.0.1", "127.0.0.1")
     events = incidents(ca, caller, now=now, dns=dns, max_attempts=1)
     secret = new_secret()
     url = None
     async with Receiver(ca) as receiver, serving(events, caller) as wire:
         url = receiver.url(host="hooks.test")
-        receiver.respond = failing({"inc-1": [503]})
+        fail_events = failing({"inc-1": [503]})
+
+        def respond(received: Received) -> Reply:
+            # The gap envelope reporting inc-1 fails too: the endpoint is down for both.
+            return (503, {}) if received.kind == "gap" else fail_events(received)
+
+        receiver.respond = respond
         await wire.subscribe("incident.created", url, secret)
         failed_at = now()
         events.emit(incident(1))
         assert await signals.done("inc-1") == ["abandoned"]
+        await signals.until(lambda: gap_outcomes(signals) == ["abandoned"])
         now.advance(seconds=1)
-        failing_status = (await wire.subscribe("incident.created", url, secret))["deliveryStatus"]
+        refreshed = await wire.subscribe("incident.created", url, secret)
+        assert refreshed["truncated"] is True  # the refresh reports what the gap envelope could not
+        failing_status = refreshed["deliveryStatus"]
+        receiver.respond = fail_events
         events.emit(incident(2))
         assert await signals.done("inc-2") == ["acknowledged"]
         healthy = (await wire.subscribe("incident.created", url, secret))["deliveryStatus"]
@@ -368,10 +379,20 @@ async def test_a_body_over_the_size_limit_is_never_sent(ca: trustme.CA, signals:
     async with Receiver(ca) as receiver, serving(events, caller) as wire:
         await wire.subscribe("incident.created", receiver.url(), new_secret())
         events.emit(incident(1, notes="x" * 2048))
+        assert await signals.done("inc-1") == ["abandoned"]
+        # Never sent, so never received: the endpoint is told it missed it (a gap envelope).
+        await signals.until(lambda: "acknowledged" in gap_outcomes(signals))
         events.emit(incident(2))
-        assert await signals.done("inc-1", "inc-2") == ["abandoned", "acknowledged"]
+        assert await signals.done("inc-2") == ["acknowledged"]
     (only,) = receiver.events()
     assert only["eventId"] == "inc-2" and only["cursor"].endswith("-2")
+    (gap,) = receiver.of("gap")
+    assert gap.document == {"type": "gap", "cursor": only["cursor"][:-1] + "1"}
+
+
+def gap_outcomes(signals: Signals) -> list[str]:
+    """How the gap envelopes the sender finished ended (acknowledged | abandoned)."""
+    return [outcome for msg_id, outcome in signals.finished.items() if msg_id.startswith("msg_gap_")]
 
 
 async def test_an_event_id_that_cannot_be_a_header_is_abandoned_and_delivery_goes_on(

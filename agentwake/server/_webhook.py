@@ -20,8 +20,9 @@ nextPollMs or on ``wake``; an emit-only type on ``emit``), and POSTs every event
 with up to ``max_in_flight`` deliveries in flight, each retried on its own with
 exponential backoff and jitter until ``max_attempts`` or ``retry_window`` (410
 and 413 are never retried). The ``cursor`` in each body is the watermark: every
-event at or before it was acknowledged (2xx) or abandoned, so a client may
-persist any cursor it receives. Sustained failure suspends delivery until the
+event at or before it was acknowledged (2xx), or abandoned and reported (a
+``gap`` envelope acknowledged, or ``truncated: true`` on the refresh that came
+first), so a client may persist any cursor it receives and never skips silently. Sustained failure suspends delivery until the
 next refresh. A read that skipped events sends a ``gap`` envelope; the server
 ending a subscription sends ``terminated``.
 

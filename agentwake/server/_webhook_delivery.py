@@ -6,8 +6,12 @@ an emit-only type on ``emit``) and POSTs every event with up to ``max_in_flight`
 deliveries in flight, each retried on its own with backoff and jitter until
 ``max_attempts`` or ``retry_window`` (410 and 413 are never retried). The
 ``cursor`` in each body comes from its ``Watermark``: every event at or before it
-was acknowledged (2xx) or abandoned. ``HealthWindow`` decides when sustained
-failure suspends delivery until the next refresh.
+was acknowledged (2xx) or refused with 410, or was abandoned and that skip
+reported: a delivery given up on (retries spent, over ``max_body_bytes``, 413)
+holds the watermark until a ``gap`` envelope about it is acknowledged or the
+next refresh answers ``truncated: true``, so no cursor the client persists
+passes an event it neither received nor was told it missed. ``HealthWindow``
+decides when sustained failure suspends delivery until the next refresh.
 
 The subscription sees the registry that owns it (``Webhooks``) only through the
 ``SubscriptionOwner`` protocol, so this module does not import ``_webhook``.
@@ -52,6 +56,12 @@ logger = logging.getLogger(__name__)
 # Statuses that end one delivery at once, without retrying (the spec: 410 Gone, 413 Too Large).
 NON_RETRYABLE: Final = frozenset({410, 413})
 GONE: Final = 410
+
+# How one delivery ended: acknowledged (2xx), refused by the endpoint on purpose (410: it does not
+# want it, so nothing was missed), or abandoned (the endpoint never took it: a skip to report).
+ACKNOWLEDGED: Final = "acknowledged"
+REFUSED: Final = "refused"
+ABANDONED: Final = "abandoned"
 
 
 def _header_safe(value: str) -> bool:
@@ -110,10 +120,11 @@ class Watermark:
         while self._entries and self._entries[0].done:
             self.value = self._entries.popleft().cursor
 
-    def value_with(self, seq: int) -> str | None:
+    def value_with(self, *seqs: int) -> str | None:
+        """The value if deliveries ``seqs`` were done too."""
         value = self.value
         for entry in self._entries:
-            if not (entry.done or entry.seq == seq):
+            if not (entry.done or entry.seq in seqs):
                 break
             value = entry.cursor
         return value
@@ -216,6 +227,11 @@ class WebhookSubscription:
         self._wake = anyio.Event()
         self._resumed = anyio.Event()
         self._progress = anyio.Event()
+        # Deliveries abandoned and not yet reported (a gap envelope acknowledged, or a refresh's
+        # truncated: true); the watermark does not pass them until then.
+        self._unreported: list[int] = []
+        self._reporting = False
+        self._deliveries: anyio.abc.TaskGroup | None = None
         self._live_ctx = EventContext(
             event_name=event_type.name,
             principal=principal,
@@ -277,7 +293,24 @@ class WebhookSubscription:
         self.verified_at = verified_at
         self.reactivate()
         self.dirty = True
-        return {**self.grant(truncated=False), "deliveryStatus": status}
+        # Deliveries abandoned since the client last heard of a skip: this response reports them
+        # (the spec's webhook gap: the refresh answers truncated: true with the fresh cursor).
+        truncated = self.report_skips()
+        return {**self.grant(truncated=truncated and self.replay), "deliveryStatus": status}
+
+    def report_skips(self) -> bool:
+        """Count the unreported abandoned deliveries as reported (the watermark may pass them now);
+        True if there were any."""
+        reported, self._unreported = self._unreported, []
+        for seq in reported:
+            self._finished(seq)
+        if reported:
+            logger.info(
+                "webhook subscription %s: %d abandoned deliveries reported as a gap by a refresh",
+                self.id,
+                len(reported),
+            )
+        return bool(reported)
 
     def reactivate(self) -> None:
         if not self.active:
@@ -349,7 +382,11 @@ class WebhookSubscription:
         """Read and deliver until stopped. ``first`` is the opening read; None reads from the watermark."""
         with self.scope:
             async with anyio.create_task_group() as deliveries:
-                await self._loop(first, deliveries)
+                self._deliveries = deliveries
+                try:
+                    await self._loop(first, deliveries)
+                finally:
+                    self._deliveries = None
 
     async def _loop(self, first: EventResult | None, deliveries: anyio.abc.TaskGroup) -> None:
         batch, failures = first, 0
@@ -430,7 +467,7 @@ class WebhookSubscription:
             # It goes out as the webhook-id header, so it must be one.
             logger.warning("webhook subscription %s: an eventId is not header-safe; abandoned", self.id)
             self._slots.release()
-            self._finished(seq)
+            self._abandoned(seq)
             return
         wire = event.to_wire()
 
@@ -455,25 +492,74 @@ class WebhookSubscription:
 
     async def _deliver(self, seq: int, msg_id: str, body: Callable[[], dict[str, Any]]) -> None:
         try:
-            acknowledged = await self._attempts(msg_id, body)
+            outcome = await self._attempts(msg_id, body)
         finally:
             self._slots.release()
-        self._finished(seq)
+        if outcome == ABANDONED:
+            self._abandoned(seq)
+        else:
+            self._finished(seq)
         logger.debug(
             "webhook subscription %s: %s %s; watermark %s",
             self.id,
             msg_id,
-            "acknowledged" if acknowledged else "abandoned",
+            "acknowledged" if outcome == ACKNOWLEDGED else "abandoned",
             self.watermark.value,
         )
+
+    def _abandoned(self, seq: int) -> None:
+        """A delivery the endpoint never took: held in the watermark until reported as a gap."""
+        if not self.replay:
+            # No cursor to hold back, and the spec has no gap for such a type (truncated SHOULD be false).
+            self._finished(seq)
+            return
+        self._unreported.append(seq)
+        if self._reporting or self._deliveries is None:
+            return
+        self._reporting = True
+        self._deliveries.start_soon(self._report_gap)
+
+    async def _report_gap(self) -> None:
+        """POST one gap envelope for the deliveries abandoned so far; once acknowledged, the watermark
+        passes them. Given up on too, they wait for the next abandonment or refresh to report them."""
+        try:
+            while self._unreported:
+                covered = list(self._unreported)
+
+                def body(covered: list[int] = covered) -> dict[str, Any]:
+                    # The position after everything covered: safe, it only passes what this reports.
+                    return {"type": "gap", "cursor": self.wire(self.watermark.value_with(*covered))}
+
+                logger.warning(
+                    "webhook subscription %s: %d deliveries abandoned; telling the endpoint (gap)",
+                    self.id,
+                    len(covered),
+                )
+                msg_id = control_id("gap")
+                outcome = await self._attempts(msg_id, body)
+                if outcome == ACKNOWLEDGED:
+                    self._unreported = [seq for seq in self._unreported if seq not in covered]
+                    for seq in covered:
+                        self._finished(seq)
+                logger.debug(
+                    "webhook subscription %s: %s %s; watermark %s",
+                    self.id,
+                    msg_id,
+                    "acknowledged" if outcome == ACKNOWLEDGED else "abandoned",
+                    self.watermark.value,
+                )
+                if outcome != ACKNOWLEDGED:
+                    return
+        finally:
+            self._reporting = False
 
     def _finished(self, seq: int) -> None:
         self.watermark.done(seq)
         progress, self._progress = self._progress, anyio.Event()
         progress.set()
 
-    async def _attempts(self, msg_id: str, body: Callable[[], dict[str, Any]]) -> bool:
-        """Attempt until acknowledged (True) or given up on (False)."""
+    async def _attempts(self, msg_id: str, body: Callable[[], dict[str, Any]]) -> str:
+        """Attempt until ACKNOWLEDGED, REFUSED (410) or ABANDONED."""
         settings = self.settings
         attempts, started = 0, anyio.current_time()
         while True:
@@ -486,7 +572,7 @@ class WebhookSubscription:
                 logger.exception(
                     "webhook subscription %s: delivery %s is not JSON; abandoned", self.id, msg_id
                 )
-                return False
+                return ABANDONED
             if len(payload) > settings.max_body_bytes:
                 logger.warning(
                     "webhook subscription %s: delivery %s is %d bytes (over %d); abandoned",
@@ -495,16 +581,16 @@ class WebhookSubscription:
                     len(payload),
                     settings.max_body_bytes,
                 )
-                return False
+                return ABANDONED
             try:
                 outcome = await self.webhooks.post(self, msg_id, payload)
             except Exception:  # a bug, not the endpoint: drop this delivery, keep the subscription
                 logger.exception("webhook subscription %s: delivery %s could not be sent", self.id, msg_id)
-                return False
+                return ABANDONED
             attempts += 1
             self._note(outcome)
             if outcome.ok:
-                return True
+                return ACKNOWLEDGED
             if outcome.status in NON_RETRYABLE:
                 logger.info(
                     "webhook subscription %s: delivery %s refused with %d; not retried",
@@ -512,7 +598,7 @@ class WebhookSubscription:
                     msg_id,
                     outcome.status,
                 )
-                return False
+                return REFUSED if outcome.status == GONE else ABANDONED
             delay = retry_delay_s(settings, attempts)
             elapsed = anyio.current_time() - started
             if attempts >= settings.max_attempts or elapsed + delay > settings.retry_window.total_seconds():
@@ -523,7 +609,7 @@ class WebhookSubscription:
                     attempts,
                     outcome.category,
                 )
-                return False
+                return ABANDONED
             logger.info(
                 "webhook subscription %s: delivery %s failed (%s); retry %d in %.2fs",
                 self.id,
