@@ -52,6 +52,7 @@ DEFAULT_PING_INTERVAL_S: Final = 30.0
 DEFAULT_WEBHOOK_LISTEN: Final = "127.0.0.1:8787"
 DEFAULT_WEBHOOK_TTL_MS: Final = 3_600_000
 DEFAULT_HEALTH_REFRESH_S: Final = 3_600.0
+DEFAULT_WEBHOOK_MAX_REFRESH_S: Final = 300.0
 DEFAULT_ROTATION_GRACE_S: Final = 600.0
 # The spec's delivery profile: receivers may refuse bodies over 256 KiB with 413.
 DEFAULT_WEBHOOK_MAX_BODY: Final = 256 * 1024
@@ -314,6 +315,12 @@ class WebhookConfig(_Model):
         ge=1,
         description="refresh cadence when the server grants no expiry (cursor and deliveryStatus)",
     )
+    max_refresh_s: float = Field(
+        default=DEFAULT_WEBHOOK_MAX_REFRESH_S,
+        ge=1,
+        description="refresh at least this often whatever the grant: a server that lost the subscription"
+        " (a restart with a fresh store) is found out and subscribed again within it",
+    )
     rotation_grace_s: float = Field(
         default=DEFAULT_ROTATION_GRACE_S,
         ge=0,
@@ -463,7 +470,8 @@ class AgentConfig(_Model):
     )
     api_key_env: str | None = Field(
         default=None,
-        description="name of the environment variable that holds the API key (default: litellm's per provider)",
+        description="name of the environment variable that holds the API key (default: litellm's per"
+        ' provider); "" with api_base: the endpoint needs no key (a local OpenAI-compatible server)',
     )
     max_steps: int = Field(default=8, ge=1, le=100, description="LLM calls per event, at most")
     timeout_s: float = Field(default=120.0, gt=0, description="wall-clock bound of one agent run")
@@ -490,7 +498,15 @@ class AgentConfig(_Model):
     llm_retries: int = Field(default=4, ge=0, description="retries of a transient LLM error within one run")
     retry_initial_s: float = Field(default=1.0, gt=0)
     retry_max_s: float = Field(default=30.0, gt=0)
-    request_timeout_s: float = Field(default=60.0, gt=0, description="bound of one LLM call")
+    request_timeout_s: float = Field(
+        default=60.0, gt=0, description="bound of one LLM call, its whole answer (not per read)"
+    )
+    circuit_breaker_failures: int = Field(
+        default=5,
+        ge=0,
+        description="LLM calls in a row that fail transiently (after their retries) before the worker"
+        " stops claiming events and probes the model with backoff until it answers; 0: never stop",
+    )
     prompts: Path = Field(default=Path("prompts"), description="folder of prompt templates")
     system_prompt: str = Field(
         default="system.md.j2", description="system prompt template in the prompts folder"
@@ -509,6 +525,15 @@ class AgentConfig(_Model):
                 f" 'anthropic/claude-3-5-haiku-latest', 'ollama/llama3.1' or '{OFFLINE_MODEL}'"
             )
         return value
+
+    @model_validator(mode="after")
+    def _no_key_needs_api_base(self) -> AgentConfig:
+        if self.api_key_env == "" and not self.api_base:
+            raise ValueError(
+                'api_key_env = "" (no API key) is only for a model at api_base, e.g. a local'
+                " OpenAI-compatible server; set api_base, or name the variable that holds the key"
+            )
+        return self
 
     @property
     def offline(self) -> bool:

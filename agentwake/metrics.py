@@ -15,6 +15,12 @@ configured servers, never an event id):
 - ``agentwake_reconnects_total{server}``: reconnects to a server (each retry after a connection
   failed, or ended, or could not be opened)
 - ``agentwake_webhook_deliveries_total{status}``: webhook requests, by the HTTP status answered
+- ``agentwake_webhook_delivery_active{subscription}``: 1 while the server's last ``deliveryStatus``
+  said it delivers, 0 when it said suspended (no series until a refresh reported one)
+- ``agentwake_webhook_delivery_error{subscription,category}``: 1 for the ``lastError`` category the
+  server's last ``deliveryStatus`` reported (connection_refused, timeout, ... or unknown)
+- ``agentwake_webhook_throttled{subscription}``: 1 while the server said it throttles deliveries
+- ``agentwake_webhook_retry_after_seconds{subscription}``: its ``retryAfterMs`` hint, 0 if none
 - ``agentwake_agent_runs_total{outcome}``: agent runs ended, by their status (completed, failed, ...)
 - ``agentwake_agent_run_duration_seconds``: histogram of how long agent runs took
 - ``agentwake_llm_tokens_total{kind}``: LLM tokens used by runs (kind prompt|completion)
@@ -30,6 +36,7 @@ On a store several processes share (PostgreSQL), every series also has ``process
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -88,6 +95,30 @@ WEBHOOK_DELIVERIES: Final = Counter(
     ["status"],
     registry=REGISTRY,
 )
+WEBHOOK_DELIVERY_ACTIVE: Final = Gauge(
+    "agentwake_webhook_delivery_active",
+    "1 while the server's last deliveryStatus said it delivers, 0 when suspended",
+    ["subscription"],
+    registry=REGISTRY,
+)
+WEBHOOK_DELIVERY_ERROR: Final = Gauge(
+    "agentwake_webhook_delivery_error",
+    "1 for the lastError category of the server's last deliveryStatus",
+    ["subscription", "category"],
+    registry=REGISTRY,
+)
+WEBHOOK_THROTTLED: Final = Gauge(
+    "agentwake_webhook_throttled",
+    "1 while the server's last deliveryStatus said it throttles deliveries",
+    ["subscription"],
+    registry=REGISTRY,
+)
+WEBHOOK_RETRY_AFTER: Final = Gauge(
+    "agentwake_webhook_retry_after_seconds",
+    "The retryAfterMs hint of the server's last deliveryStatus, in seconds (0 if none)",
+    ["subscription"],
+    registry=REGISTRY,
+)
 AGENT_RUNS: Final = Counter(
     "agentwake_agent_runs", "Agent runs ended, by status", ["outcome"], registry=REGISTRY
 )
@@ -121,6 +152,7 @@ OTHER_TOOL: Final = "_other"
 REFUSED_TOOL: Final = "_not_allowed"
 _tool_labels: set[str] = set()
 _webhook_children: dict[int, Any] = {}
+_error_labels: set[tuple[str, str]] = set()
 _build_info_set = False
 
 
@@ -165,6 +197,28 @@ def observe_webhook_delivery(status: int) -> None:
     if child is None:
         child = _webhook_children[status] = WEBHOOK_DELIVERIES.labels(str(status))
     child.inc()
+
+
+def observe_delivery_status(subscription: str, status: dict[str, Any] | None) -> None:
+    """A webhook refresh's deliveryStatus (active, lastError as a category, throttled, retryAfterMs);
+    None: the server sent none, so nothing is known and the series are removed."""
+    for gauge in (WEBHOOK_DELIVERY_ACTIVE, WEBHOOK_THROTTLED, WEBHOOK_RETRY_AFTER):
+        with contextlib.suppress(KeyError):  # no series yet
+            gauge.remove(subscription)
+    stale = [labels for labels in _error_labels if labels[0] == subscription]
+    for labels in stale:
+        _error_labels.discard(labels)
+        WEBHOOK_DELIVERY_ERROR.remove(*labels)
+    if status is None:
+        return
+    WEBHOOK_DELIVERY_ACTIVE.labels(subscription).set(1 if status.get("active", True) else 0)
+    WEBHOOK_THROTTLED.labels(subscription).set(1 if status.get("throttled") else 0)
+    retry_after_ms = status.get("retryAfterMs")
+    WEBHOOK_RETRY_AFTER.labels(subscription).set(max(retry_after_ms or 0, 0) / 1000)
+    category = status.get("lastError")
+    if category:
+        _error_labels.add((subscription, category))
+        WEBHOOK_DELIVERY_ERROR.labels(subscription, category).set(1)
 
 
 def observe_run(

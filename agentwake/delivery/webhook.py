@@ -75,6 +75,7 @@ def refresh_delay(
     requested_ttl_s: float | None,
     health_refresh_s: float,
     rng: random.Random,
+    max_refresh_s: float | None = None,
 ) -> float:
     """Seconds until the next refresh: well before the grant ends, jittered; occasional without expiry.
 
@@ -82,7 +83,24 @@ def refresh_delay(
     is, so the plan never reaches past the TTL asked for; one ahead can make a fresh grant look over
     already, and then the TTL asked for (or EXPIRED_GRANT_REFRESH_S) sets the pace, not "at once",
     which a steady skew would turn into a tight loop.
+
+    ``max_refresh_s`` bounds it whatever the grant: a refresh is how we find out that the server lost
+    the subscription (a restart with a fresh store answers our pings all the same), so a long grant
+    must not leave that unnoticed for most of an hour.
     """
+    delay = _grant_delay(refresh_before, now, requested_ttl_s, health_refresh_s, rng)
+    if max_refresh_s is not None and delay > max_refresh_s:
+        delay = max_refresh_s * rng.uniform(*HEALTH_REFRESH_JITTER)
+    return delay
+
+
+def _grant_delay(
+    refresh_before: datetime | None,
+    now: datetime,
+    requested_ttl_s: float | None,
+    health_refresh_s: float,
+    rng: random.Random,
+) -> float:
     if refresh_before is None:
         return health_refresh_s * rng.uniform(*HEALTH_REFRESH_JITTER)
     remaining = (refresh_before - now).total_seconds()
@@ -253,6 +271,7 @@ class WebhookLoop:
                     requested_ttl_s=self._requested_ttl_s(),
                     health_refresh_s=self.config.health_refresh_s,
                     rng=self.rng,
+                    max_refresh_s=self.config.max_refresh_s,
                 )
             except EventsCallError as exc:
                 if exc.code in ENDING_SUBSCRIBE_CODES and not isinstance(exc, TransientEventsError):
@@ -398,11 +417,46 @@ class WebhookLoop:
             )
         else:
             logger.debug("subscription %s: webhook refreshed (%s; %s)", sub.name, expiry, described)
-        if status is not None and described != self._status:
-            level = logging.WARNING if (not status.active or status.last_error) else logging.INFO
-            logger.log(level, "subscription %s: the server reports webhook delivery %s", sub.name, described)
-        self._status = described if status is not None else self._status
+        await self._note_status(status, result.truncated)
         return updated
+
+    async def _note_status(self, status: protocol.DeliveryStatus | None, truncated: bool) -> None:
+        """A refresh's deliveryStatus into the metrics, the log and, when it says deliveries fail or
+        stopped, the subscription's last error (what `status` shows)."""
+        sub = self.subscription
+        if status is None:
+            if self._status is not None and self.subscribes > 1:
+                # Our own server answers a refresh of a subscription it holds with a status; none
+                # means it took the refresh as a fresh subscribe: it had lost ours (a restart).
+                logger.warning(
+                    "subscription %s: the server answered the refresh as a new subscription (no"
+                    " deliveryStatus): it had lost ours; deliveries since then come again from our"
+                    " cursor%s",
+                    sub.name,
+                    " or are a gap (truncated)" if truncated else "",
+                )
+            self._status = None
+            metrics.observe_delivery_status(sub.name, None)
+            return
+        described = _describe_status(status)
+        metrics.observe_delivery_status(
+            sub.name,
+            {
+                "active": status.active,
+                "lastError": status.last_error
+                if status.last_error in protocol.DELIVERY_ERROR_CATEGORIES
+                else ("unknown" if status.last_error else None),
+                "throttled": bool(status.throttled),
+                "retryAfterMs": status.retry_after_ms,
+            },
+        )
+        failing = not status.active or bool(status.last_error)
+        if described != self._status:
+            level = logging.WARNING if failing else logging.INFO
+            logger.log(level, "subscription %s: the server reports webhook delivery %s", sub.name, described)
+            if failing:
+                await self.store.record_error(sub.name, f"the server reports webhook delivery {described}")
+        self._status = described
 
     async def _wait(self, delay: float, ended: anyio.Event) -> None:
         """Wait ``delay`` seconds; return early when the server ended us or a rotation is asked for."""
