@@ -34,8 +34,23 @@ async context manager yielding ``(read_stream, write_stream)`` for ``mcp.Client`
   with ``notifications/cancelled``, an error answer or a closed connection is an ``MCPError``
   with the SDK's codes.
 
-Shutdown is the SDK's: close stdin, wait, SIGTERM the process group, wait, SIGKILL, every wait
-bounded and shielded from cancellation so no server process outlives the context.
+Shutdown is the SDK's sequence: close stdin, wait, SIGTERM the process group, wait, SIGKILL, every
+wait bounded and shielded from cancellation so no server process outlives the context. The waits
+are shorter than the SDK's (1.5 s and 0.4 s, not 2 s each; an SDK server takes 0.5 to 1 s to exit
+on stdin's end): stdin closing and SIGTERM together fit inside the service's 2 s stop grace (``agentwake.service.STOP_GRACE_S``), so a server that ignores
+stdin's end but exits on SIGTERM stops cleanly, without the grace running out.
+
+A server must not outlive agentwake either when agentwake itself dies (SIGKILL, OOM kill) and
+cannot run that sequence: on Linux it is started through a tiny wrapper (``python -I -S -c``) that
+sets ``PR_SET_PDEATHSIG`` to SIGKILL and execs the server in place (same pid, same process group),
+so the kernel kills the server when agentwake's process (the thread that spawned it: the event
+loop's) dies. A wrapper rather than ``preexec_fn``: anyio's ``open_process`` takes none, and a
+``preexec_fn`` runs Python between fork and exec in a process with threads (the store's), which
+the subprocess docs warn may deadlock. Neither a reaper process (one more process to keep alive,
+and the same question of who kills it) nor a process group watched from outside is needed for the
+server itself; the signal reaches the server only, not children it started in its group (those
+see their pipes close). The wrapper costs one short interpreter start per spawn (about 20 ms).
+Elsewhere than Linux servers are spawned directly.
 
 The module runs about 980 lines: the reader, the writer, the requests sent beside the session,
 the stderr copier and the bounded shutdown share one process's lifecycle and are easier to check
@@ -50,8 +65,8 @@ Limits (``StdioLimits`` fields; the defaults are the DEFAULT_* constants):
     stderr_line_chars    2,000  the longest stderr line copied; longer ones are cut and marked
     stderr_lines         100    stderr lines copied per window; the rest are counted and
     stderr_window_s      10 s   summarised in one line
-    stdin_close_wait_s   2 s    (the SDK's) for the server to exit once its stdin closes
-    terminate_wait_s     2 s    (the SDK's) from SIGTERM to SIGKILL of its process group
+    stdin_close_wait_s   1.5 s  for the server to exit once its stdin closes (the SDK: 2 s)
+    terminate_wait_s     0.4 s  from SIGTERM to SIGKILL of its process group (the SDK: 2 s)
     kill_wait_s          2 s    for the exit to be seen after SIGKILL, before abandoning it
     flush_wait_s         0.5 s  for accepted messages to be written before stdin closes
     exit_report_wait_s   0.5 s  after stdout ends, for the exit status, so that the session
@@ -62,9 +77,12 @@ Limits (``StdioLimits`` fields; the defaults are the DEFAULT_* constants):
 from __future__ import annotations
 
 import codecs
+import errno
 import itertools
 import logging
+import os
 import re
+import shutil
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -77,12 +95,7 @@ import anyio
 import mcp_types
 from anyio.abc import AsyncResource, ByteReceiveStream, Process
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from mcp.client.stdio import (
-    FORCE_KILL_TIMEOUT,
-    PROCESS_TERMINATION_TIMEOUT,
-    StdioServerParameters,
-    get_default_environment,
-)
+from mcp.client.stdio import StdioServerParameters, get_default_environment
 from mcp.os.posix.utilities import terminate_posix_process_tree
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
@@ -101,8 +114,9 @@ DEFAULT_BAD_LINE_WINDOW_S: Final = 60.0
 DEFAULT_STDERR_LINE_CHARS: Final = 2_000
 DEFAULT_STDERR_LINES: Final = 100
 DEFAULT_STDERR_WINDOW_S: Final = 10.0
-DEFAULT_STDIN_CLOSE_WAIT_S: Final = PROCESS_TERMINATION_TIMEOUT
-DEFAULT_TERMINATE_WAIT_S: Final = FORCE_KILL_TIMEOUT
+# Together under the service's 2 s stop grace, leaving room for the SIGKILL and the rest of the stop.
+DEFAULT_STDIN_CLOSE_WAIT_S: Final = 1.5
+DEFAULT_TERMINATE_WAIT_S: Final = 0.4
 DEFAULT_KILL_WAIT_S: Final = 2.0
 DEFAULT_FLUSH_WAIT_S: Final = 0.5
 DEFAULT_EXIT_REPORT_WAIT_S: Final = 0.5
@@ -545,9 +559,10 @@ class BoundedStdioClient:
     async def _run(self) -> AsyncIterator[StdioStreams]:
         params = self.params
         self._exited = anyio.Event()
+        env = get_default_environment() | (params.env or {})
         process = await anyio.open_process(
-            [params.command, *params.args],
-            env=get_default_environment() | (params.env or {}),
+            _spawn_command(params.command, list(params.args), env, params.cwd),
+            env=env,
             cwd=params.cwd,
             # Its own process group, so the shutdown reaches its children too.
             start_new_session=True,
@@ -966,6 +981,49 @@ async def _wait_for_exit(process: Process, within_s: float) -> bool:
             await anyio.sleep(_EXIT_POLL_S)
         return True
     return False
+
+
+# Run by ``python -I -S -c``: argv is [-c, parent pid, program path, argv[0], args...]. 1 is
+# PR_SET_PDEATHSIG; the parent check closes the race of a parent that died before the prctl.
+_PDEATHSIG_WRAPPER: Final = """\
+import ctypes, os, signal, sys
+if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0) != 0:
+    sys.stderr.write("agentwake: prctl(PR_SET_PDEATHSIG) failed\\n")
+    os._exit(127)
+if os.getppid() != int(sys.argv[1]):
+    os._exit(1)
+try:
+    os.execv(sys.argv[2], sys.argv[3:])
+except OSError as exc:
+    sys.stderr.write(f"agentwake: cannot run {sys.argv[2]}: {exc.strerror}\\n")
+    os._exit(127)
+"""
+
+
+def _spawn_command(command: str, args: list[str], env: Mapping[str, str], cwd: Any) -> list[str]:
+    """What to spawn for ``command args``: on Linux the PR_SET_PDEATHSIG wrapper around it, so the
+    server dies with this process (see the module docstring); elsewhere the command itself.
+
+    The program is looked up here, on the server's PATH and relative to its ``cwd``, so that a
+    missing or non-executable one still raises (FileNotFoundError, PermissionError) at spawn, as
+    without the wrapper, rather than becoming an exit code.
+    """
+    if sys.platform != "linux" or not sys.executable or not command:
+        return [command, *args]
+    if os.sep in command:
+        program = os.path.join(os.fspath(cwd), command) if cwd is not None else command
+        if not os.path.exists(program):
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command)
+        if os.path.isdir(program) or not os.access(program, os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), command)
+    else:
+        found = shutil.which(command, path=env.get("PATH", os.defpath))
+        if found is None:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command)
+        program = found
+    # Absolute: the wrapper runs in ``cwd``, and a relative ``cwd`` is itself taken from here.
+    program = os.path.abspath(program)
+    return [sys.executable, "-I", "-S", "-c", _PDEATHSIG_WRAPPER, str(os.getpid()), program, command, *args]
 
 
 async def _terminate_tree(process: Process, terminate_wait_s: float) -> None:
