@@ -348,6 +348,11 @@ class ServerConnection:
             or (caps.experimental and protocol.EXTENSION_ID in caps.experimental)
         )
 
+    @property
+    def offers_tools(self) -> bool:
+        """Whether the server declares the tools capability: one that does not is sent no tools/list."""
+        return self.client.server_capabilities.tools is not None
+
     def require_events(self) -> None:
         """Raise EventsUnsupported unless the server declares MCP Events: no events/* request goes to it."""
         if not self.advertises_events:

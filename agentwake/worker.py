@@ -102,6 +102,7 @@ class Worker:
     _wake: anyio.Event = field(default_factory=anyio.Event, init=False)
     _slot_freed: anyio.Event = field(default_factory=anyio.Event, init=False)
     _idle_now: anyio.Event = field(default_factory=anyio.Event, init=False)
+    _stopping: anyio.Event = field(default_factory=anyio.Event, init=False)
 
     def __post_init__(self) -> None:
         self.slots = StoreSlots(self.store, lambda: self.clock())
@@ -109,6 +110,7 @@ class Worker:
     def stop_claiming(self) -> None:
         """The first half of a graceful stop: claim nothing more; events being handled go on."""
         self._claiming = False
+        self._stopping.set()
         self._wake.set()
         self._slot_freed.set()
 
@@ -381,11 +383,30 @@ class Worker:
             await self.store.settle(settled)
 
     def _servers_needed(self, outcome: Outcome) -> list[str]:
-        """The event's server and the servers its run's tool globs can name, in config order."""
+        """The servers its run's tool globs can name, in config order: a run that may use no tool
+        of its event's server (or none at all) does not wait for that server."""
         from agentwake.agent.tools import servers_of
 
-        wanted = {outcome.event.server} | servers_of(outcome.run.tools, self.config.servers)
+        wanted = servers_of(outcome.run.tools, self.config.servers)
         return [name for name in self.config.servers if name in wanted]
+
+    async def _server_ready(self, name: str, timeout_s: float) -> bool:
+        """Wait for ``name`` to be attached to the pool; False after ``timeout_s``, or at once when
+        a stop begins (``stop_claiming``): a stop does not wait for a server that is not there."""
+        assert self.pool is not None
+        pool = self.pool
+        ready = False
+
+        async def wait() -> None:
+            nonlocal ready
+            ready = await pool.wait_for(name, timeout_s)
+            tg.cancel_scope.cancel()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await self._stopping.wait()
+            tg.cancel_scope.cancel()
+        return ready
 
     async def _run(self, outcome: Outcome) -> None:
         """Run the agent on an event decided "run"; give its rule's slot back after."""
@@ -397,7 +418,7 @@ class Worker:
             if agent is None:  # decide never says "run" without an agent; this guards the invariant
                 raise AgentwakeError("no agent to run")
             # Tools come with their server's connection; without them the run could not act as
-            # allowed: the event's server and every server its allowed tools are on must be there.
+            # allowed: every server its allowed tools are on must be there.
             for name in self._servers_needed(outcome):
                 server = self.config.servers[name]
                 if self.pool is None or self.pool.attached(name):
@@ -409,7 +430,7 @@ class Worker:
                     name,
                     extra=_fields(event),
                 )
-                if not await self.pool.wait_for(name, server.connect_timeout_s):
+                if not await self._server_ready(name, server.connect_timeout_s):
                     logger.warning(
                         "event %s waits: server %s is not connected, so its tools are not available",
                         event.event_id,

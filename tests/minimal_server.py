@@ -16,6 +16,9 @@ cursor persisted from an earlier process from one this process made up.
   MINIMAL_CAPABILITY   where the events extension is declared: "extensions" (default),
                        "events" (``capabilities.events``), "experimental", or "none"
                        (tools only: every events/* request is refused with -32601)
+  MINIMAL_TOOLS        "echo" (default): the tools capability and the tool ``echo``;
+                       "none": no tools capability (events only), tools/list is refused
+                       with -32601; "refuse": the capability, but tools/list is refused
   MINIMAL_DELIVERY     the delivery modes of m.tick, comma-separated (default "poll")
   MINIMAL_EVENTS       how many events the feed holds (default 3)
   MINIMAL_STRICT       "1": require every field a server may require (delivery.mode on
@@ -57,6 +60,7 @@ NEXT_POLL_MS = 100
 DEFAULT_TTL_MS = 60_000
 
 CAPABILITY = os.environ.get("MINIMAL_CAPABILITY", "extensions")
+TOOLS = os.environ.get("MINIMAL_TOOLS", "echo")
 DELIVERY = [mode for mode in os.environ.get("MINIMAL_DELIVERY", "poll").split(",") if mode]
 TOTAL = int(os.environ.get("MINIMAL_EVENTS", "3"))
 STRICT = os.environ.get("MINIMAL_STRICT") == "1"
@@ -70,6 +74,9 @@ POST_CA = os.environ.get("MINIMAL_POST_CA")
 
 if CAPABILITY not in ("extensions", "events", "experimental", "none"):
     sys.stderr.write(f"minimal_server: unknown MINIMAL_CAPABILITY {CAPABILITY!r}\n")
+    sys.exit(2)
+if TOOLS not in ("echo", "none", "refuse"):
+    sys.stderr.write(f"minimal_server: unknown MINIMAL_TOOLS {TOOLS!r}\n")
     sys.exit(2)
 
 INVALID_PARAMS = -32602
@@ -298,7 +305,7 @@ webhooks = Webhooks()
 
 
 def initialize(params: dict[str, Any]) -> dict[str, Any]:
-    capabilities: dict[str, Any] = {"tools": {}}
+    capabilities: dict[str, Any] = {} if TOOLS == "none" else {"tools": {}}
     if CAPABILITY == "events":
         capabilities["events"] = {}
     elif CAPABILITY != "none":
@@ -343,6 +350,8 @@ EVENT_HANDLERS = {
 }
 if CAPABILITY != "none":
     HANDLERS.update(EVENT_HANDLERS)
+if TOOLS != "echo":
+    del HANDLERS["tools/list"], HANDLERS["tools/call"]
 
 
 def handle(message: dict[str, Any]) -> None:

@@ -193,10 +193,11 @@ class ConnectionPool:
         await self.refresh(conn.name)
 
     def attached(self, server: str) -> bool:
+        """Whether ``server`` is connected and its tools are known (none, for a server that offers none)."""
         return server in self._tools
 
     async def wait_for(self, server: str, timeout_s: float) -> bool:
-        """Wait until ``server`` is connected with its tools listed; False if it is not within the timeout."""
+        """Wait until ``server`` is attached (see ``attached``); False if it is not within the timeout."""
         with anyio.move_on_after(timeout_s):
             while not self.attached(server):
                 await self.changed()
@@ -208,13 +209,34 @@ class ConnectionPool:
             self._note_change()
 
     async def refresh(self, server: str) -> None:
+        """List the server's tools again. A server that declares no tools capability is asked
+        nothing and has none; one whose tools/list fails keeps what it had (none, the first time):
+        either way it counts as attached, so runs that allow its tools do not wait for it.
+        A lost connection is left to the reconnect (``detach``)."""
         conn = self._connections.get(server)
         if conn is None:
             return
+        if not conn.offers_tools:
+            first = server not in self._tools
+            self._tools[server] = []
+            self._note_change()
+            if first:
+                logger.info("server %s: offers no tools (no tools capability)", server)
+            return
         try:
             tools = await conn.list_tools()
-        except DeliveryError as exc:
+        except ConnectionLost as exc:
             logger.warning("server %s: cannot list its tools: %s", server, exc)
+            return
+        except DeliveryError as exc:
+            kept = self._tools.setdefault(server, [])
+            self._note_change()
+            logger.warning(
+                "server %s: cannot list its tools (%s); %s",
+                server,
+                exc,
+                f"keeping the {len(kept)} listed before" if kept else "the agent gets none of them",
+            )
             return
         specs = specs_for(server, tools)
         self._tools[server] = specs
