@@ -10,6 +10,7 @@ items c+1..PUSH_ITEMS, then a heartbeat every PUSH_HEARTBEAT_MS with the current
   PUSH_SILENT_AT      after sending this item, go silent (no heartbeats), once per marker file
   PUSH_ERROR_AT       after this item, send one notifications/events/error
   PUSH_GAP_AT         after this item, send a fresh active with truncated: true
+  PUSH_NULL_GAP       "1": that active carries a null cursor (the server's head has none to give)
   PUSH_TERMINATE_AT   after this item, send terminated (-32012) and the final result
   PUSH_SKIPPED        heartbeats report this many more items checked (filtered out) than sent
   PUSH_CRASH_AT       after this item, the process dies (once per marker file)
@@ -39,6 +40,7 @@ HEARTBEAT_S = int(os.environ.get("PUSH_HEARTBEAT_MS", "100")) / 1000
 SILENT_AT = int(os.environ.get("PUSH_SILENT_AT", "0")) or None
 ERROR_AT = int(os.environ.get("PUSH_ERROR_AT", "0")) or None
 GAP_AT = int(os.environ.get("PUSH_GAP_AT", "0")) or None
+NULL_GAP = os.environ.get("PUSH_NULL_GAP") == "1"
 TERMINATE_AT = int(os.environ.get("PUSH_TERMINATE_AT", "0")) or None
 SKIPPED = int(os.environ.get("PUSH_SKIPPED", "0"))
 CRASH_AT = int(os.environ.get("PUSH_CRASH_AT", "0")) or None
@@ -122,7 +124,7 @@ def stream(request_id: Any, cursor: str | None, prefix: str) -> None:
             )
         if n == GAP_AT:
             position = n + 100  # the server skipped ahead
-            notify("active", {"cursor": str(position), "truncated": True})
+            notify("active", {"cursor": None if NULL_GAP else str(position), "truncated": True})
             break
         if n == TERMINATE_AT:
             notify(

@@ -14,6 +14,7 @@ import anyio
 from agentwake.config import SubscriptionConfig
 from agentwake.errors import StoreError
 from agentwake.store import HeldBatch, IncomingEvent, Store, SubscriptionKey
+from agentwake.text import peer
 
 # A failed request or a dropped stream is tried again after backoff_s(failures, RETRY_INITIAL_S, RETRY_MAX_S).
 RETRY_INITIAL_S: Final = 0.5
@@ -38,6 +39,13 @@ logger = logging.getLogger(__name__)
 
 def subscription_key(sub: SubscriptionConfig) -> SubscriptionKey:
     return SubscriptionKey(sub.name, sub.server, sub.event, dict(sub.arguments))
+
+
+def shown_cursor(cursor: object, limit: int = CURSOR_SHOWN) -> str:
+    """A position for a log line: "cursor <value>", or, for a null one, words (never Python's None)."""
+    if cursor is None:
+        return "the server's current position (it gave no cursor)"
+    return f"cursor {peer(cursor, limit)}"
 
 
 # A subscription whose requests keep failing is shown as stalled after this many failures in a row.

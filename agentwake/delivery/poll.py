@@ -39,6 +39,7 @@ from agentwake.delivery.common import (
     QuietFlusher,
     Sleep,
     Summary,
+    shown_cursor,
     subscription_key,
 )
 from agentwake.errors import TransientEventsError
@@ -220,8 +221,8 @@ class PollLoop:
                 logger,
                 f"subscription {sub.name}: gap: the server kept no history back to cursor"
                 f" {peer(cursor, self.limits.max_peer_text_chars)} (it restarted without a durable log,"
-                " or the events aged out), so events in between may be missing; resumed at cursor"
-                f" {peer(page.cursor, self.limits.max_peer_text_chars)}",
+                " or the events aged out), so events in between may be missing; resumed at"
+                f" {shown_cursor(page.cursor, self.limits.max_peer_text_chars)}",
             )
         for refused in admitted.rejected:
             self._gaps.note(

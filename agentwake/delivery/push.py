@@ -40,6 +40,7 @@ from agentwake.delivery.common import (
     QuietFlusher,
     Sleep,
     Summary,
+    shown_cursor,
     subscription_key,
 )
 from agentwake.errors import DeliveryError, SubscriptionEnded, TransientEventsError
@@ -361,10 +362,10 @@ class PushLoop:
                         logger.warning(
                             "subscription %s: gap: the server kept no history back to cursor %s (it"
                             " restarted without a durable log, or the events aged out), so events in"
-                            " between may be missing; resumed at cursor %s",
+                            " between may be missing; resumed at %s",
                             sub.name,
                             peer(stored, CURSOR_SHOWN),
-                            peer(params.get("cursor"), CURSOR_SHOWN),
+                            shown_cursor(params.get("cursor")),
                         )
                     if usable_cursor(params.get("cursor")):
                         pending.cursor = params["cursor"]

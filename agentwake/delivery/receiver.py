@@ -53,7 +53,7 @@ from pydantic import TypeAdapter, ValidationError
 from agentwake import metrics, protocol, signing
 from agentwake.config import LimitsConfig, WebhookConfig
 from agentwake.delivery.admit import admit
-from agentwake.delivery.common import MAX_CURSOR_CHARS
+from agentwake.delivery.common import MAX_CURSOR_CHARS, shown_cursor
 from agentwake.delivery.connections import (
     IDLE_TIMEOUT_S,
     LISTEN_BACKLOG,
@@ -533,9 +533,9 @@ class Receiver:
                 return _no_content()
             self.counts["gaps"] += 1
             logger.warning(
-                "subscription %s: gap: the server skipped events (webhook gap); now at cursor %s",
+                "subscription %s: gap: the server skipped events (webhook gap); now at %s",
                 name,
-                cursor,
+                shown_cursor(cursor),
             )
             return _no_content()
         if kind == "terminated":

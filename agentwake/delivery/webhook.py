@@ -31,7 +31,13 @@ from agentwake import metrics, protocol, signing
 from agentwake.backoff import backoff_s
 from agentwake.clock import iso
 from agentwake.config import SubscriptionConfig, WebhookConfig
-from agentwake.delivery.common import CURSOR_SHOWN, RETRY_INITIAL_S, RETRY_MAX_S, subscription_key
+from agentwake.delivery.common import (
+    CURSOR_SHOWN,
+    RETRY_INITIAL_S,
+    RETRY_MAX_S,
+    shown_cursor,
+    subscription_key,
+)
 from agentwake.delivery.routes import WebhookRoutes
 from agentwake.errors import EventsCallError, StoreError, SubscriptionEnded, TransientEventsError
 from agentwake.mcp import ServerConnection
@@ -401,9 +407,9 @@ class WebhookLoop:
         if result.truncated:
             metrics.observe_gap(sub.name)
             logger.warning(
-                "subscription %s: gap: the server starts delivery after our cursor (truncated); now at cursor %s",
+                "subscription %s: gap: the server starts delivery after our cursor (truncated); now at %s",
                 sub.name,
-                result.cursor,
+                shown_cursor(result.cursor),
             )
         expiry = "no expiry" if result.refresh_before is None else f"refresh before {result.refresh_before}"
         described = _describe_status(status)
