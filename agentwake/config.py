@@ -342,6 +342,28 @@ class WebhookConfig(_Model):
         ge=1,
         description="open connections from one address (IPv6: one /64) at most; more are closed unread",
     )
+    trusted_proxy: list[str] = Field(
+        default_factory=list,
+        description="addresses or CIDRs of the reverse proxy in front: its connections are not held to"
+        " max_connections_per_client; the client its X-Forwarded-For names is, by requests in progress",
+    )
+
+    @field_validator("trusted_proxy", mode="before")
+    @classmethod
+    def _webhook_proxy_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("trusted_proxy")
+    @classmethod
+    def _valid_webhook_proxies(cls, value: list[str]) -> list[str]:
+        import ipaddress
+
+        for entry in value:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(f"trusted_proxy entry {entry!r} is not an IP address or CIDR") from None
+        return value
 
     @field_validator("listen")
     @classmethod

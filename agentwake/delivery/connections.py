@@ -2,9 +2,13 @@
 
 Each connection passes ``ConnectionGate`` at accept, before a byte is read (and before TLS): at
 most ``max_connections`` open, ``max_connections_per_client`` from one address (an IPv6 /64); one
-over either is closed at once. Above half of ``max_connections``, a connection that has sent no
-byte of HTTP for 1 s (with TLS: no handshake and request start within it) is closed; below, the
-15 s idle rule alone. At start the soft open-file limit is raised to the hard one, and
+over either is closed at once. A connection from a ``trusted_proxy`` is not held to the per-client
+cap (it carries many clients; the receiver caps each forwarded client's requests instead). Whatever
+the totals, a connection that has not sent a complete request head within HEADER_TIMEOUT_S (3 s,
+TLS handshake included) is closed: one address holding hundreds of idle connections (a flood
+from behind the same proxy or host as the senders) frees its places within seconds. Above half of
+``max_connections``, a connection that has sent no byte of HTTP for 1 s is closed sooner.
+Between requests on a kept-alive connection, the 15 s idle rule. At start the soft open-file limit is raised to the hard one, and
 ``max_connections`` kept below it, so that a flood of idle connections cannot run the process
 out of descriptors (accept() would fail and asyncio stop accepting for a second at a time,
 legitimate senders included).
@@ -38,6 +42,9 @@ LINGER_S: Final = 2.0
 # A connection that completes no request for this long is closed: one that sends nothing, or its
 # headers too slowly, or idles between deliveries (senders open a new one when they need it).
 IDLE_TIMEOUT_S: Final = 15.0
+# A new connection must complete its first request head within this long of its accept (TLS
+# handshake included), whatever the totals: a sender writes its request as soon as it connects.
+HEADER_TIMEOUT_S: Final = 3.0
 LISTEN_BACKLOG: Final = 1024
 # Descriptors left to the rest of the process (the store, MCP servers' pipes, logs, the agent's tools)
 # when max_connections is derived from the open-file limit.
@@ -63,6 +70,8 @@ class QuietRequestHandler(RequestHandler):
         self.refuse = refuse
         # Set by the gate: gives back this connection's place in its counts.
         self.on_lost: Callable[[], None] | None = None
+        # Set by the gate: told once, at the first complete request head.
+        self.on_request: Callable[[], None] | None = None
 
     def connection_lost(self, exc: BaseException | None) -> None:
         super().connection_lost(exc)
@@ -95,7 +104,16 @@ class QuietServer(web.Server):
     ) -> None:
         # aiohttp's keep-alive timeout also runs from the moment a connection opens, so it closes a
         # connection that sends nothing, or headers too slowly, as well as one idle between requests.
-        super().__init__(handler, access_log=None, lingering_time=LINGER_S, keepalive_timeout=idle_timeout_s)
+        async def first_request_noted(request: web.BaseRequest) -> web.StreamResponse:
+            protocol = request.protocol
+            if isinstance(protocol, QuietRequestHandler) and protocol.on_request is not None:
+                on_request, protocol.on_request = protocol.on_request, None
+                on_request()
+            return await handler(request)
+
+        super().__init__(
+            first_request_noted, access_log=None, lingering_time=LINGER_S, keepalive_timeout=idle_timeout_s
+        )
         self.refuse = refuse
 
     def __call__(self) -> QuietRequestHandler:
@@ -162,6 +180,31 @@ def max_connections(config: WebhookConfig, open_files: int | None) -> int:
             room,
         )
     return room
+
+
+def peer_host(peer: Any) -> str:
+    """The address of a peername tuple ('' for anything else)."""
+    return peer[0] if isinstance(peer, tuple) and peer and isinstance(peer[0], str) else ""
+
+
+Networks = tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+
+
+def trusted_networks(entries: list[str]) -> Networks:
+    return tuple(ipaddress.ip_network(entry, strict=False) for entry in entries)
+
+
+def is_trusted(host: str, networks: Networks) -> bool:
+    """Whether ``host`` (an IPv4-mapped IPv6 address counts as its IPv4 one) is in ``networks``."""
+    if not networks or not host:
+        return False
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return any(address in network for network in networks)
 
 
 def client_of(peer: Any) -> str:
@@ -233,6 +276,7 @@ class _Connection(asyncio.Protocol):
         self.gate.attached(self)
         handler = self.gate.new_handler()
         handler.on_lost = self.release
+        handler.on_request = self.served
         self.handler, self.stream = handler, stream
         # Started now, aiohttp's keep-alive timer closes a connection that sends nothing (IDLE_TIMEOUT_S).
         handler.connection_made(stream)
@@ -276,6 +320,9 @@ class _Connection(asyncio.Protocol):
         else:
             self.release()
 
+    def served(self) -> None:
+        self.gate.served(self)
+
     def release(self) -> None:
         if self.admitted:
             self.admitted = False
@@ -307,6 +354,8 @@ class ConnectionGate:
         silent_s: float,
         handshake_timeout_s: float,
         tls: ssl.SSLContext | None,
+        header_timeout_s: float = HEADER_TIMEOUT_S,
+        trusted: Networks = (),
     ) -> None:
         self.new_handler = new_handler
         self.refuse = refuse
@@ -316,11 +365,15 @@ class ConnectionGate:
         self.silent_s = silent_s
         self.handshake_timeout_s = handshake_timeout_s
         self.tls = tls
+        self.header_timeout_s = header_timeout_s
+        self.trusted = trusted
         self.loop = asyncio.get_running_loop()
         self.open = 0
         self.clients: dict[str, int] = {}
         # Admitted connections that have sent nothing yet, oldest first, with their accept time.
         self._silent: dict[_Connection, float] = {}
+        # Admitted connections that have not completed a request head yet, oldest first.
+        self._waiting: dict[_Connection, float] = {}
         self._pending: set[_Connection] = set()  # admitted, not yet handed to a handler (TLS)
         self._timer: asyncio.TimerHandle | None = None
 
@@ -332,9 +385,11 @@ class ConnectionGate:
         if self.open >= self.limit:
             self.refuse("refused_connections", "connection(s) over max_connections (closed unread)", 1)
             return False
-        client = client_of(peer)
+        host = peer_host(peer)
+        proxy = is_trusted(host, self.trusted)
+        client = host if proxy else client_of(peer)
         held = self.clients.get(client, 0)
-        if held >= self.per_client:
+        if held >= self.per_client and not proxy:
             self.refuse(
                 "refused_connections_per_client",
                 "connection(s) over max_connections_per_client (closed unread)",
@@ -345,10 +400,10 @@ class ConnectionGate:
         self.open += 1
         connection.admitted = True
         connection.client = client
-        self._silent[connection] = self.loop.time()
+        self._silent[connection] = self._waiting[connection] = self.loop.time()
         if self.tls is not None:
             self._pending.add(connection)
-        if self.open > self.watermark and self._timer is None:
+        if self._timer is None:
             self._schedule()
         return True
 
@@ -358,6 +413,9 @@ class ConnectionGate:
     def spoke(self, connection: _Connection) -> None:
         self._silent.pop(connection, None)
 
+    def served(self, connection: _Connection) -> None:
+        self._waiting.pop(connection, None)
+
     def release(self, connection: _Connection) -> None:
         self.open -= 1
         held = self.clients[connection.client] - 1
@@ -366,19 +424,46 @@ class ConnectionGate:
         else:
             del self.clients[connection.client]
         self._silent.pop(connection, None)
+        self._waiting.pop(connection, None)
         self._pending.discard(connection)
 
     def _schedule(self) -> None:
-        if self._silent:
-            since = next(iter(self._silent.values()))
-            self._timer = self.loop.call_at(since + self.silent_s, self._on_timer)
+        due: float | None = None
+        if self._waiting:
+            due = next(iter(self._waiting.values())) + self.header_timeout_s
+        if self._silent and self.open > self.watermark:
+            silent_due = next(iter(self._silent.values())) + self.silent_s
+            due = silent_due if due is None else min(due, silent_due)
+        if due is not None:
+            self._timer = self.loop.call_at(due, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
         self.sweep(self.loop.time())
 
+    def _close(self, connection: _Connection) -> None:
+        self._waiting.pop(connection, None)
+        self._silent.pop(connection, None)
+        connection.close()
+        connection.release()  # now: its descriptor is freed within this loop iteration
+
     def sweep(self, now: float) -> int:
-        """Above the watermark, close the connections silent since ``now - silent_s``; how many were."""
+        """Close the connections without a request head since ``now - header_timeout_s`` and, above
+        the watermark, those silent since ``now - silent_s``; how many were."""
+        idle = 0
+        cutoff = now - self.header_timeout_s
+        while self._waiting:
+            connection, since = next(iter(self._waiting.items()))
+            if since > cutoff:
+                break
+            self._close(connection)
+            idle += 1
+        if idle:
+            self.refuse(
+                "closed_idle_connections",
+                "connection(s) without a request within the header timeout closed",
+                idle,
+            )
         closed = 0
         if self.open > self.watermark:
             cutoff = now - self.silent_s
@@ -386,15 +471,13 @@ class ConnectionGate:
                 connection, since = next(iter(self._silent.items()))
                 if since > cutoff:
                     break
-                del self._silent[connection]
-                connection.close()
-                connection.release()  # now: its descriptor is freed within this loop iteration
+                self._close(connection)
                 closed += 1
             if closed:
                 self.refuse("closed_silent_connections", "silent connection(s) closed under load", closed)
-        if self.open > self.watermark and self._timer is None:
+        if self._timer is None:
             self._schedule()
-        return closed
+        return idle + closed
 
     def close(self) -> None:
         """At shutdown: what aiohttp does not know of yet (TLS handshakes under way) is closed here."""

@@ -15,9 +15,12 @@ Order of checks for each request, cheapest first, so a flood costs little:
 
 Before any of that, each connection passes the gate (``ConnectionGate``) at accept, before a
 byte is read (and before TLS): at most ``max_connections`` open, ``max_connections_per_client``
-from one address (an IPv6 /64); one over either is closed at once. Above half of
-``max_connections``, a connection that has sent no byte of HTTP for 1 s (with TLS: no handshake
-and request start within it) is closed; below, the 15 s idle rule alone. At start the soft
+from one address (an IPv6 /64); one over either is closed at once. A connection that completes no
+request head within 3 s of its accept (TLS handshake included) is closed whatever the totals;
+above half of ``max_connections``, one that has sent no byte for 1 s. Connections from a
+``[webhook] trusted_proxy`` are not held to the per-client cap; instead, the client its
+X-Forwarded-For names (the rightmost address not itself a trusted proxy) may have at most
+``max_connections_per_client`` requests in progress (more: 429). At start the soft
 open-file limit is raised to the hard one, and ``max_connections`` kept below it, so that a
 flood of idle connections cannot run the process out of descriptors (accept() would fail and
 asyncio stop accepting for a second at a time, legitimate senders included).
@@ -55,6 +58,7 @@ from agentwake.config import LimitsConfig, WebhookConfig
 from agentwake.delivery.admit import admit
 from agentwake.delivery.common import MAX_CURSOR_CHARS, shown_cursor
 from agentwake.delivery.connections import (
+    HEADER_TIMEOUT_S,
     IDLE_TIMEOUT_S,
     LISTEN_BACKLOG,
     PRESSURE_WATERMARK,
@@ -62,8 +66,12 @@ from agentwake.delivery.connections import (
     SILENT_UNDER_PRESSURE_S,
     ConnectionGate,
     QuietServer,
+    client_of,
+    is_trusted,
     max_connections,
+    peer_host,
     raise_open_files_limit,
+    trusted_networks,
 )
 from agentwake.delivery.routes import Route, WebhookRoutes
 from agentwake.errors import ConfigError, StoreError
@@ -245,6 +253,7 @@ class Receiver:
     """The aiohttp app. ``await tg.start(receiver.serve)`` returns once it listens."""
 
     idle_timeout_s: float = IDLE_TIMEOUT_S
+    header_timeout_s: float = HEADER_TIMEOUT_S
     body_timeout_s: float = BODY_TIMEOUT_S
     pressure_watermark: float = PRESSURE_WATERMARK
     silent_under_pressure_s: float = SILENT_UNDER_PRESSURE_S
@@ -274,16 +283,21 @@ class Receiver:
         self._rejects_logged_at = 0.0
         self._control_ids: OrderedDict[tuple[str, str], None] = OrderedDict()
         self.connections: ConnectionGate | None = None  # set by serve
+        self._trusted = trusted_networks(config.trusted_proxy)
+        # Requests in progress per client named by a trusted proxy's X-Forwarded-For.
+        self._forwarded: dict[str, int] = {}
+        self._per_client = config.max_connections_per_client
 
     def server(self) -> QuietServer:
         """aiohttp's low-level server: one handler for every path, with no router or middleware layer
         (about a tenth of a delivery's cost). Subscriptions are told apart by X-MCP-Subscription-Id."""
-        return QuietServer(self._handle_counted, self._refuse_counted, self.idle_timeout_s)
+        handler = self._handle_forwarded if self._trusted else self._handle_counted
+        return QuietServer(handler, self._refuse_counted, self.idle_timeout_s)
 
     def connection_gate(self, server: QuietServer, context: ssl.SSLContext | None) -> ConnectionGate:
         """The connection gate, its caps sized to the open-file limit (raised first, as far as allowed)."""
         limit = max_connections(self.config, raise_open_files_limit())
-        per_client = min(self.config.max_connections_per_client, limit)
+        per_client = self._per_client = min(self.config.max_connections_per_client, limit)
         logger.info(
             "webhook receiver: at most %d connection(s), %d per client; above %d, silent ones closed after %g s",
             limit,
@@ -300,6 +314,8 @@ class Receiver:
             silent_s=self.silent_under_pressure_s,
             handshake_timeout_s=self.idle_timeout_s,
             tls=context,
+            header_timeout_s=self.header_timeout_s,
+            trusted=self._trusted,
         )
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -362,6 +378,38 @@ class Receiver:
             raise
         metrics.observe_webhook_delivery(response.status)
         return response
+
+    def forwarded_client(self, request: web.BaseRequest) -> str | None:
+        """Whom a request from a trusted proxy counts against: the rightmost X-Forwarded-For address
+        that is not a trusted proxy (an IPv6 /64), else the proxy; None for a direct connection."""
+        transport = request.transport
+        host = peer_host(transport.get_extra_info("peername") if transport is not None else None)
+        if not is_trusted(host, self._trusted):
+            return None
+        forwarded = ",".join(request.headers.getall("X-Forwarded-For", []))
+        for hop in reversed([h.strip() for h in forwarded.split(",") if h.strip()]):
+            if not is_trusted(hop, self._trusted):
+                return client_of((hop,))
+        return host
+
+    async def _handle_forwarded(self, request: web.BaseRequest) -> web.StreamResponse:
+        """``_handle_counted``, with the requests in progress of each forwarded client capped."""
+        client = self.forwarded_client(request)
+        if client is None:
+            return await self._handle_counted(request)
+        held = self._forwarded.get(client, 0)
+        if held >= self._per_client:
+            metrics.observe_webhook_delivery(429)
+            return self._reject(429, "requests over max_connections_per_client from one forwarded client")
+        self._forwarded[client] = held + 1
+        try:
+            return await self._handle_counted(request)
+        finally:
+            left = self._forwarded[client] - 1
+            if left:
+                self._forwarded[client] = left
+            else:
+                del self._forwarded[client]
 
     def _refuse_counted(self, code: int, why: str) -> web.Response:
         """``_reject`` for a request too broken to reach ``handle``, counted in the metrics."""
