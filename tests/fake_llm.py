@@ -43,9 +43,19 @@ from typing import Any, Literal, Self
 import anyio
 from aiohttp import web
 
-__all__ = ["FakeLLM", "Reply", "delay", "error", "hold", "text", "tool_calls"]
+__all__ = [
+    "FakeLLM",
+    "Reply",
+    "delay",
+    "error",
+    "hold",
+    "no_choices",
+    "text",
+    "tool_calls",
+    "trickle",
+]
 
-ReplyKind = Literal["text", "tool_calls", "error", "hold", "delay"]
+ReplyKind = Literal["text", "tool_calls", "error", "hold", "delay", "no_choices", "trickle"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,8 @@ class Reply:
     code: str | None = None
     seconds: float = 0.0
     then: Reply | None = None
+    # error(): extra response headers, e.g. (("Retry-After", "5"),)
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 def text(content: str, *, prompt_tokens: int = 10, completion_tokens: int = 5) -> Reply:
@@ -77,11 +89,33 @@ def tool_calls(*calls: tuple[str, dict[str, Any]], content: str | None = None) -
     return Reply("tool_calls", content=content, calls=tuple((name, json.dumps(args)) for name, args in calls))
 
 
-def error(status: int, message: str, *, type: str = "server_error", code: str | None = None) -> Reply:
-    """An HTTP error with an OpenAI-style body; see the module docstring for what litellm raises."""
+def error(
+    status: int,
+    message: str,
+    *,
+    type: str = "server_error",
+    code: str | None = None,
+    retry_after: str | None = None,
+) -> Reply:
+    """An HTTP error with an OpenAI-style body; see the module docstring for what litellm raises.
+
+    ``retry_after``: a ``Retry-After`` header (seconds, or an HTTP date) sent with it.
+    """
     if status < 400:
         raise ValueError(f"error() needs a 4xx/5xx status, got {status}")
-    return Reply("error", content=message, status=status, error_type=type, code=code)
+    headers = (("Retry-After", retry_after),) if retry_after is not None else ()
+    return Reply("error", content=message, status=status, error_type=type, code=code, headers=headers)
+
+
+def no_choices(*, prompt_tokens: int = 10, completion_tokens: int = 0) -> Reply:
+    """A 200 chat.completion whose ``choices`` is empty, with its usage (as some proxies answer)."""
+    return Reply("no_choices", prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+
+
+def trickle(interval_s: float, then: Reply) -> Reply:
+    """Send the headers at once, then ``then``'s JSON body one byte every ``interval_s`` seconds
+    (a real wall-clock wait): a provider that never lets a per-read timeout fire."""
+    return Reply("trickle", seconds=interval_s, then=then)
 
 
 def hold() -> Reply:
@@ -231,7 +265,29 @@ class FakeLLM:
 
         if reply.kind == "error":
             return _error_response(reply)
+        if reply.kind == "trickle":
+            assert reply.then is not None
+            return await self._trickle(request, reply.seconds, self._completion(body, reply.then))
         return web.json_response(self._completion(body, reply))
+
+    async def _trickle(
+        self, request: web.Request, interval_s: float, payload: dict[str, Any]
+    ) -> web.StreamResponse:
+        data = json.dumps(payload).encode()
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.content_length = len(data)
+        await response.prepare(request)
+        for index in range(len(data)):
+            with anyio.move_on_after(interval_s):
+                while not self._stopping:
+                    await self._event().wait()
+            if self._stopping:
+                if request.transport is not None:
+                    request.transport.abort()
+                return response
+            await response.write(data[index : index + 1])
+        await response.write_eof()
+        return response
 
     def _completion(self, body: dict[str, Any], reply: Reply) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": reply.content, "tool_calls": None}
@@ -251,7 +307,9 @@ class FakeLLM:
             "object": "chat.completion",
             "created": int(time.time()),
             "model": body.get("model", "fake"),
-            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
+            "choices": []
+            if reply.kind == "no_choices"
+            else [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
             "usage": {
                 "prompt_tokens": reply.prompt_tokens,
                 "completion_tokens": reply.completion_tokens,
@@ -264,7 +322,7 @@ def _error_response(reply: Reply) -> web.Response:
     payload = {
         "error": {"message": reply.content, "type": reply.error_type, "param": None, "code": reply.code}
     }
-    return web.json_response(payload, status=reply.status)
+    return web.json_response(payload, status=reply.status, headers=dict(reply.headers))
 
 
 def _drop(request: web.Request) -> web.StreamResponse:

@@ -196,7 +196,8 @@ async def test_the_wall_clock_timeout_stops_a_run(rig: Rig) -> None:
     runner = rig.runner(tools=[], timeout_s=0.5)
     rig.fake.script(hold())
     result = await rig.run(runner)
-    assert (result.status, result.event_state) == ("failed", "failed")
+    # A slow provider is transient: the event goes again later, as after any other transient failure.
+    assert (result.status, result.event_state) == ("failed", "pending")
     assert "timed out after 0.5s" in (result.reason or "")
     rig.fake.release()
 

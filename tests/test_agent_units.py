@@ -786,6 +786,7 @@ def test_agent_config_defaults() -> None:
         "retry_initial_s": 1.0,
         "retry_max_s": 30.0,
         "request_timeout_s": 60.0,
+        "circuit_breaker_failures": 5,
         "prompts": Path("prompts"),
         "system_prompt": "system.md.j2",
         "event_data_max_chars": 16_000,

@@ -14,18 +14,14 @@ import re
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception,
-    stop_after_attempt,
-)
 
-from agentwake.backoff import tenacity_wait
+from agentwake.backoff import backoff_s
 from agentwake.config import OFFLINE_MODEL
 from agentwake.errors import ConfigError
 
@@ -44,6 +40,10 @@ _TRANSIENT_NAMES: Final = (
     "BadGatewayError",
 )
 _TRANSIENT_STATUS: Final = frozenset({408, 409, 425, 429})
+# A provider's Retry-After is honoured up to this long (and never past the run's deadline).
+RETRY_AFTER_CAP_S: Final = 120.0
+# What the client library is given as the key of an endpoint that wants none (api_key_env = "").
+NO_KEY_PLACEHOLDER: Final = "no-key"
 # What provider clients say when no key reached them; litellm wraps some of these in a 500.
 _NO_KEY: Final = re.compile(
     r"missing credentials|api_key client option must be set|no api key|"
@@ -99,11 +99,26 @@ def litellm_loaded() -> bool:
 
 
 class LLMError(Exception):
-    """An LLM call failed; ``transient`` says whether another attempt may succeed."""
+    """An LLM call failed; ``transient`` says whether another attempt may succeed.
 
-    def __init__(self, message: str, *, transient: bool) -> None:
+    ``prompt_tokens``, ``completion_tokens`` and ``cost_usd``: what the provider reported for the
+    call's failed attempts (an answer without choices still used tokens).
+    """
+
+    def __init__(self, message: str, *, transient: bool, usage: _Usage | None = None) -> None:
         super().__init__(message)
         self.transient = transient
+        self.prompt_tokens = usage.prompt_tokens if usage else 0
+        self.completion_tokens = usage.completion_tokens if usage else 0
+        self.cost_usd = usage.cost_usd if usage else None
+
+
+class CallTimedOut(Exception):
+    """One LLM call passed request_timeout_s (a provider that answers too slowly): transient."""
+
+
+class NoChoices(Exception):
+    """The provider answered 200 with no choices: transient (another attempt usually has one)."""
 
 
 def is_auth_error(exc: BaseException) -> bool:
@@ -118,6 +133,8 @@ def is_auth_error(exc: BaseException) -> bool:
 
 
 def is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, CallTimedOut | NoChoices):
+        return True
     litellm = _litellm
     if litellm is None or is_auth_error(exc):
         return False
@@ -181,6 +198,10 @@ async def complete(
 ) -> Completion:
     """One chat completion. Transient failures are retried with backoff; the last one raises LLMError.
 
+    Each attempt is bounded by ``request_timeout_s`` as a whole (not per read); a 429's
+    ``Retry-After`` is waited (up to RETRY_AFTER_CAP_S), and no wait goes past the caller's
+    deadline (the run's ``timeout_s``): the error is raised instead, transient.
+
     ``agentwake/offline`` is answered here, by the stand-in, without loading litellm: it is no LLM.
     """
     if settings.model == OFFLINE_MODEL:
@@ -194,7 +215,7 @@ async def complete(
         "messages": messages,
         "max_tokens": settings.max_tokens,
         "timeout": settings.request_timeout_s,
-        "max_retries": 0,  # tenacity owns retries, so they are counted and logged once
+        "max_retries": 0,  # the loop below owns retries, so they are counted and logged once
         "num_retries": 0,
     }
     if tools:
@@ -203,47 +224,127 @@ async def complete(
         kwargs["api_base"] = settings.api_base
     if settings.api_key:
         kwargs["api_key"] = settings.api_key
+    elif settings.api_key_env == "" and settings.api_base:
+        # A local endpoint without auth; the provider's client still wants some key.
+        kwargs["api_key"] = NO_KEY_PLACEHOLDER
     if settings.temperature is not None:
         kwargs["temperature"] = settings.temperature
-
-    def note(state: RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome else None
-        delay = state.next_action.sleep if state.next_action else 0.0
-        logger.warning("LLM %s: %s; retrying in %.1fs", settings.model, describe(exc) if exc else "?", delay)
 
     if settings.api_key_env and not settings.api_key and settings.model != OFFLINE_MODEL:
         # Not worth a request: the provider would refuse it, and the client's message names its
         # own default variable, not the one the config names.
         raise LLMError(_no_key_reason(settings), transient=False)
 
-    retrying = AsyncRetrying(
-        retry=retry_if_exception(is_transient),
-        wait=tenacity_wait(initial_s=settings.retry_initial_s, max_s=settings.retry_max_s),
-        stop=stop_after_attempt(settings.retries + 1),
-        before_sleep=note,
-        reraise=True,
-    )
-    try:
-        async for attempt in retrying:
-            with attempt:
+    usage = _Usage()
+    attempt = 0
+    while True:
+        attempt += 1
+        failure: BaseException
+        try:
+            # The call's own deadline: litellm's timeout bounds each read, so a provider that
+            # trickles its answer would otherwise hold the call until the run's timeout_s.
+            with anyio.fail_after(settings.request_timeout_s):
                 response = await litellm.acompletion(**kwargs)
-    except Exception as exc:
-        if is_auth_error(exc):
-            raise LLMError(_auth_reason(litellm, settings, exc), transient=False) from exc
-        raise LLMError(describe(exc), transient=is_transient(exc)) from exc
-    choice = response.choices[0]
-    message = choice.message.model_dump(exclude_none=True)
+            usage.add(litellm, response)
+            return _completion(response, usage, attempt)
+        except TimeoutError:
+            failure = CallTimedOut(
+                f"no complete answer within request_timeout_s={settings.request_timeout_s:g}s"
+            )
+        except NoChoices as exc:
+            failure = exc
+        except Exception as exc:
+            if is_auth_error(exc):
+                raise LLMError(_auth_reason(litellm, settings, exc), transient=False, usage=usage) from exc
+            failure = exc
+        transient = is_transient(failure)
+        if not transient or attempt > settings.retries:
+            raise LLMError(describe(failure), transient=transient, usage=usage) from failure
+        wait_s = backoff_s(attempt, initial_s=settings.retry_initial_s, max_s=settings.retry_max_s)
+        asked = retry_after_s(failure)
+        if asked is not None:
+            wait_s = max(wait_s, min(asked, RETRY_AFTER_CAP_S))
+        left_s = anyio.current_effective_deadline() - anyio.current_time()
+        if wait_s >= left_s:
+            # The run's deadline (timeout_s) comes first: the event is retried later instead.
+            raise LLMError(
+                f"{describe(failure)} (not retried: the wait of {wait_s:.1f}s is past the run's"
+                f" deadline, {max(left_s, 0.0):.1f}s away)",
+                transient=True,
+                usage=usage,
+            ) from failure
+        logger.warning(
+            "LLM %s: %s; retrying in %.1fs%s",
+            settings.model,
+            describe(failure),
+            wait_s,
+            "" if asked is None else f" (the provider's Retry-After: {asked:g}s)",
+        )
+        await anyio.sleep(wait_s)
+
+
+@dataclass(slots=True)
+class _Usage:
+    """What the provider reported for every attempt of one call, answers without choices included."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float | None = None
+
+    def add(self, litellm: ModuleType, response: Any) -> None:
+        reported = getattr(response, "usage", None)
+        self.prompt_tokens += int(getattr(reported, "prompt_tokens", 0) or 0)
+        self.completion_tokens += int(getattr(reported, "completion_tokens", 0) or 0)
+        cost = _cost(litellm, response)
+        if cost is not None:
+            self.cost_usd = (self.cost_usd or 0.0) + cost
+
+
+def _completion(response: Any, usage: _Usage, attempts: int) -> Completion:
+    choices = getattr(response, "choices", None) or []
+    if not choices or getattr(choices[0], "message", None) is None:
+        raise NoChoices("the provider's answer has no choices (no message to read)")
+    message = choices[0].message.model_dump(exclude_none=True)
     message.setdefault("role", "assistant")
     message.setdefault("content", None)
     message = {k: v for k, v in message.items() if k in ("role", "content", "tool_calls")}
-    usage = getattr(response, "usage", None)
     return Completion(
         message=message,
-        prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
-        completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
-        cost_usd=_cost(litellm, response),
-        attempts=attempt.retry_state.attempt_number,
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        cost_usd=usage.cost_usd,
+        attempts=attempts,
     )
+
+
+def retry_after_s(exc: BaseException) -> float | None:
+    """The seconds a provider's ``Retry-After`` (or ``retry-after-ms``) header asks for, if any."""
+    headers = getattr(exc, "litellm_response_headers", None)
+    if headers is None:
+        headers = getattr(getattr(exc, "response", None), "headers", None)
+    if headers is None:
+        return None
+    try:
+        millis = headers.get("retry-after-ms")
+        if millis is not None:
+            return max(float(millis) / 1000, 0.0)
+        value = headers.get("retry-after")
+    except (AttributeError, TypeError, ValueError):
+        return None
+    if value is None:
+        return None
+    value = str(value).strip()
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max((when - datetime.now(UTC)).total_seconds(), 0.0)
 
 
 # ---- API keys ------------------------------------------------------------------------------------
@@ -332,8 +433,8 @@ def missing_api_keys(agent: AgentConfig, models: Iterable[str]) -> list[MissingK
     ``openai/...``); litellm is imported for that (offline price map), and only then.
     """
     online = [m for m in dict.fromkeys(models) if m != OFFLINE_MODEL]
-    if not online:
-        return []
+    if not online or (agent.api_key_env == "" and agent.api_base):
+        return []  # api_key_env = "": the endpoint at api_base wants no key
     if agent.api_key_env:
         if os.environ.get(agent.api_key_env):
             return []

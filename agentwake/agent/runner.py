@@ -367,7 +367,8 @@ class AgentRunner:
                         final_text = await self._loop(scope, transcript, model, plan, fence, journal)
                     status = "completed"
                 except TimeoutError:
-                    failure = _RunFailed(f"timed out after {self.agent.timeout_s:g}s", transient=False)
+                    # A slow provider is as transient as one that fails: the event goes again.
+                    failure = _RunFailed(f"timed out after {self.agent.timeout_s:g}s", transient=True)
                 except _RunFailed as exc:
                     failure = exc
                 except Exception as exc:  # a bug or an unexpected library error: count it as a failed attempt
