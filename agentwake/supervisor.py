@@ -63,6 +63,8 @@ RECONNECT_MAX_S: Final = 5.0
 RESTART_MAX_S: Final = 60.0
 # A connection that stayed up this long was healthy: the failure that ends it starts a new series.
 HEALTHY_AFTER_S: Final = 10.0
+# What ``status`` shows for a subscription no longer in the config (see Supervisor._note_removed).
+REMOVED_STATUSES: Final = ("removed", "unsubscribed", "lingering")
 
 
 def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
@@ -78,9 +80,22 @@ class ServerSignals:
     tools_changed: anyio.Event = field(default_factory=anyio.Event)
     # Set with tools_changed when nothing is known to have changed: a precautionary relist.
     tools_recheck_only: bool = False
+    # Whether the server said its event types changed since the last take_server_change (a reload
+    # that changed only this server's subscriptions sets events_changed without it).
+    server_said: bool = False
 
     def on_events_changed(self) -> None:
+        """The server says its event types changed (list_changed, or the liveness probe saw it)."""
+        self.server_said = True
         self.events_changed.set()
+
+    def on_config_changed(self) -> None:
+        """A reload changed this server's subscriptions: plan them again, on what is listed."""
+        self.events_changed.set()
+
+    def take_server_change(self) -> bool:
+        said, self.server_said = self.server_said, False
+        return said
 
     async def on_tools_changed(self) -> None:
         self.tools_recheck_only = False
@@ -160,6 +175,7 @@ class Supervisor:
     async def _run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         for sub in self.config.subscriptions:
             await self.store.register(subscription_key(sub))
+        await self._note_removed()
         await self._retire_unconfigured_webhooks()
         cleanup = {retired.server for retired in await self.store.to_unsubscribe()}
         for server in sorted(cleanup - set(self.config.servers)):
@@ -238,6 +254,7 @@ class Supervisor:
         for name in sorted(set(old_subs) - set(new_subs)):
             self._ended.discard(name)
             changes.append(f"subscription {name}: removed")
+        await self._note_removed()
         for name in sorted(set(new_subs) - set(old_subs)):
             changes.append(f"subscription {name}: added")
         for name in sorted(set(old_subs) & set(new_subs)):
@@ -275,8 +292,18 @@ class Supervisor:
                     else:
                         self._readiness[server] = "ended"
                 else:
-                    signals.on_events_changed()  # its loops are planned again, from the new config
+                    signals.on_config_changed()  # its loops are planned again, from the new config
         return changes
+
+    async def _note_removed(self) -> None:
+        """Subscriptions stored but no longer configured show ``removed`` in ``status``, not the
+        state their loop last had; ``unsubscribed`` and ``lingering`` (set once their webhook
+        subscription is dealt with) stay."""
+        configured = {s.name for s in self.config.subscriptions}
+        for row in await self.store.subscriptions():
+            name = row["subscription"]
+            if name not in configured and row["status"] not in REMOVED_STATUSES:
+                await self.store.set_state(name, status="removed")
 
     # ---- webhook bookkeeping ----------------------------------------------------
 
@@ -372,6 +399,8 @@ class Supervisor:
                     server,
                     retired.url,
                 )
+                if not any(s.name == retired.subscription for s in self.config.subscriptions):
+                    await self.store.set_state(retired.subscription, status="unsubscribed")
             await self.store.mark_unsubscribed(retired.id)
 
     async def _note_lingering(self, name: str, reason: str) -> None:
@@ -528,7 +557,13 @@ class Supervisor:
         async with anyio.create_task_group() as tg:
             if self.pool is not None:
                 tg.start_soon(self._watch_tools, conn, signals, name=f"tools:{server}")
-            await signals.next_events_change()
+            while True:
+                await signals.next_events_change()
+                if signals.take_server_change():
+                    break
+                # A reload changed its subscriptions: the new ones cannot run either.
+                for sub in self.subscriptions_of(server):
+                    await self.store.set_state(sub.name, status="unsupported", error=reason)
             tg.cancel_scope.cancel()
         raise ConnectionLost(
             f"server {server!r} announced event types; reconnecting to read its capabilities again",
@@ -544,8 +579,11 @@ class Supervisor:
             await self._without_events(server, conn, signals)
             return
         self._unsupported.discard(server)
+        descriptors: dict[str, protocol.EventDescriptor] | None = None
         while True:
-            descriptors = {d.name: d for d in await conn.list_events()}
+            if descriptors is None:
+                signals.take_server_change()  # this listing answers what was said before it
+                descriptors = {d.name: d for d in await conn.list_events()}
             async with anyio.create_task_group() as tg:
                 if self.pool is not None:
                     tg.start_soon(self._watch_tools, conn, signals, name=f"tools:{server}")
@@ -608,7 +646,11 @@ class Supervisor:
                 # A burst of list_changed is one relist: what comes meanwhile is taken with it.
                 await anyio.sleep(self.config.limits.relist_debounce_s)
                 signals.events_changed = anyio.Event()
-                logger.info("server %s: event types changed; listing them again", server)
+                if signals.take_server_change():
+                    logger.info("server %s: event types changed; listing them again", server)
+                    descriptors = None
+                else:
+                    logger.info("server %s: its subscriptions changed; planning them again", server)
                 tg.cancel_scope.cancel()
 
     async def _watch_tools(self, conn: ServerConnection, signals: ServerSignals) -> None:

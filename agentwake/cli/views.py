@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
 EVENT_STATES_SHOWN = ("pending", "processing", "done", "failed", "dead", "ignored")
 RUN_STATUSES_SHOWN = ("completed", "failed", "interrupted", "running")
+# A subscription no longer in the config shows one of these (supervisor.REMOVED_STATUSES).
+REMOVED_STATUSES = ("removed", "unsubscribed", "lingering")
 RESULT_CHARS = 200
 # `status --watch`: seconds between two refreshes, unless --interval says otherwise.
 WATCH_INTERVAL_S: Final = 2.0
@@ -132,6 +134,9 @@ def status_snapshot(config: Path) -> tuple[dict[str, Any] | None, list[dict[str,
         row["lease_until"] = None if owner is None else owner["lease_until"]
         # None: no service ever recorded itself in this store (one older than this field).
         row["service_running"] = None if service is None else service["running"]
+        if not row["configured"] and not row["service_running"] and row["status"] not in REMOVED_STATUSES:
+            # Taken out of the config while no service ran: the state its loop last had is over.
+            row["status"] = "removed"
         mine = counts.get(row["subscription"], {})
         for state in EVENT_STATES_SHOWN:
             row[f"events_{state}"] = mine.get(f"events_{state}", 0)
