@@ -23,6 +23,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Final, TextIO
 
@@ -33,6 +34,11 @@ FIELDS: Final = ("subscription", "server", "event_id", "run_id")
 # The logger stray stderr text is attributed to in the JSON form.
 STDERR_LOGGER: Final = "agentwake.stderr"
 PREFIX_LEVELS: Final = (("error: ", logging.ERROR), ("warning: ", logging.WARNING))
+# The MCP SDK's HTTP transport, and what it warns on every close whose DELETE of the session fails.
+SDK_HTTP_LOGGER: Final = "mcp.client.streamable_http"
+SDK_SESSION_END_FAILED: Final = "Session termination failed: "
+# The server whose connection is being opened or closed in this task (agentwake.mcp sets it).
+CONNECTION_NAME: ContextVar[str | None] = ContextVar("agentwake_connection_name", default=None)
 
 
 def event_fields(
@@ -70,6 +76,52 @@ class RedactSecrets(logging.Filter):
 def install_redaction(handler: logging.Handler) -> None:
     if not any(isinstance(f, RedactSecrets) for f in handler.filters):
         handler.addFilter(RedactSecrets())
+
+
+class SessionEndNotice(logging.Filter):
+    """The SDK's ``Session termination failed: <why>``, said in agentwake's words, once per server.
+
+    On every close of a Streamable HTTP connection the SDK sends DELETE for its session; a server
+    that is down ("All connection attempts failed") or restarted (404: it no longer knows the
+    session) makes it warn, at each reconnect. Nothing is lost: the server drops the session on
+    its own. The first time per server it is an INFO line of ``agentwake.mcp``; later ones are
+    DEBUG. Every other record of the SDK's logger passes untouched.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._said: set[str | None] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not isinstance(record.msg, str) or not record.msg.startswith(SDK_SESSION_END_FAILED):
+            return True
+        why = record.getMessage()[len(SDK_SESSION_END_FAILED) :]
+        if why == "404":
+            why = "HTTP 404: it no longer knows the session"
+        elif why.isdigit():
+            why = f"HTTP {why}"
+        server = CONNECTION_NAME.get()
+        first = server not in self._said
+        self._said.add(server)
+        record.name = "agentwake.mcp"
+        record.msg = (
+            "%s: could not end the MCP session on disconnect (%s); harmless: the server drops it itself%s"
+        )
+        record.args = (
+            f"server {server}" if server else "an HTTP server",
+            why,
+            "; not said again for this server" if first else "",
+        )
+        level = logging.INFO if first else logging.DEBUG
+        record.levelno, record.levelname = level, logging.getLevelName(level)
+        return logging.getLogger(record.name).isEnabledFor(level)
+
+
+def adapt_sdk_logs() -> None:
+    """Put SessionEndNotice on the SDK's HTTP transport logger (once, however often it is called)."""
+    sdk = logging.getLogger(SDK_HTTP_LOGGER)
+    if not any(isinstance(f, SessionEndNotice) for f in sdk.filters):
+        sdk.addFilter(SessionEndNotice())
 
 
 class JsonFormatter(logging.Formatter):
@@ -154,11 +206,15 @@ class StderrToLog(io.TextIOBase):
 
 
 __all__ = [
+    "CONNECTION_NAME",
     "FIELDS",
+    "SDK_HTTP_LOGGER",
     "STDERR_LOGGER",
     "JsonFormatter",
     "RedactSecrets",
+    "SessionEndNotice",
     "StderrToLog",
+    "adapt_sdk_logs",
     "event_fields",
     "install_redaction",
 ]

@@ -47,6 +47,7 @@ from agentwake.errors import (
     events_call_error,
 )
 from agentwake.jsontext import encode_json
+from agentwake.logs import CONNECTION_NAME, adapt_sdk_logs
 from agentwake.stdio import (
     BoundedStdioClient,
     OversizedMessage,
@@ -64,6 +65,8 @@ from agentwake.streams import (
 from agentwake.text import peer
 
 logger = logging.getLogger(__name__)
+# The SDK's warning at each HTTP close whose session DELETE fails: once per server, in our words.
+adapt_sdk_logs()
 
 T = TypeVar("T")
 MAX_LIST_PAGES: Final = 1000
@@ -246,6 +249,7 @@ class ServerConnection:
         return streamable_http_client(config.url, http_client=client)
 
     async def __aenter__(self) -> ServerConnection:
+        CONNECTION_NAME.set(self.name)  # this task's and its transport tasks' SDK lines name us
         stack = AsyncExitStack()
         mode: Literal["auto", "legacy"] = self.config.protocol
         try:
@@ -288,6 +292,7 @@ class ServerConnection:
         stack, self._stack, self._client = self._stack, None, None
         if stack is not None:
             # Not shielded here: the SDK's task groups must exit in the scope they were entered in.
+            named = CONNECTION_NAME.set(self.name)
             try:
                 await stack.__aexit__(exc_type, exc, tb)
             except anyio.get_cancelled_exc_class():
@@ -296,6 +301,8 @@ class ServerConnection:
                 exc = exc or anyio.get_cancelled_exc_class()()
             except Exception as close_exc:  # a dead peer may fail its own shutdown
                 logger.debug("closing %s: %s", self.name, close_exc)
+            finally:
+                CONNECTION_NAME.reset(named)
         # The SDK's HTTP transport ends a dead server's connection by cancelling the task it
         # runs in; that cancellation is not our owner's and must not pass for it.
         if isinstance(exc, anyio.get_cancelled_exc_class()) and not self._cancelled_by_owner():
