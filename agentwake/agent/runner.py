@@ -27,7 +27,7 @@ import anyio
 from agentwake import metrics
 from agentwake.agent.fence import Fence, as_text, cap
 from agentwake.agent.journal import SETTLED, CallDone, RunScope, pending_calls, resumable, unknown_reason
-from agentwake.agent.llm import LLMError, LLMSettings, complete
+from agentwake.agent.llm import LLMError, LLMSettings, complete, load_litellm_async
 from agentwake.agent.prompts import PromptError, PromptRenderer, RenderedPrompt
 from agentwake.agent.tools import Allowlist, ToolHost, ToolSpec, elapsed_ms
 from agentwake.authority import Authority
@@ -363,6 +363,10 @@ class AgentRunner:
         try:
             if failure is None:
                 try:
+                    # litellm's first import (seconds, many more on a busy machine) is not the
+                    # model's time: a run that starts while warm_up is still importing waits for it
+                    # outside its deadline.
+                    await load_litellm_async()
                     with anyio.fail_after(self.agent.timeout_s):
                         final_text = await self._loop(scope, transcript, model, plan, fence, journal)
                     status = "completed"
