@@ -26,6 +26,8 @@ configured servers, never an event id):
 - ``agentwake_llm_tokens_total{kind}``: LLM tokens used by runs (kind prompt|completion)
 - ``agentwake_llm_cost_usd_total``: what the runs' LLM calls cost, as litellm priced them
 - ``agentwake_tool_calls_total{tool,outcome}``: MCP tool calls the agent made, by outcome
+- ``agentwake_model_circuit_open{model}``: 1 while the worker's circuit breaker holds events back
+  because the model keeps failing (agent.circuit_breaker_failures), else 0
 - ``agentwake_inbox_events{state}``: stored events in each state, read at scrape
 - ``agentwake_oldest_pending_age_seconds``: age of the oldest pending event (0 if none), read at scrape
 - ``agentwake_build_info{version}``: always 1
@@ -133,6 +135,12 @@ LLM_COST: Final = Counter("agentwake_llm_cost_usd", "Cost of the runs' LLM calls
 TOOL_CALLS: Final = Counter(
     "agentwake_tool_calls", "MCP tool calls made by the agent", ["tool", "outcome"], registry=REGISTRY
 )
+MODEL_CIRCUIT_OPEN: Final = Gauge(
+    "agentwake_model_circuit_open",
+    "1 while the agent waits because the model keeps failing (circuit breaker open), else 0",
+    ["model"],
+    registry=REGISTRY,
+)
 INBOX_EVENTS: Final = Gauge(
     "agentwake_inbox_events", "Stored events in each state (read at scrape)", ["state"], registry=REGISTRY
 )
@@ -233,6 +241,11 @@ def observe_run(
         LLM_TOKENS.labels("completion").inc(completion_tokens)
     if cost_usd is not None and cost_usd > 0:
         LLM_COST.inc(cost_usd)
+
+
+def observe_model_circuit(model: str, is_open: bool) -> None:
+    """The worker's circuit breaker on ``model`` opened (events wait) or closed (the model answers)."""
+    MODEL_CIRCUIT_OPEN.labels(model).set(1 if is_open else 0)
 
 
 def observe_tool_call(tool: str, outcome: str) -> None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 import anyio
 
+from agentwake.backoff import backoff_s
 from agentwake.clock import iso, utc_now
 from agentwake.config import OFFLINE_MODEL, OFFLINE_NOTICE, AgentConfig, AgentwakeConfig
 from agentwake.decide import Outcome, Slots, StoreSlots, decide
@@ -39,6 +40,49 @@ IDLE_RECHECK_S: Final = 5.0
 SERVER_WAIT_S: Final = 5.0
 # A held event's lease is renewed this many times per lease_s, so only an abandoned claim lapses.
 LEASE_RENEWALS: Final = 3
+
+
+# The circuit breaker's probes of a failing model: backoff from PROBE_INITIAL_S, doubling, at most PROBE_MAX_S.
+PROBE_INITIAL_S: Final = 5.0
+PROBE_MAX_S: Final = 300.0
+
+
+@dataclass
+class ModelBreaker:
+    """Counts LLM calls in a row that failed transiently (after their retries); at ``threshold`` it opens:
+    the worker claims nothing until a probe of the model (or a run still in flight) gets an answer.
+
+    ``threshold`` 0 never opens. Told of each call by ``agentwake.agent.llm.observed_by``.
+    """
+
+    threshold: int
+    clock: Callable[[], datetime] = utc_now
+    probe_initial_s: float = PROBE_INITIAL_S
+    probe_max_s: float = PROBE_MAX_S
+    failures: int = 0
+    model: str | None = None
+    since: datetime | None = None
+    error: str | None = None
+    is_open: bool = False
+    answered: bool = False  # a call succeeded while open
+
+    def observe(self, model: str, error: Exception | None) -> None:
+        if error is None or not getattr(error, "transient", False):
+            # An answer, or a refusal (a bad request, a key): the endpoint is up.
+            self.failures = 0
+            self.answered = self.answered or self.is_open
+            return
+        if self.failures == 0 or model != self.model:
+            self.model, self.since, self.failures = model, self.clock(), 0
+        self.failures += 1
+        self.error = str(error).partition(":")[0].strip() or type(error).__name__
+        if self.threshold and self.failures >= self.threshold:
+            self.is_open = True
+
+    def reason(self) -> str:
+        """What ``status`` shows while open: the model, since when, the error's class."""
+        since = iso(self.since) if self.since else "?"
+        return f"model {self.model} failing since {since} ({self.error})"
 
 
 class Agent(Protocol):
@@ -98,6 +142,7 @@ class Worker:
     # Events being handled: row -> (server, attempts at the claim: the lease's fencing token).
     held: dict[int, tuple[str, int]] = field(default_factory=dict, init=False)
     paused: str | None = field(default=None, init=False)
+    breaker: ModelBreaker = field(init=False)
     _claiming: bool = field(default=True, init=False)
     _wake: anyio.Event = field(default_factory=anyio.Event, init=False)
     _slot_freed: anyio.Event = field(default_factory=anyio.Event, init=False)
@@ -106,6 +151,8 @@ class Worker:
 
     def __post_init__(self) -> None:
         self.slots = StoreSlots(self.store, lambda: self.clock())
+        threshold = self.agent.agent.circuit_breaker_failures if self.agent is not None else 0
+        self.breaker = ModelBreaker(threshold, clock=lambda: self.clock())
 
     def stop_claiming(self) -> None:
         """The first half of a graceful stop: claim nothing more; events being handled go on."""
@@ -288,6 +335,9 @@ class Worker:
             tg.start_soon(agent.warm_up, name="agent-warm-up")
             task_status.started()
             while self._claiming:
+                if self.breaker.is_open:
+                    await self._wait_for_model(agent)
+                    continue
                 free = limit - self.active
                 if free <= 0:
                     await self._slot_freed.wait()
@@ -306,6 +356,52 @@ class Worker:
                     self.active += 1
                     tg.start_soon(self._handle_counted, event, name=f"event:{event.event_id}")
             await anyio.sleep_forever()  # runs in flight go on; the service cancels when it is time
+
+    async def _wait_for_model(self, agent: Agent) -> None:
+        """The breaker is open: claim nothing, probe the model with backoff until it answers."""
+        from agentwake import metrics
+        from agentwake.agent.llm import probe, settings_for
+
+        breaker = self.breaker
+        model = breaker.model or agent.agent.model
+        reason = breaker.reason()
+        logger.warning(
+            "agent waits: %s, %d LLM calls in a row failed (circuit_breaker_failures=%d); events stay"
+            " pending while the model is probed",
+            reason,
+            breaker.failures,
+            breaker.threshold,
+        )
+        metrics.observe_model_circuit(model, True)
+        await self._show_paused(reason)
+        probes = 0
+        while self._claiming and not breaker.answered:
+            probes += 1
+            delay = backoff_s(probes, initial_s=breaker.probe_initial_s, max_s=breaker.probe_max_s)
+            with anyio.move_on_after(delay):
+                await self._stopping.wait()
+            if not self._claiming or breaker.answered:
+                break
+            failed = await probe(settings_for(agent.agent, model))
+            if failed is None:
+                break
+            logger.debug("agent: probe of model %s failed: %s", model, failed)
+        if not self._claiming:
+            return
+        logger.info("agent resumes: model %s answers again; events are claimed again", model)
+        breaker.is_open = breaker.answered = False
+        breaker.failures = 0
+        metrics.observe_model_circuit(model, False)
+        await self._show_paused(None)
+
+    async def _show_paused(self, reason: str | None) -> None:
+        """What ``status`` says the agent waits for; a store error is logged, not raised."""
+        try:
+            await self.store.service_paused(reason)
+        except Exception as exc:
+            logger.warning("could not record in the store why the agent waits: %s", exc)
+        else:
+            self.paused = reason
 
     async def _handle_counted(self, event: InboxEvent) -> None:
         try:
@@ -441,7 +537,10 @@ class Worker:
                     return
             leads = bool((event.decision or {}).get("batch_leader"))
             batch = await self.store.batch_members(event.id) if leads else []
-            await agent.run(outcome, batch=batch)
+            from agentwake.agent.llm import observed_by
+
+            with observed_by(self.breaker.observe):
+                await agent.run(outcome, batch=batch)
         finally:
             if outcome.holds_slot:
                 with anyio.CancelScope(shield=True):

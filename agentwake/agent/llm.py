@@ -12,8 +12,10 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from types import ModuleType
@@ -193,7 +195,63 @@ def _cost(litellm: ModuleType, response: Any) -> float | None:
         return None
 
 
+# Told of each LLM call's end (the model, and the LLMError or None): the worker's circuit breaker.
+CallObserver = Callable[[str, "LLMError | None"], None]
+_observer: ContextVar[CallObserver | None] = ContextVar("agentwake_llm_observer", default=None)
+
+
+@contextmanager
+def observed_by(observer: CallObserver) -> Iterator[None]:
+    """Tell ``observer`` how every LLM call made in this context (a run) ends."""
+    token = _observer.set(observer)
+    try:
+        yield
+    finally:
+        _observer.reset(token)
+
+
+def settings_for(agent: AgentConfig, model: str) -> LLMSettings:
+    """The settings of a call to ``model`` under [agent] (the key read from the environment now)."""
+    return LLMSettings(
+        model=model,
+        api_base=agent.api_base,
+        api_key=os.environ.get(agent.api_key_env) if agent.api_key_env else None,
+        max_tokens=agent.max_tokens,
+        temperature=agent.temperature,
+        request_timeout_s=agent.request_timeout_s,
+        retries=agent.llm_retries,
+        retry_initial_s=agent.retry_initial_s,
+        retry_max_s=agent.retry_max_s,
+        api_key_env=agent.api_key_env,
+    )
+
+
+async def probe(settings: LLMSettings) -> LLMError | None:
+    """One small call (a word in, one token out, no retry): does the model answer? None when it does."""
+    try:
+        await _complete(replace(settings, retries=0, max_tokens=1), [{"role": "user", "content": "ping"}], [])
+    except LLMError as exc:
+        return exc
+    return None
+
+
 async def complete(
+    settings: LLMSettings, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+) -> Completion:
+    """One chat completion; see ``_complete``. An observer (``observed_by``) is told how it ended."""
+    observer = _observer.get()
+    try:
+        done = await _complete(settings, messages, tools)
+    except LLMError as exc:
+        if observer is not None and settings.model != OFFLINE_MODEL:
+            observer(settings.model, exc)
+        raise
+    if observer is not None and settings.model != OFFLINE_MODEL:
+        observer(settings.model, None)
+    return done
+
+
+async def _complete(
     settings: LLMSettings, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
 ) -> Completion:
     """One chat completion. Transient failures are retried with backoff; the last one raises LLMError.

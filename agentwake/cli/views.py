@@ -35,7 +35,20 @@ if TYPE_CHECKING:
     from agentwake.configfile import StoreLocation
     from agentwake.store import StoreReader
 
-EVENT_STATES_SHOWN = ("pending", "processing", "done", "failed", "dead", "ignored")
+# Every state an event can be in (store.records.EVENT_STATES, not imported: `agentwake --help` loads no
+# store module): events that wait (pending, held) or were refused (denied, rejected) count too.
+EVENT_STATES_SHOWN = (
+    "pending",
+    "processing",
+    "done",
+    "failed",
+    "dead",
+    "ignored",
+    "held",
+    "denied",
+    "batched",
+    "rejected",
+)
 RUN_STATUSES_SHOWN = ("completed", "failed", "interrupted", "running")
 # A subscription no longer in the config shows one of these (supervisor.REMOVED_STATUSES).
 REMOVED_STATUSES = ("removed", "unsubscribed", "lingering")
@@ -155,6 +168,9 @@ def print_status_view(service: dict[str, Any] | None, rows: list[dict[str, Any]]
     from agentwake.cli.tables import describe_service, print_status
 
     out.print(describe_service(service), highlight=False)
+    totals = event_totals(rows)
+    if totals:
+        out.print(totals, highlight=False)
     out.print()
     print_status(rows, out)
     drivers: dict[str, list[str]] = {}
@@ -163,6 +179,18 @@ def print_status_view(service: dict[str, Any] | None, rows: list[dict[str, Any]]
             drivers.setdefault(row["driven_by"], []).append(row["subscription"])
     for owner, names in sorted(drivers.items()):
         out.print(f"{owner} drives {len(names)} subscription(s): {', '.join(names)}", highlight=False)
+
+
+def event_totals(rows: list[dict[str, Any]]) -> str | None:
+    """One line of every subscription's events by state, and the failed runs (a retried event's
+    failures are runs, its state stays pending); None when there is nothing to count."""
+    counts = {state: sum(int(r.get(f"events_{state}") or 0) for r in rows) for state in EVENT_STATES_SHOWN}
+    events = ", ".join(f"{count} {state}" for state, count in counts.items() if count)
+    failed_runs = sum(int(r.get("runs_failed") or 0) for r in rows)
+    if not events and not failed_runs:
+        return None
+    line = f"events: {events or 'none'}"
+    return line + (f"; {failed_runs} failed run(s)" if failed_runs else "")
 
 
 def watch_status(config: Path, as_json: bool, with_service: bool, interval_s: float) -> None:
