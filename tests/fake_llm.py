@@ -135,6 +135,7 @@ class FakeLLM:
         self.url: str = ""
         self.requests: list[dict[str, Any]] = []
         self.arrivals: list[float] = []
+        self.model_lists = 0  # GET /v1/models requests (a reachability probe spends no tokens)
         self.responder: Callable[[dict[str, Any]], Reply] | None = None
         self._queue: deque[Reply] = deque()
         self._call_ids = itertools.count(1)
@@ -222,6 +223,7 @@ class FakeLLM:
         return text("ok")
 
     async def _models(self, request: web.Request) -> web.Response:
+        self.model_lists += 1
         return web.json_response(
             {
                 "object": "list",

@@ -116,7 +116,8 @@ def check(
 
     Exits non-zero, with one message per problem, if the config is invalid or
     empty, the store cannot be created or written, the agent's API key is not
-    set, a prompt template or policy file is broken, a rule names a tool no
+    set, the model's api_base does not answer, the [service] listen port is
+    taken, a prompt template or policy file is broken, a rule names a tool no
     server has, a server cannot be reached or does not implement MCP Events, or
     a subscription cannot run. A subscription's tool glob that matches no tool
     is a warning.
@@ -183,6 +184,7 @@ async def _check(cfg: AgentwakeConfig) -> CheckReport:
     if cfg.agent is not None:
         # Without api_key_env, litellm says which variable a provider reads: a slow import.
         await anyio.to_thread.run_sync(_check_api_keys, cfg, [r.rule.model for r in rules], report)
+        await _check_model_endpoint(cfg, [r.rule.model for r in rules], report)
     declared = Declared()
     catalogs = await _check_servers(cfg, report, declared)
     if cfg.agent is not None:
@@ -242,9 +244,74 @@ def _check_service(cfg: AgentwakeConfig, report: CheckReport) -> None:
     from agentwake.web.access import endpoint_settings
 
     try:
-        endpoint_settings(cfg.service)
+        settings = endpoint_settings(cfg.service)
     except ConfigError as exc:
         report.add("service", cfg.service.token_env or "listen", str(exc))
+        return
+    problem = _port_taken(settings.host, settings.port)
+    if problem is not None:
+        report.add(
+            "service",
+            "listen",
+            f"[service] listen = {cfg.service.listen!r}: cannot listen there ({problem}); another"
+            " process (an 'agentwake run' already?) has the port, or the address is not this host's",
+        )
+
+
+def _port_taken(host: str, port: int) -> str | None:
+    """Why ``run`` could not listen on host:port (bound as aiohttp binds, then let go at once), or None."""
+    import os
+    import socket
+
+    if port == 0:
+        return None
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        return f"{host!r} does not resolve: {exc}"
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as sock:
+            if os.name == "posix":
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                return exc.strerror or str(exc)
+    return None
+
+
+# How long `check` waits for the model's endpoint to answer anything.
+MODEL_PROBE_TIMEOUT_S = 5.0
+
+
+async def _check_model_endpoint(
+    cfg: AgentwakeConfig, rule_models: list[str | None], report: CheckReport
+) -> None:
+    """[agent] api_base: is anything answering there? One GET of its /models (no tokens spent); any
+    HTTP answer, even 401 or 404, means it is up. Without api_base the provider's own API is not probed."""
+    import httpx
+
+    from agentwake.agent.llm import models_in_use
+    from agentwake.config import OFFLINE_MODEL
+
+    agent = cfg.agent
+    if agent is None or not agent.api_base:
+        return
+    if not [m for m in models_in_use(cfg, rule_models) if m != OFFLINE_MODEL]:
+        return
+    url = agent.api_base.rstrip("/") + "/models"
+    try:
+        async with httpx.AsyncClient(timeout=MODEL_PROBE_TIMEOUT_S, trust_env=False) as client:
+            await client.get(url)
+    except httpx.HTTPError as exc:
+        reason = str(exc) or type(exc).__name__
+        report.add(
+            "model",
+            agent.api_base,
+            f"[agent] api_base {agent.api_base}: the model's endpoint does not answer (GET {url}:"
+            f" {type(exc).__name__}: {reason}); runs would fail until it does",
+            model=agent.model,
+        )
 
 
 def _check_not_empty(cfg: AgentwakeConfig, report: CheckReport) -> None:
