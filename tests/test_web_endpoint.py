@@ -410,3 +410,41 @@ def test_a_heartbeat_that_stops_succeeding_makes_the_service_unhealthy() -> None
     assert health.problem() == "the store cannot be written: database is locked"
     health.stopping = True
     assert health.problem() == "stopping"
+
+
+async def test_readyz_is_503_while_the_models_circuit_breaker_is_open(tmp_path: Path) -> None:
+    from datetime import UTC, datetime
+
+    from agentwake.worker import Worker
+
+    config = parse_config(
+        {"store": {"path": str(tmp_path / "aw.db")}, "service": {"listen": "127.0.0.1:0"}}, env={}
+    )
+    store = await SqliteStore.open(config.store.path)
+    supervisor = Supervisor(config, store)
+    supervisor.worker = Worker(config, store)
+    breaker = supervisor.worker.breaker
+    breaker.threshold = 1
+    endpoint = Endpoint(endpoint_settings(config.service, env={}), store, supervisor, Health(heartbeat_s=60))
+    try:
+        async with anyio.create_task_group() as tg, http_client() as http:
+            await tg.start(endpoint.serve)
+            assert (await get_json(http, f"{endpoint.url}/readyz"))[0] == 200
+            breaker.clock = lambda: datetime(2026, 12, 4, 18, 0, tzinfo=UTC)
+            breaker.observe("openai/gpt-4o-mini", _Transient("InternalServerError: the model is down"))
+            assert breaker.is_open
+            status, body = await get_json(http, f"{endpoint.url}/readyz")
+            assert status == 503, body
+            assert body["status"] == "not ready"
+            assert body["model"].startswith("model openai/gpt-4o-mini failing since 2026-12-04T18:00:00")
+            assert body["model"].endswith("(InternalServerError)")
+            breaker.observe("openai/gpt-4o-mini", None)
+            breaker.is_open = False  # what the worker does once a probe is answered
+            assert (await get_json(http, f"{endpoint.url}/readyz"))[0] == 200
+            tg.cancel_scope.cancel()
+    finally:
+        await store.close()
+
+
+class _Transient(Exception):
+    transient = True

@@ -2,8 +2,8 @@
 
     GET  /healthz      200 {"status": "ok"}; 503 with the reason while stopping, or when the store
                        cannot be written (agentwake.web.health)
-    GET  /readyz       200 when every configured server is connected or deliberately ended; 503
-                       listing the others and their state
+    GET  /readyz       200 when every configured server is connected or deliberately ended and the
+                       model's circuit breaker is closed; 503 listing what is not
                        (both open to probes; with a token configured, the errors' details are
                        for its holders only)
     GET  /metrics      Prometheus text (agentwake.metrics)
@@ -385,6 +385,11 @@ class Endpoint:
         waiting = {name: state for name, state in servers.items() if state not in READY_STATES}
         if waiting:
             return _json({"status": "not ready", "waiting": waiting, "servers": servers}, 503)
+        worker = self.supervisor.worker
+        if worker is not None and worker.breaker.is_open:
+            # Events arrive but nothing acts on them: not ready, for as long as the model fails.
+            model = worker.breaker.reason() if detailed else "failing"
+            return _json({"status": "not ready", "model": model, "servers": servers}, 503)
         return _json({"status": "ready", "servers": servers})
 
     async def metrics(self, request: web.Request, caller: Caller | None) -> web.Response:
