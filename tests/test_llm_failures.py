@@ -11,6 +11,7 @@ from typing import Any
 
 import anyio
 import pytest
+from _rig import Rig
 from fake_llm import FakeLLM, error, no_choices, text, trickle
 
 from agentwake.agent.llm import (
@@ -146,3 +147,14 @@ async def test_an_endpoint_without_auth_needs_no_invented_key(monkeypatch: pytes
 def test_no_api_key_is_only_for_a_model_at_api_base() -> None:
     with pytest.raises((ConfigError, ValueError), match="api_base"):
         AgentConfig(model="openai/gpt-4o-mini", api_key_env="")
+
+
+async def test_a_run_that_fails_on_answers_without_choices_records_their_tokens(rig: Rig) -> None:
+    runner = rig.runner(tools=[], llm_retries=1, max_attempts=5)
+    rig.fake.script(
+        no_choices(prompt_tokens=7, completion_tokens=2), no_choices(prompt_tokens=8, completion_tokens=3)
+    )
+    result = await rig.run(runner)
+    assert (result.status, result.event_state) == ("failed", "pending")
+    [run] = rig.stored()["runs"]
+    assert (run["prompt_tokens"], run["completion_tokens"]) == (15, 5)

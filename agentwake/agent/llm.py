@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -78,6 +79,11 @@ def load_litellm() -> ModuleType:
             module: Any = importlib.import_module("litellm")
             module.telemetry = False
             module.suppress_debug_info = True
+            # A call cut off by its deadline during litellm's set-up leaves litellm's coroutine
+            # unawaited; Python's warning about it would be noise in the service's log.
+            warnings.filterwarnings(
+                "ignore", message="coroutine '.*acompletion' was never awaited", category=RuntimeWarning
+            )
             _quiet_litellm_logging()
             from agentwake.agent.offline import OfflineModel
 

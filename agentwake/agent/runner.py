@@ -475,6 +475,11 @@ class AgentRunner:
             try:
                 completion = await complete(settings, transcript.messages, declarations)
             except LLMError as exc:
+                # Answers that came back unusable still cost tokens: the run's usage counts them.
+                transcript.prompt_tokens += exc.prompt_tokens
+                transcript.completion_tokens += exc.completion_tokens
+                if exc.cost_usd is not None:
+                    transcript.cost_usd = (transcript.cost_usd or 0.0) + exc.cost_usd
                 raise _RunFailed(f"LLM call failed: {exc}", transient=exc.transient) from None
             transcript.steps += 1
             transcript.prompt_tokens += completion.prompt_tokens
