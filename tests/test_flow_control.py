@@ -648,8 +648,12 @@ async def test_an_event_released_by_max_concurrent_does_not_use_up_the_rate_limi
 
 
 async def test_without_its_server_connected_an_event_goes_back_untouched(rig: Rig) -> None:
-    """The other path of the server wait: the pool never gets the server within connect_timeout_s."""
-    worker, agent = rig.worker(CONCURRENT, pool=ConnectionPool(), connect_timeout_s=0.05)
+    """The other path of the server wait: the pool never gets the server within connect_timeout_s.
+    The run waits for it only because its rule allows that server's tools."""
+    with_tools = CONCURRENT.replace(
+        "max_concurrent = 1\n", 'max_concurrent = 1\ntools = ["demo__get_alert"]\n'
+    )
+    worker, agent = rig.worker(with_tools, pool=ConnectionPool(), connect_timeout_s=0.05)
     await rig.add("A-1", {"n": 1})
     await rig.one(worker, "A-1")
     row = await rig.row("A-1")
