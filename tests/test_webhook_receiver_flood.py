@@ -28,7 +28,7 @@ import aiohttp
 import anyio
 import anyio.abc
 import pytest
-from _webhook_support import TLS, Hook, event, make_tls, running_hook
+from _webhook_support import TLS, Hook, MeteredReceiver, event, make_tls, running_hook
 from conftest import REPO, free_port
 
 from agentwake import signing
@@ -351,11 +351,16 @@ async def keep_alive_delivery(stream: anyio.abc.ByteStream, hook: Hook, event_id
     return received.partition(b"\r\n\r\n")[0]
 
 
+class PatientReceiver(MeteredReceiver):
+    header_timeout_s = 60.0
+
+
 async def test_silent_connections_are_closed_only_above_the_watermark_and_keep_alive_ones_survive(
     tls: TLS, store: Store
 ) -> None:
-    # max_connections 6: above 3 open, a connection silent for 1 s is closed.
-    async with running_hook(tls, store, max_connections=6) as hook:
+    # max_connections 6: above 3 open, a connection silent for 1 s is closed. The header timeout is
+    # pushed out of the way: on a busy machine it could close them first, and this is about the watermark.
+    async with running_hook(tls, store, receiver_class=PatientReceiver, max_connections=6) as hook:
         gate = hook.receiver.connections
         assert gate is not None and hook.receiver.port is not None
         assert (gate.limit, gate.watermark) == (6, 3)
@@ -368,7 +373,7 @@ async def test_silent_connections_are_closed_only_above_the_watermark_and_keep_a
             assert (await keep_alive_delivery(keep_alive, hook, "evt_1")).startswith(b"HTTP/1.1 204")
             silent = [await connect(port), await connect(port)]
             await watch.until(lambda: gate.open == 3)
-            # At the watermark (not above), silence is tolerated until the 3 s header timeout.
+            # At the watermark (not above), silence is tolerated until the header timeout.
             assert gate.sweep(anyio.current_time() + 2) == 0
             assert gate.open == 3
 

@@ -129,6 +129,7 @@ async def test_behind_a_trusted_proxy_its_idle_connections_refuse_nothing_and_ea
         assert gate is not None and hook.receiver.port is not None
         watch = GateWatch(gate)
         sockets = await idle_flood(hook.receiver.port)
+        held: list[anyio.abc.ByteStream] = []
         try:
             assert len(sockets) == IDLE
             with anyio.fail_after(10):
@@ -139,17 +140,15 @@ async def test_behind_a_trusted_proxy_its_idle_connections_refuse_nothing_and_ea
                 assert hook.receiver.counts["refused_connections_per_client"] == 0
 
                 # The cap is the forwarded client's: two requests in progress, the third is refused.
-                held = [
-                    await held_request(hook, tls, "evt_held_1", "203.0.113.9"),
-                    await held_request(hook, tls, "evt_held_2", "198.51.100.1, 203.0.113.9"),
-                ]
+                held.append(await held_request(hook, tls, "evt_held_1", "203.0.113.9"))
+                held.append(await held_request(hook, tls, "evt_held_2", "198.51.100.1, 203.0.113.9"))
                 while hook.receiver._forwarded.get("203.0.113.9", 0) < 2:  # noqa: ASYNC110
                     await anyio.sleep(0.01)
                 assert await forwarded(hook, "evt_over", "203.0.113.9") == 429
                 assert await forwarded(hook, "evt_other", "203.0.113.10") == 204
-                for stream in held:
-                    await stream.aclose()
         finally:
+            for stream in held:
+                await stream.aclose()
             for sock in sockets:
                 sock.close()
     assert "evt_over" not in stored(store)

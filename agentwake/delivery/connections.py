@@ -403,6 +403,10 @@ class ConnectionGate:
         self._silent[connection] = self._waiting[connection] = self.loop.time()
         if self.tls is not None:
             self._pending.add(connection)
+        if self._timer is not None and self.open > self.watermark:
+            # Above the watermark the silent ones are due sooner than the header wait it was set for.
+            self._timer.cancel()
+            self._timer = None
         if self._timer is None:
             self._schedule()
         return True
