@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import anyio
 import anyio.abc
@@ -34,8 +35,22 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+# Below Linux's ephemeral range (32768-60999 by default): the kernel never hands these out to
+# outgoing connections, so a port picked here stays free between a stop and a restart even while
+# another copy of the suite opens thousands of client sockets.
+FREE_PORTS: Final = range(20000, 32768)
+
+
 def free_port() -> int:
     """A loopback port nobody listens on now (for a server that must be restarted on the same port)."""
+    for _ in range(200):
+        port = random.choice(FREE_PORTS)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
