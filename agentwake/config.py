@@ -9,16 +9,19 @@ schema, which splitting would scatter.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
 import re
 import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -74,6 +77,23 @@ OFFLINE_NOTICE: Final = f"{OFFLINE_MODEL} is a deterministic stand-in for a real
 
 DeliveryChoice = Literal["auto", "poll", "push", "webhook"]
 _NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
+
+
+def _as_list(value: Any) -> Any:
+    return [value] if isinstance(value, str) else value
+
+
+def _networks(value: list[str]) -> list[str]:
+    for entry in value:
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ValueError(f"trusted_proxy entry {entry!r} is not an IP address or CIDR") from None
+    return value
+
+
+# A reverse proxy's addresses or CIDRs ([service] and [webhook] trusted_proxy): one, or a list.
+ProxyList = Annotated[list[str], BeforeValidator(_as_list), AfterValidator(_networks)]
 
 
 class _Model(BaseModel):
@@ -183,7 +203,7 @@ class ServiceConfig(_Model):
         default=None, description="PEM certificate chain: serve the endpoint over https"
     )
     tls_key: Path | None = Field(default=None, description="PEM private key of tls_cert")
-    trusted_proxy: list[str] = Field(
+    trusted_proxy: ProxyList = Field(
         default_factory=list,
         description="addresses or CIDRs of the reverse proxy whose X-Forwarded-For and X-Forwarded-Proto count",
     )
@@ -209,23 +229,6 @@ class ServiceConfig(_Model):
                     f"token name {name!r} must be lower-case letters, digits, '-' or '_' (at most 32),"
                     " starting with a letter: it names who approved"
                 )
-        return value
-
-    @field_validator("trusted_proxy", mode="before")
-    @classmethod
-    def _proxy_list(cls, value: Any) -> Any:
-        return [value] if isinstance(value, str) else value
-
-    @field_validator("trusted_proxy")
-    @classmethod
-    def _valid_proxies(cls, value: list[str]) -> list[str]:
-        import ipaddress
-
-        for entry in value:
-            try:
-                ipaddress.ip_network(entry, strict=False)
-            except ValueError:
-                raise ValueError(f"trusted_proxy entry {entry!r} is not an IP address or CIDR") from None
         return value
 
     @model_validator(mode="after")
@@ -342,28 +345,11 @@ class WebhookConfig(_Model):
         ge=1,
         description="open connections from one address (IPv6: one /64) at most; more are closed unread",
     )
-    trusted_proxy: list[str] = Field(
+    trusted_proxy: ProxyList = Field(
         default_factory=list,
         description="addresses or CIDRs of the reverse proxy in front: its connections are not held to"
         " max_connections_per_client; the client its X-Forwarded-For names is, by requests in progress",
     )
-
-    @field_validator("trusted_proxy", mode="before")
-    @classmethod
-    def _webhook_proxy_list(cls, value: Any) -> Any:
-        return [value] if isinstance(value, str) else value
-
-    @field_validator("trusted_proxy")
-    @classmethod
-    def _valid_webhook_proxies(cls, value: list[str]) -> list[str]:
-        import ipaddress
-
-        for entry in value:
-            try:
-                ipaddress.ip_network(entry, strict=False)
-            except ValueError:
-                raise ValueError(f"trusted_proxy entry {entry!r} is not an IP address or CIDR") from None
-        return value
 
     @field_validator("listen")
     @classmethod
