@@ -14,7 +14,6 @@ from __future__ import annotations
 import gc
 import json
 import logging
-import os
 import time
 from collections.abc import Sequence
 from contextvars import ContextVar
@@ -27,7 +26,7 @@ import anyio
 from agentwake import metrics
 from agentwake.agent.fence import Fence, as_text, cap
 from agentwake.agent.journal import SETTLED, CallDone, RunScope, pending_calls, resumable, unknown_reason
-from agentwake.agent.llm import LLMError, LLMSettings, complete, load_litellm_async
+from agentwake.agent.llm import LLMError, LLMSettings, complete, load_litellm_async, settings_for
 from agentwake.agent.prompts import PromptError, PromptRenderer, RenderedPrompt
 from agentwake.agent.tools import Allowlist, ToolHost, ToolSpec, elapsed_ms
 from agentwake.authority import Authority
@@ -180,19 +179,7 @@ class AgentRunner:
         return next((s for s in self.config.subscriptions if s.name == name), None)
 
     def _settings(self, model: str) -> LLMSettings:
-        agent = self.agent
-        return LLMSettings(
-            model=model,
-            api_base=agent.api_base,
-            api_key=os.environ.get(agent.api_key_env) if agent.api_key_env else None,
-            max_tokens=agent.max_tokens,
-            temperature=agent.temperature,
-            request_timeout_s=agent.request_timeout_s,
-            retries=agent.llm_retries,
-            retry_initial_s=agent.retry_initial_s,
-            retry_max_s=agent.retry_max_s,
-            api_key_env=agent.api_key_env,
-        )
+        return settings_for(self.agent, model)
 
     def prepare(self, outcome: Outcome, *, batch: Sequence[InboxEvent] = ()) -> RunPlan:
         """Everything a run starts from: model, allowed tools, fence, decision record and prompts.

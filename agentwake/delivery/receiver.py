@@ -46,6 +46,7 @@ import ssl
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, Final
 
 import anyio
@@ -236,17 +237,22 @@ def _status(code: int) -> web.Response:
     return web.Response(status=code, headers=SERVER_HEADER)
 
 
-def tls_context(config: WebhookConfig) -> ssl.SSLContext | None:
-    if config.tls_cert is None or config.tls_key is None:
+def server_tls_context(
+    cert: Path | str | None, key: Path | str | None, section: str
+) -> ssl.SSLContext | None:
+    """A server-side TLS context from a config section's tls_cert and tls_key; None without them."""
+    if cert is None or key is None:
         return None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
-        context.load_cert_chain(config.tls_cert, config.tls_key)
+        context.load_cert_chain(cert, key)
     except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(
-            f"[webhook] tls_cert {config.tls_cert} / tls_key {config.tls_key} cannot be loaded: {exc}"
-        ) from None
+        raise ConfigError(f"[{section}] tls_cert {cert} / tls_key {key} cannot be loaded: {exc}") from None
     return context
+
+
+def tls_context(config: WebhookConfig) -> ssl.SSLContext | None:
+    return server_tls_context(config.tls_cert, config.tls_key, "webhook")
 
 
 class Receiver:

@@ -156,16 +156,9 @@ class EndpointSettings:
         return any(address in network for network in self.trusted_proxies)
 
     def tls_context(self) -> ssl.SSLContext | None:
-        if self.tls_cert is None or self.tls_key is None:
-            return None
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        try:
-            context.load_cert_chain(self.tls_cert, self.tls_key)
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(
-                f"[service] tls_cert {self.tls_cert} / tls_key {self.tls_key} cannot be loaded: {exc}"
-            ) from None
-        return context
+        from agentwake.delivery.receiver import server_tls_context
+
+        return server_tls_context(self.tls_cert, self.tls_key, "service")
 
 
 def _token_value(name: str, env_name: str, env: Mapping[str, str], where: str) -> bytes:
