@@ -72,6 +72,10 @@ DEFAULT_MAX_LIST_BYTES: Final = 16 * 1024 * 1024
 DEFAULT_MAX_NEXT_POLL_MS: Final = 3_600_000
 DEFAULT_RELIST_DEBOUNCE_S: Final = 1.0
 DEFAULT_MAX_PEER_TEXT_CHARS: Final = 500
+# Events of one subscription stored but not yet decided; past it delivery waits for the agent.
+DEFAULT_MAX_UNDECIDED_EVENTS: Final = 10_000
+# Requests (not notifications) a server may send the client per second, and in one burst.
+DEFAULT_MAX_SERVER_REQUESTS_PER_S: Final = 20.0
 OFFLINE_MODEL: Final = "agentwake/offline"
 OFFLINE_NOTICE: Final = f"{OFFLINE_MODEL} is a deterministic stand-in for a real model; no LLM is called"
 
@@ -601,6 +605,19 @@ class LimitsConfig(_Model):
         default=DEFAULT_MAX_PEER_TEXT_CHARS,
         ge=80,
         description="a server-supplied string (an error message, an id) in a log line or last_error, at most",
+    )
+    max_undecided_events: int = Field(
+        default=DEFAULT_MAX_UNDECIDED_EVENTS,
+        ge=1,
+        description=(
+            "events of one subscription stored and not yet decided, at most; past it the subscription is held"
+            " back (no poll, stream closed, webhook deliveries answered 503) until the agent catches up"
+        ),
+    )
+    max_server_requests_per_s: float = Field(
+        default=DEFAULT_MAX_SERVER_REQUESTS_PER_S,
+        gt=0,
+        description="requests a server may send the client per second (a burst of twice as many); more wait",
     )
 
 
