@@ -10,6 +10,11 @@ Unlike the SQLite store, one database may be shared by several processes: claims
 another process has locked, ingest deduplicates on a unique constraint, flow control holds an
 advisory lock per rule and key, each subscription's delivery loop is driven by one process under a
 fenced lease (``owners``), and migrations run under an advisory lock.
+
+A process that starts while its server starts, stops or restarts (``the database system is starting
+up``, a refused connection) waits for it, retrying with backoff for up to ``START_WAIT_S`` and logging
+each change of what the server answers; a permanent refusal (a wrong password, no such database, a
+bad url) fails at once.
 ``PostgresReader`` is the synchronous reader of the views, for the CLI's quick commands.
 
 psycopg is imported only here: ``agentwake.store`` imports this package only for a configured url.
@@ -17,11 +22,27 @@ psycopg is imported only here: ``agentwake.store`` imports this package only for
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import TYPE_CHECKING, Any, Final
 
+import anyio
 import psycopg
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_before_delay
 
-from agentwake.store.postgres.base import Named, PostgresBase, StoreErrors, describe_target
+from agentwake.backoff import tenacity_wait
+from agentwake.errors import StoreError
+from agentwake.store.postgres.base import (
+    Named,
+    PostgresBase,
+    StoreErrors,
+    describe_error,
+    describe_server,
+    describe_target,
+    is_transient,
+    transient_reason,
+    url_password,
+)
 from agentwake.store.postgres.flow import FlowControl
 from agentwake.store.postgres.inbox import Inbox
 from agentwake.store.postgres.owners import Owners
@@ -33,8 +54,15 @@ from agentwake.store.postgres.subscriptions import Subscriptions
 from agentwake.store.postgres.webhooks import Webhooks
 from agentwake.store.postgres.work import WorkQueue
 
+logger = logging.getLogger(__name__)
+
 # How long opening waits for the pool's first connections.
 POOL_OPEN_TIMEOUT_S: Final = 30.0
+# How long a starting process waits for a server that is not accepting connections yet (starting up,
+# shutting down, restarting, refusing), and the backoff between its attempts (agentwake.backoff).
+START_WAIT_S: Final = 60.0
+START_RETRY_INITIAL_S: Final = 0.25
+START_RETRY_MAX_S: Final = 4.0
 
 
 @StoreErrors.install
@@ -55,21 +83,27 @@ class PostgresStore(
         create: bool = True,
         min_size: int = 1,
         max_size: int = 10,
+        start_wait_s: float | None = None,
     ) -> PostgresStore:
         """Connect, apply pending migrations (``create=False`` refuses a database without the
         schema), and open a pool of ``min_size`` to ``max_size`` connections.
 
         ``url`` is a libpq url or conninfo string; the password is passed apart (never in a message).
+        A server that is not accepting connections yet is waited for up to ``start_wait_s``: by
+        default ``START_WAIT_S`` when ``create`` (a service starting), none otherwise (a command
+        that reads or answers the store says at once that it cannot).
         """
         from psycopg_pool import AsyncConnectionPool
 
         target = describe_target(url)
         kwargs = connect_kwargs(url, password)
-        try:
+        wait_s = (START_WAIT_S if create else 0.0) if start_wait_s is None else start_wait_s
+
+        async def connect_and_migrate() -> None:
             async with await psycopg.AsyncConnection.connect(url, **kwargs) as conn:
                 await migrate(conn, target, create=create)
-        except psycopg.Error as exc:
-            raise Named.error_for(target, password, exc) from None
+
+        await _when_accepting(connect_and_migrate, url, target, password, wait_s)
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             url,
             kwargs=kwargs,
@@ -89,7 +123,55 @@ class PostgresStore(
         return cls(pool, target, password)
 
 
+async def _when_accepting(
+    attempt: Callable[[], Awaitable[None]], url: str, target: str, password: str | None, wait_s: float
+) -> None:
+    """``await attempt()``, again with backoff while the server is not accepting connections yet
+    (``is_transient``), for up to ``wait_s``: one line logged each time what the server answers
+    changes, and one once it accepts. Any other psycopg error, or the last one, is a StoreError."""
+    server = describe_server(url)
+    secrets = (password, url_password(url))
+    started = time.monotonic()
+    waiting_for: str | None = None
+
+    def note(state: RetryCallState) -> None:
+        nonlocal waiting_for
+        failed = state.outcome.exception() if state.outcome else None
+        reason = transient_reason(failed, *secrets) if failed else "no answer"
+        if reason != waiting_for:
+            waiting_for = reason
+            logger.warning(
+                "%s is not accepting connections yet (%s); retrying for up to %gs", server, reason, wait_s
+            )
+
+    retrying = AsyncRetrying(
+        retry=retry_if_exception(is_transient),
+        stop=stop_before_delay(wait_s),
+        wait=tenacity_wait(initial_s=START_RETRY_INITIAL_S, max_s=START_RETRY_MAX_S),
+        sleep=anyio.sleep,
+        before_sleep=note,
+        reraise=True,
+    )
+    try:
+        async for trying in retrying:
+            with trying:
+                await attempt()
+    except psycopg.Error as exc:
+        message = describe_error(target, exc, password)
+        if waiting_for is not None:
+            message += f" (gave up waiting for it after {time.monotonic() - started:.0f}s)"
+        for secret in secrets:
+            if secret:
+                message = message.replace(secret, "***")
+        # Raised `from None`: psycopg's exception and its traceback stay out of logs.
+        raise StoreError(message) from None
+    if waiting_for is not None:
+        logger.info("%s accepts connections now (after %.1fs)", server, time.monotonic() - started)
+
+
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from agentwake.store.interface import Store, StoreReader
 
     # mypy checks both against the protocols they implement.
@@ -97,4 +179,4 @@ if TYPE_CHECKING:
     _reader_check: type[StoreReader] = PostgresReader
 
 
-__all__ = ["POOL_OPEN_TIMEOUT_S", "PostgresReader", "PostgresStore"]
+__all__ = ["POOL_OPEN_TIMEOUT_S", "START_WAIT_S", "PostgresReader", "PostgresStore"]

@@ -1,5 +1,6 @@
 """Naming a PostgreSQL store without its password, the pool every part shares, turning every psycopg
-error into a StoreError, and text with NUL characters.
+error into a StoreError, telling a server that is not accepting connections yet (worth waiting for
+at start) from a permanent refusal, and text with NUL characters.
 
 Text with NUL
 -------------
@@ -138,6 +139,77 @@ def describe_target(url: str) -> str:
     where = f"{host}:{parts['port']}" if parts.get("port") else host
     user = f' as user "{parts["user"]}"' if parts.get("user") else ""
     return f'the PostgreSQL database "{dbname}" on {where}{user}'
+
+
+def describe_server(url: str) -> str:
+    """``PostgreSQL at db.example:5432``: the server alone, for the lines logged while waiting for it."""
+    try:
+        parts = conninfo_to_dict(url)
+    except psycopg.Error:
+        return "the PostgreSQL server"
+    host = str(parts.get("host") or "the local socket")
+    return f"PostgreSQL at {host}:{parts.get('port') or 5432}"
+
+
+# A server starting, stopping or restarting (SQLSTATE class 57P: cannot_connect_now, admin_shutdown,
+# crash_shutdown) or a connection that failed (class 08) is worth waiting for when a process starts;
+# a refused password, a missing database or a bad url is not.
+_TRANSIENT_SQLSTATES: Final = frozenset({"57P01", "57P02", "57P03"})
+# libpq reports a failure to connect without a SQLSTATE: these are its words for the same states.
+_TRANSIENT_WORDS: Final = (
+    "the database system is starting up",
+    "the database system is shutting down",
+    "the database system is in recovery mode",
+    "the database system is not yet accepting connections",
+    "the database system is not accepting connections",
+    "terminating connection due to administrator command",
+    "terminating connection because of crash of another server process",
+    "connection refused",
+    "server closed the connection unexpectedly",
+    "connection reset by peer",
+    # A Unix socket not there yet: the server is not listening (yet).
+    "no such file or directory",
+)
+_PERMANENT_WORDS: Final = ("authentication failed", "no password supplied", "does not exist")
+_LIBPQ_PREFIX: Final = re.compile(r"^.*failed:\s*(?:FATAL:\s*)?", re.IGNORECASE)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` says the server is not accepting connections yet (starting, shutting down,
+    restarting, refusing them), rather than refusing this client for good."""
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    from psycopg_pool import PoolTimeout
+
+    if isinstance(exc, PoolTimeout):
+        return False
+    sqlstate = exc.sqlstate or ""
+    if sqlstate in _TRANSIENT_SQLSTATES or sqlstate.startswith("08"):
+        return True
+    lowered = str(exc).lower()
+    if any(words in lowered for words in _PERMANENT_WORDS):
+        return False
+    return any(words in lowered for words in _TRANSIENT_WORDS)
+
+
+def transient_reason(exc: BaseException, *secrets: str | None) -> str:
+    """What the server said, short: ``the database system is starting up``, ``connection refused``;
+    never one of ``secrets``."""
+    reason = _LIBPQ_PREFIX.sub("", _first_line(exc)).strip().rstrip(".") or type(exc).__name__
+    reason = reason[:1].lower() + reason[1:]
+    for secret in secrets:
+        if secret:
+            reason = reason.replace(secret, "***")
+    return reason
+
+
+def url_password(url: str) -> str | None:
+    """The password written in ``url``, if any (to keep it out of messages)."""
+    try:
+        value = conninfo_to_dict(url).get("password")
+    except psycopg.Error:
+        return None
+    return str(value) if value else None
 
 
 def lock_key(*parts: str) -> int:
