@@ -135,6 +135,12 @@ LLM_COST: Final = Counter("agentwake_llm_cost_usd", "Cost of the runs' LLM calls
 TOOL_CALLS: Final = Counter(
     "agentwake_tool_calls", "MCP tool calls made by the agent", ["tool", "outcome"], registry=REGISTRY
 )
+SUBSCRIPTION_HELD_BACK: Final = Gauge(
+    "agentwake_subscription_held_back",
+    "1 while a subscription's delivery is held back (limits.max_undecided_events undecided events), else 0",
+    ["subscription"],
+    registry=REGISTRY,
+)
 MODEL_CIRCUIT_OPEN: Final = Gauge(
     "agentwake_model_circuit_open",
     "1 while the agent waits because the model keeps failing (circuit breaker open), else 0",
@@ -241,6 +247,11 @@ def observe_run(
         LLM_TOKENS.labels("completion").inc(completion_tokens)
     if cost_usd is not None and cost_usd > 0:
         LLM_COST.inc(cost_usd)
+
+
+def observe_held_back(subscription: str, held: bool) -> None:
+    """A subscription's delivery was held back (too many of its events wait undecided) or let go."""
+    SUBSCRIPTION_HELD_BACK.labels(subscription).set(1 if held else 0)
 
 
 def observe_model_circuit(model: str, is_open: bool) -> None:

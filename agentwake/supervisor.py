@@ -27,6 +27,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 from agentwake import metrics, protocol
 from agentwake.backoff import backoff_s
 from agentwake.config import AgentwakeConfig, SubscriptionConfig
+from agentwake.delivery.backlog import Backlog
 from agentwake.delivery.common import KnownEvents, QuietFlusher, Sleep, subscription_key
 from agentwake.delivery.poll import PollLoop
 from agentwake.delivery.push import PushLoop
@@ -131,6 +132,8 @@ class Supervisor:
     known_events: KnownEvents = field(default_factory=KnownEvents, init=False)
     # Writes what quiet loops held back, all together (see DeferredWrites).
     quiet_flusher: QuietFlusher = field(init=False)
+    # What each subscription holds undecided, and which are held back for it ([limits] max_undecided_events).
+    backlog: Backlog = field(init=False)
     _ended: set[str] = field(default_factory=set, init=False)
     _ends: anyio.Event = field(default_factory=anyio.Event, init=False)
     _stored: anyio.Event = field(default_factory=anyio.Event, init=False)
@@ -153,6 +156,7 @@ class Supervisor:
 
     def __post_init__(self) -> None:
         self.quiet_flusher = QuietFlusher(self.store)
+        self.backlog = Backlog(self.store, self.config.limits.max_undecided_events)
         self.owners = self.ownership or ownership_for(
             self.store, lambda: [s.name for s in self.config.subscriptions], self.config.store.lease_s
         )
@@ -200,6 +204,7 @@ class Supervisor:
                     on_new_events=self._notify_new,
                     on_terminated=self._on_terminated,
                     limits=self.config.limits,
+                    backlog=self.backlog,
                 )
                 # Listening before any subscribe: the server verifies the endpoint during it.
                 await tg.start(self.receiver.serve)
@@ -625,6 +630,7 @@ class Supervisor:
                             limits=self.config.limits,
                             known=self.known_events,
                             flusher=self.quiet_flusher,
+                            backlog=self.backlog,
                         )
                     else:
                         loop = PollLoop(
@@ -636,6 +642,7 @@ class Supervisor:
                             limits=self.config.limits,
                             known=self.known_events,
                             flusher=self.quiet_flusher,
+                            backlog=self.backlog,
                         )
                     tg.start_soon(self._run_loop, loop, plan.mode, name=f"{plan.mode}:{sub.name}")
                     running += 1

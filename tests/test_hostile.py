@@ -174,6 +174,7 @@ def make_config(
     arguments: dict[str, Any] | None = None,
     feed_items: int = 100_000,
     agent: dict[str, Any] | None = None,
+    limits: dict[str, Any] | None = None,
 ) -> AgentwakeConfig:
     raw: dict[str, Any] = {
         "store": {"path": str(tmp_path / "aw.db")},
@@ -182,6 +183,8 @@ def make_config(
     }
     if agent is not None:
         raw["agent"] = agent
+    if limits is not None:
+        raw["limits"] = limits
     return parse_config(raw, env={})
 
 
@@ -683,7 +686,9 @@ async def test_a_flooding_subscription_does_not_starve_the_agent_runs_of_the_oth
             f" {agent.handled.count('good')} of them good; {rig.count('hostile')} flood events stored)",
             within=15,
         )
-        assert len(rig.polls()) > polls, "the flood went on meanwhile"
+        # The flood went on meanwhile, up to the bound on what one subscription may hold undecided.
+        assert len(rig.polls()) > polls or rig.row()["status"] == "held_back", rig.summary()
+        assert rig.count("hostile", "pending") <= rig.config.limits.max_undecided_events + 200
 
 
 # ---- push ---------------------------------------------------------------------------------------------

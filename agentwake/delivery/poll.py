@@ -27,6 +27,7 @@ from agentwake import metrics, protocol
 from agentwake.backoff import tenacity_wait
 from agentwake.config import LimitsConfig, SubscriptionConfig
 from agentwake.delivery.admit import Admitted, MalformedPage, Page, admit_all, read_page
+from agentwake.delivery.backlog import Backlog
 from agentwake.delivery.common import (
     CURSOR_SHOWN,
     PROGRESS_EVERY,
@@ -100,6 +101,8 @@ class PollLoop:
     # every quiet_write_s (0: nothing is held back).
     flusher: QuietFlusher | None = None
     quiet_write_s: float = QUIET_WRITE_S
+    # The bound on undecided events (the supervisor's, shared by its loops); None: unbounded.
+    backlog: Backlog | None = None
     polls: int = field(default=0, init=False)
     _drained: int = field(default=0, init=False)
     _gaps: Summary = field(default_factory=Summary, init=False)
@@ -137,6 +140,7 @@ class PollLoop:
 
     async def _poll_forever(self, key: SubscriptionKey, cursor: str | None, *, resuming: bool) -> None:
         sub = self.subscription
+        await self._room()
         result = await self._poll_with_retry(self._params(cursor, resuming=resuming))
         while True:
             self.polls += 1
@@ -144,7 +148,7 @@ class PollLoop:
             # batch while this one commits. Batches are still stored strictly in order,
             # and the next result (or its error) is only taken after this commit.
             prefetch: _Prefetch | None = None
-            if result.goes_on:
+            if result.goes_on and not await self._held_back():
                 prefetch = await self._store_while_prefetching(key, result, cursor)
             else:
                 # Nothing to overlap with the commit, so no task group: the quiet poll, every poll interval.
@@ -161,7 +165,16 @@ class PollLoop:
             delay_ms = next_delay_ms(result.page, sub.poll_floor_ms, progressed=result.progressed)
             if delay_ms:
                 await self.sleep(delay_ms / 1000)
+            await self._room()
             result = await self._poll_with_retry(self._params(cursor, resuming=False))
+
+    async def _held_back(self) -> bool:
+        return self.backlog is not None and await self.backlog.over(self.subscription.name)
+
+    async def _room(self) -> None:
+        """Poll only while the subscription holds fewer undecided events than its bound."""
+        if self.backlog is not None:
+            await self.backlog.wait_for_room(self.subscription.name)
 
     async def _store_while_prefetching(
         self, key: SubscriptionKey, result: _Polled, cursor: str | None
@@ -216,6 +229,8 @@ class PollLoop:
         )
         writes.written(sub.server, events)
         metrics.observe_ingest(sub.name, "poll", ingest.inserted, ingest.duplicates - held, gap=gap)
+        if self.backlog is not None:
+            self.backlog.stored(sub.name, ingest.inserted)
         if page.truncated:
             self._gaps.note(
                 logger,

@@ -8,7 +8,9 @@ backoff and jitter. Notifications are stored in batches of what has queued up (a
 ``BATCH`` a transaction). When they come faster than they are stored, past the route's
 bound, the rest is lost: what came before is stored and the stream is opened again from
 its cursor at once. ``terminated`` ends the subscription; ``error`` is logged and counted
-and the stream goes on; a ``truncated`` active is a gap.
+and the stream goes on; a ``truncated`` active is a gap. Past ``[limits] max_undecided_events``
+(``agentwake.delivery.backlog``) the stream is closed once what came is stored, and opened again
+from the stored cursor when the agent has caught up.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from agentwake import metrics, protocol
 from agentwake.backoff import backoff_s
 from agentwake.config import LimitsConfig, SubscriptionConfig
 from agentwake.delivery.admit import admit
+from agentwake.delivery.backlog import Backlog
 from agentwake.delivery.common import (
     CURSOR_SHOWN,
     MAX_CURSOR_CHARS,
@@ -68,6 +71,11 @@ class StreamOverrun(StreamInterrupted):
     Our own lag, not the server's fault: once what was queued is stored, the stream is opened
     again from the cursor at once, without the backoff a failing server gets.
     """
+
+
+class StreamHeldBack(Exception):
+    """The subscription holds as many undecided events as it may: the stream is closed (all it
+    brought is stored) and opened again from the stored cursor once the agent has caught up."""
 
 
 @dataclass
@@ -176,6 +184,8 @@ class PushLoop:
     clock: Callable[[], float] = time.monotonic
     # The lease this process drives the subscription under (agentwake.ownership); None: unfenced.
     fence: int | None = None
+    # The bound on undecided events (the supervisor's, shared by its loops); None: unbounded.
+    backlog: Backlog | None = None
     streams: int = field(default=0, init=False)
     errors: int = field(default=0, init=False)
     received: int = field(default=0, init=False)
@@ -213,9 +223,14 @@ class PushLoop:
         while True:
             at_once = False
             try:
+                if self.backlog is not None:
+                    await self.backlog.wait_for_room(sub.name)
                 await self._one_stream(key, cursor, resuming=resuming)
                 failures = 0
                 logger.info("subscription %s: the server closed the stream; opening it again", sub.name)
+            except StreamHeldBack:
+                # Not the server's fault: open it again, without backoff, once there is room.
+                failures, at_once = 0, True
             except StreamInterrupted as exc:
                 self._errors.note(logger, f"subscription {sub.name}: {exc}")
                 # Backoff grows only while streams deliver nothing; one that made progress starts it over.
@@ -391,6 +406,8 @@ class PushLoop:
                         subscription=sub.name,
                     )
             stored = await self._store(key, pending, stored)
+            if self.backlog is not None and await self.backlog.over(sub.name):
+                raise StreamHeldBack
 
     def _note_heartbeat(self) -> None:
         """Caught up at the first heartbeat with no event since the one before: a server heartbeats
@@ -430,6 +447,8 @@ class PushLoop:
         )
         writes.written(sub.server, events)
         metrics.observe_ingest(sub.name, "push", result.inserted, result.duplicates - held, gap=gap)
+        if self.backlog is not None:
+            self.backlog.stored(sub.name, result.inserted)
         if result.duplicates:
             logger.info(
                 "subscription %s: %d duplicate event(s) ignored", self.subscription.name, result.duplicates

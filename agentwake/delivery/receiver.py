@@ -11,7 +11,9 @@ Order of checks for each request, cheapest first, so a flood costs little:
     -> body read up to the limit (413), within 10 s of the headers (408); a connection that
        completes no request for 15 s is closed
     -> Standard Webhooks signature over the raw bytes, under any secret of that subscription (401)
-    -> JSON parse and shape (400) -> durable accept
+    -> JSON parse and shape (400)
+    -> the subscription under [limits] max_undecided_events (else 503 with Retry-After: the
+       server keeps the event and sends it again) -> durable accept
 
 Before any of that, each connection passes the gate (``ConnectionGate``) at accept, before a
 byte is read (and before TLS): at most ``max_connections`` open, ``max_connections_per_client``
@@ -57,6 +59,8 @@ from pydantic import TypeAdapter, ValidationError
 from agentwake import metrics, protocol, signing
 from agentwake.config import LimitsConfig, WebhookConfig
 from agentwake.delivery.admit import admit
+from agentwake.delivery.backlog import RETRY_AFTER_S as HELD_BACK_RETRY_AFTER_S
+from agentwake.delivery.backlog import Backlog
 from agentwake.delivery.common import MAX_CURSOR_CHARS, shown_cursor
 from agentwake.delivery.connections import (
     HEADER_TIMEOUT_S,
@@ -274,8 +278,10 @@ class Receiver:
         on_terminated: OnTerminated | None = None,
         clock: Callable[[], float] = time.time,
         limits: LimitsConfig | None = None,
+        backlog: Backlog | None = None,
     ) -> None:
         self.config = config
+        self.backlog = backlog
         self.limits = limits or LimitsConfig()
         self.store = store
         self.routes = routes
@@ -638,8 +644,17 @@ class Receiver:
         crash_point("webhook_accept")
         if self._commit.backlog >= MAX_PENDING_COMMITS:
             return self._reject(503, "too many deliveries waiting to be stored")
-        if await self._commit.submit(delivery) is None:
+        if self.backlog is not None and await self.backlog.over(route.key.name):
+            # The server keeps it and sends it again later: nothing is lost while the agent catches up.
+            self._reject(503, "subscription held back (max_undecided_events)")
+            return web.Response(
+                status=503, headers={**SERVER_HEADER, "Retry-After": str(HELD_BACK_RETRY_AFTER_S)}
+            )
+        result = await self._commit.submit(delivery)
+        if result is None:
             return self._reject(503, "not stored")
+        if self.backlog is not None:
+            self.backlog.stored(route.key.name, result.inserted)
         return _no_content()
 
 

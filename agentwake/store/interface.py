@@ -364,6 +364,11 @@ class Store(Protocol):
 
     async def state_counts(self) -> dict[str, int]: ...
 
+    async def undecided(self, subscription: str, up_to: int) -> int:
+        """How many of ``subscription``'s events wait for a decision (pending or being handled),
+        counted no further than ``up_to``: the bound on what a subscription may hold undecided."""
+        ...
+
     async def oldest_pending_at(self) -> str | None:
         """When the oldest event still pending was stored (ISO), or None."""
         ...

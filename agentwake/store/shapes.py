@@ -7,6 +7,13 @@ import json
 from collections.abc import Sequence
 from typing import Any, Final
 
+# A subscription's events waiting for a decision, counted no further than a bound (the claim index
+# serves it; the bound keeps a huge backlog from costing a full count). Parameters: name, bound.
+UNDECIDED_SQL: Final = (
+    "SELECT count(*) FROM (SELECT 1 FROM events WHERE subscription = %s"
+    " AND state IN ('pending', 'processing') LIMIT %s) AS waiting"
+)
+
 SUBSCRIPTIONS_SQL: Final = (
     "SELECT s.name, s.server, s.event, s.arguments, s.mode, s.cursor, s.last_poll_at, s.events_received,"
     " s.duplicates, s.gaps, s.status, s.last_error, s.cursor_updated_at, s.stream_errors,"

@@ -73,6 +73,9 @@ class Views(PostgresBase):
     async def oldest_pending_at(self) -> str | None:
         return await self._read(views.oldest_pending_at())
 
+    async def undecided(self, subscription: str, up_to: int) -> int:
+        return await self._read(views.undecided(subscription, up_to))
+
 
 @StoreErrors.install_sync
 class PostgresReader(Named):

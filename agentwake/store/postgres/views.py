@@ -13,7 +13,13 @@ from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from agentwake.store.records import EVENT_STATES, final_answer, summary_line
-from agentwake.store.shapes import ANSWERS_SQL, SUBSCRIPTIONS_SQL, answer_view, subscription_view
+from agentwake.store.shapes import (
+    ANSWERS_SQL,
+    SUBSCRIPTIONS_SQL,
+    UNDECIDED_SQL,
+    answer_view,
+    subscription_view,
+)
 from agentwake.store.sqlite.owners import OWNER_COLUMNS
 from agentwake.store.sqlite.service import _COLUMNS as SERVICE_COLUMNS
 
@@ -339,6 +345,11 @@ def event_ids(subscription: str | None = None) -> View[list[str]]:
     where, args = ("WHERE subscription = %s", [subscription]) if subscription is not None else ("", [])
     rows = yield (f"SELECT event_id FROM events {where} ORDER BY id", args)
     return [r[0] for r in rows]
+
+
+def undecided(subscription: str, up_to: int) -> View[int]:
+    rows = yield (UNDECIDED_SQL, [subscription, up_to])
+    return int(rows[0][0]) if rows else 0
 
 
 def oldest_pending_at() -> View[str | None]:

@@ -141,6 +141,7 @@ class SqliteStore(ThreadedStore[SqliteCore]):
     event_ids = in_store_thread(SqliteCore.event_ids)
     state_counts = in_store_thread(SqliteCore.state_counts)
     oldest_pending_at = in_store_thread(SqliteCore.oldest_pending_at)
+    undecided = in_store_thread(SqliteCore.undecided)
 
 
 __all__ = ["BUSY_TIMEOUT_MS", "SqliteCore", "SqliteStore"]

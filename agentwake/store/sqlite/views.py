@@ -6,7 +6,13 @@ import json
 from typing import Any, Final
 
 from agentwake.store.records import EVENT_STATES, final_answer, summary_line
-from agentwake.store.shapes import ANSWERS_SQL, SUBSCRIPTIONS_SQL, answer_view, subscription_view
+from agentwake.store.shapes import (
+    ANSWERS_SQL,
+    SUBSCRIPTIONS_SQL,
+    UNDECIDED_SQL,
+    answer_view,
+    subscription_view,
+)
 from agentwake.store.sqlite.base import SqliteBase
 
 # The answers shown with events (each held event has one, unless held again after a retry).
@@ -265,6 +271,10 @@ class Views(SqliteBase):
             r[0]
             for r in self.conn.execute(f"SELECT event_id FROM events {where} ORDER BY id", args).fetchall()
         ]
+
+    def undecided(self, subscription: str, up_to: int) -> int:
+        row = self.conn.execute(UNDECIDED_SQL.replace("%s", "?"), [subscription, up_to]).fetchone()
+        return int(row[0]) if row else 0
 
     def oldest_pending_at(self) -> str | None:
         """When the oldest event still pending was stored (ISO), or None when none is."""
