@@ -87,7 +87,8 @@ class Received:
         return Webhook(secret).verify(self.body, self.headers)
 
 
-Reply = tuple[int, Any]
+# (status, document), or (status, document, headers) for a reply that also sets headers (Retry-After).
+Reply = tuple[int, Any] | tuple[int, Any, dict[str, str]]
 Responder = Callable[[Received], Reply | Awaitable[Reply]]
 
 
@@ -136,10 +137,10 @@ class Receiver:
         )
         self.received.append(received)
         reply = self.respond(received)
-        status, document = await reply if inspect.isawaitable(reply) else reply
+        status, document, *extra = await reply if inspect.isawaitable(reply) else reply
         self._send.send_nowait(received)
         if document is None:
-            return web.Response(status=status)
+            return web.Response(status=status, headers=extra[0] if extra else None)
         if isinstance(document, bytes):
             return web.Response(status=status, body=document, content_type="application/json")
         if status in (301, 302, 303, 307, 308):

@@ -409,3 +409,45 @@ async def test_an_event_id_that_cannot_be_a_header_is_abandoned_and_delivery_goe
     assert delivered.document["eventId"] == "inc-2"
     assert [r.document["eventId"] for r in receiver.of("event")] == ["inc-2"]
     assert all("x-injected" not in r.headers for r in receiver.received)
+
+
+async def test_a_503_with_retry_after_waits_as_asked_and_spends_no_attempt(
+    ca: trustme.CA, signals: Signals, caplog: pytest.LogCaptureFixture
+) -> None:
+    """agentwake's receiver answers 503 with Retry-After while a subscription is held back (its agent
+    is catching up): the sender waits as asked (up to retry_max) and does not count it as a failure."""
+    caller = Caller()
+    events = incidents(ca, caller, max_attempts=2)
+    busy = 4
+
+    def respond(received: Received) -> Reply:
+        nonlocal busy
+        if received.kind != "event":
+            return echo(received)
+        if busy:
+            busy -= 1
+            return 503, None, {"Retry-After": "1"}
+        return 200, {}
+
+    caplog.set_level("DEBUG", logger="agentwake.server._webhook_delivery")
+    async with Receiver(ca) as receiver, serving(events, caller) as wire:
+        receiver.respond = respond
+        await wire.subscribe("incident.created", receiver.url(), new_secret())
+        events.emit(incident(1))
+        assert await signals.done("inc-1") == ["acknowledged"]
+    assert len(receiver.of("event")) == 5, (
+        "four asked-for waits, then taken: none abandoned at max_attempts=2"
+    )
+    delays = [float(d) for d in re.findall(r"retry \d+ in ([\d.]+)s", caplog.text)]
+    # Retry-After: 1 is capped at retry_max (50 ms here), above the 10-20 ms backoff it replaces.
+    assert len(delays) == 4 and all(d == pytest.approx(0.05) for d in delays), delays
+
+
+async def test_retry_after_is_read_as_seconds_or_an_http_date() -> None:
+    from agentwake.server._webhook_http import retry_after_s
+
+    assert retry_after_s("5", 1000.0) == 5.0
+    assert retry_after_s("Thu, 01 Jan 1970 00:16:50 GMT", 1000.0) == 10.0
+    assert retry_after_s("Thu, 01 Jan 1970 00:00:10 GMT", 1000.0) == 0.0
+    for unusable in (None, "", "-3", "soon", "1.5", "Thu, 01 Jan 1970 00:16:50"):
+        assert retry_after_s(unusable, 1000.0) is None, unusable

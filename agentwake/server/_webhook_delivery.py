@@ -589,6 +589,7 @@ class WebhookSubscription:
                 return ABANDONED
             attempts += 1
             self._note(outcome)
+            asked_s = outcome.retry_after_s
             if outcome.ok:
                 return ACKNOWLEDGED
             if outcome.status in NON_RETRYABLE:
@@ -600,6 +601,11 @@ class WebhookSubscription:
                 )
                 return REFUSED if outcome.status == GONE else ABANDONED
             delay = retry_delay_s(settings, attempts)
+            if asked_s is not None:
+                # The endpoint is alive and said when (e.g. its agent is catching up): wait as asked, up
+                # to retry_max, without spending an attempt; the retry window still bounds it.
+                delay = max(delay, min(asked_s, settings.retry_max.total_seconds()))
+                attempts -= 1
             elapsed = anyio.current_time() - started
             if attempts >= settings.max_attempts or elapsed + delay > settings.retry_window.total_seconds():
                 logger.warning(

@@ -5,11 +5,13 @@ resolves and checks the host anew: no DNS cache, no keep-alive), never follows
 a redirect, and trusts ``ssl_context`` (the system store by default). Every
 failure becomes one of the spec's ``lastError`` categories; nothing the
 endpoint said (body, headers, status line) leaves this module except the
-status code and, for the verification handshake, a bounded prefix of a 2xx body.
+status code, the ``Retry-After`` of a 429 or 503 (as a number of seconds), and, for the
+verification handshake, a bounded prefix of a 2xx body.
 """
 
 from __future__ import annotations
 
+import email.utils
 import logging
 import ssl
 import time
@@ -36,6 +38,24 @@ CHALLENGE_FAILED: Final = "challenge_failed"
 CATEGORIES: Final = frozenset({CONNECTION_REFUSED, TIMEOUT, TLS_ERROR, HTTP_4XX, HTTP_5XX, CHALLENGE_FAILED})
 
 CONTENT_TYPE: Final = "application/json"
+# Statuses whose Retry-After says when the endpoint will take the delivery (it is alive, only busy).
+RETRY_LATER: Final = frozenset({429, 503})
+
+
+def retry_after_s(value: str | None, now: float) -> float | None:
+    """A Retry-After header as seconds from ``now`` (delta-seconds or an HTTP date); None if unusable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(int(value[:9]))
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - now)
 
 
 def status_category(status: int) -> str | None:
@@ -52,6 +72,8 @@ class Outcome:
     status: int | None
     category: str | None
     body: bytes = b""
+    # A 429 or 503 that said when to come back: the endpoint is alive and asks for time.
+    retry_after_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -133,7 +155,10 @@ class WebhookSender:
                 content = b""
                 if read_limit and category is None:
                     content = await _read_at_most(response, read_limit)
-                return Outcome(response.status, category, content)
+                later = None
+                if response.status in RETRY_LATER:
+                    later = retry_after_s(response.headers.get("Retry-After"), self._clock())
+                return Outcome(response.status, category, content, later)
         except TimeoutError:
             return Outcome(None, TIMEOUT)
         except (aiohttp.ClientSSLError, ssl.SSLError):
