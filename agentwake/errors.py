@@ -4,7 +4,8 @@
      ├── ConfigError            bad agentwake.toml, unknown event, bad arguments, unusable mode
      │    └── PolicyError       a bad policy file (names the file, the line and the rule)
      ├── StoreError             the store could not be opened, read or written (locked, corrupt, full)
-     │    └── FencedOut         another process drives this subscription now: this one stops
+     │    ├── FencedOut         another process drives this subscription now: this one stops
+     │    └── LeaseLost         a run's claim on its event is no longer current: it sends nothing more
      └── DeliveryError          talking to an MCP server failed
           ├── ConnectError      the server could not be started or reached
           └── EventsCallError   an events/* request got a JSON-RPC error
@@ -57,6 +58,20 @@ class FencedOut(StoreError):
         self.subscription = subscription
         self.stored = stored
         self.given = given
+
+
+class LeaseLost(StoreError):
+    """A run's claim on its event is no longer current (its lease lapsed, or the event was claimed
+    again or moved on), so the tool call it was about to journal was not journaled and must not be sent.
+
+    Raised by the store inside the journaling transaction; the run ends without sending (not an error
+    of the event: whoever holds the event now handles it).
+    """
+
+    def __init__(self, run_id: int, why: str) -> None:
+        super().__init__(f"run {run_id} lost its lease: {why}; nothing was journaled or sent")
+        self.run_id = run_id
+        self.why = why
 
 
 class DeliveryError(AgentwakeError):

@@ -18,7 +18,7 @@ import pytest
 from _stores import backend_fixture, second_store_fixture, store_fixture  # noqa: F401 - fixtures, by their names
 
 from agentwake.clock import iso, now_iso
-from agentwake.errors import FencedOut, StoreError
+from agentwake.errors import FencedOut, LeaseLost, StoreError
 from agentwake.store import (
     EVENT_STATES,
     Answerer,
@@ -1283,8 +1283,85 @@ async def test_only_the_named_calls_are_adopted(store: Store) -> None:
     await store.adopt_run(rerun, run, ["c3", "c1"], progress)
     point = await store.resume_point(event.id)
     assert point is not None and point.run_id == rerun
-    assert [(c.call_id, c.status) for c in point.calls.values()] == [("c1", "reused"), ("c3", "reused")]
+    # The journal spans the event's runs: c2, which the rerun did not adopt, is the first run's.
+    assert [(c.call_id, c.status) for c in point.calls.values()] == [
+        ("c1", "reused"),
+        ("c2", "error"),
+        ("c3", "reused"),
+    ]
     await store.adopt_run(rerun, run, [], progress)
+
+
+async def test_a_tool_call_is_journaled_only_while_its_run_holds_a_current_lease(store: Store) -> None:
+    [row] = await add(store, TICKETS, "E-1")
+    [first] = await store.claim(1, T0, lease_until=at(10))
+    run = await agent_run(store, first)
+    assert isinstance(await store.journal_tool_call(run, call("c1", "sent"), "key-1", now=at(9)), int)
+    # The lease lapsed: nobody has claimed the event again yet, but from now on anybody may.
+    with pytest.raises(LeaseLost, match="lease lapsed"):
+        await store.journal_tool_call(run, call("c2", "sent"), "key-2", now=at(11))
+    # Claimed again: the first claim's run may not journal, whatever the time.
+    [again] = await store.claim(1, at(11), lease_until=at(60))
+    for now in (at(12), None):
+        with pytest.raises(LeaseLost, match="claimed again"):
+            await store.journal_tool_call(run, call("c3", "sent"), "key-3", now=now)
+    current = await agent_run(store, again)
+    await store.journal_tool_call(current, call("c4", "sent"), "key-4", now=at(12))
+    assert await finish(store, current, EventVerdict("done")) is True
+    with pytest.raises(LeaseLost, match="is done now"):
+        await store.journal_tool_call(current, call("c5", "sent"), "key-5", now=at(12))
+    # Nothing of the refused calls was written.
+    journaled = [
+        (c["call_id"], c["status"]) for r in (await detail(store, row))["runs"] for c in r["tool_calls"]
+    ]
+    assert journaled == [("c1", "sent"), ("c4", "sent")]
+
+
+async def test_a_replay_journals_its_calls_whatever_its_events_claim(store: Store) -> None:
+    [event] = await claimed(store, TICKETS, "E-1")
+    run = await agent_run(store, event)
+    assert await finish(store, run, EventVerdict("done")) is True
+    replay = await store.start_run(
+        event.id, kind="replay", attempt=1, model="m", decision={}, system_prompt=None, user_prompt=None
+    )
+    assert isinstance(await store.journal_tool_call(replay, call("c1", "sent"), "key-1", now=at(999)), int)
+
+
+async def test_a_rerun_resumes_from_the_newest_answered_run_with_every_runs_settled_calls(
+    store: Store,
+) -> None:
+    [row] = await add(store, TICKETS, "E-1")
+    [first] = await store.claim(1, T0, lease_until=at(10))
+    stale = await agent_run(store, first)
+    asked: list[dict[str, Any]] = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}, {"id": "c2"}]},
+    ]
+    await store.record_progress(stale, RunProgress(asked, 1, 5, 1, None), [])
+    sent = await store.journal_tool_call(stale, call("c1", "sent"), "key-1", now=at(5))
+    await store.journal_tool_call(stale, call("c2", "sent"), "key-2", now=at(5))
+    # Its lease lapsed while c1 was out; a second claim's run adopted c1 as still 'sent' ...
+    [second] = await store.claim(1, at(11), lease_until=at(20))
+    adopting = await agent_run(store, second)
+    await store.adopt_run(adopting, stale, ["c1", "c2"], RunProgress(asked, 1, 5, 1, None))
+    # ... then the stale run learnt c1's outcome and recorded it.
+    await store.settle_tool_call(sent, status="ok", result="closed", reply="ticket closed", duration_ms=9)
+    # A third claim's run stopped before its first answer: it is the newest run, but has no answer.
+    [third] = await store.claim(1, at(21), lease_until=at(30))
+    await agent_run(store, third)
+    point = await store.resume_point(row)
+    assert point is not None and point.run_id == adopting and point.messages == asked
+    assert {k: (c.status, c.reply, c.idempotency_key) for k, c in point.calls.items()} == {
+        "c1": ("ok", "ticket closed", "key-1"),
+        "c2": ("sent", None, "key-2"),
+    }
+    # A run that adopts from it gets c1 settled, as 'reused', though the run it adopts from has it 'sent'.
+    [fourth] = await store.claim(1, at(31), lease_until=at(40))
+    rerun = await agent_run(store, fourth)
+    await store.adopt_run(rerun, adopting, ["c1", "c2"], RunProgress(asked, 1, 5, 1, None))
+    [*_, last] = (await detail(store, row))["runs"]
+    assert [(c["call_id"], c["status"]) for c in last["tool_calls"]] == [("c1", "reused"), ("c2", "sent")]
 
 
 async def test_agent_usage_counts_agent_runs_and_the_spend_of_every_run(store: Store) -> None:

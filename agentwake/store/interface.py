@@ -290,8 +290,14 @@ class Store(Protocol):
         False when the run's lease had lapsed and its event was claimed again: nothing moved."""
         ...
 
-    async def journal_tool_call(self, run_id: int, call: ToolCallRecord, idempotency_key: str) -> int:
-        """Write a tool call as 'sent' before it goes out; its journal row id."""
+    async def journal_tool_call(
+        self, run_id: int, call: ToolCallRecord, idempotency_key: str, *, now: str | None = None
+    ) -> int:
+        """Write a tool call as 'sent' before it goes out; its journal row id.
+
+        Fenced on the run's claim in the same transaction (``records.claim_lost``): an agent run whose
+        event is no longer 'processing' under the claim that started it, or whose lease lapsed before
+        ``now`` (the caller's clock; None: not judged), journals nothing and gets ``LeaseLost``."""
         ...
 
     async def settle_tool_call(
@@ -303,11 +309,13 @@ class Store(Protocol):
     async def adopt_run(
         self, run_id: int, from_run: int, call_ids: Sequence[str], progress: RunProgress
     ) -> None:
-        """A resumed run takes over ``from_run``'s transcript and the journal of ``call_ids`` (settled: 'reused')."""
+        """A resumed run takes over ``from_run``'s transcript and the journal of ``call_ids``, each as the best
+        row any agent run of the event has for it (settled: 'reused')."""
         ...
 
     async def resume_point(self, event_row: int) -> ResumePoint | None:
-        """The event's last agent run, if unfinished past a first LLM answer: where a rerun goes on from."""
+        """The event's newest agent run that got past a first LLM answer (where a rerun goes on from), with
+        the journal of every agent run of the event by call id, settled calls first."""
         ...
 
     async def agent_usage(self, since_hour: str, since_day: str) -> tuple[int, float]:

@@ -331,3 +331,44 @@ class ResumePoint:
     completion_tokens: int
     cost_usd: float | None
     calls: dict[str, JournaledCall]
+
+
+# Journal states whose reply the model already got: a rerun gives it the same reply, sends nothing.
+SETTLED_CALLS: Final = frozenset({"ok", "error", "reused"})
+
+
+def journal_of_event(calls: Sequence[JournaledCall]) -> dict[str, JournaledCall]:
+    """Every run's journal of one event (rows oldest first) as one, by call id: a settled row wins
+    over one whose outcome is unknown, whatever their order, and among equals the newest wins.
+
+    So a call settled by an earlier run (one whose lease lapsed after it sent the call, say) is
+    reused by a rerun even when a later run copied it while it was still only 'sent'.
+    """
+    merged: dict[str, JournaledCall] = {}
+    for call in calls:
+        known = merged.get(call.call_id)
+        if known is None or call.status in SETTLED_CALLS or known.status not in SETTLED_CALLS:
+            merged[call.call_id] = call
+    return merged
+
+
+def claim_lost(
+    *, kind: str, state: str, attempts: int, lease_until: str | None, attempt: int, now: str | None
+) -> str | None:
+    """Why a run no longer holds its event (None while it does), as the journal's fence decides.
+
+    A run holds its event while the claim that started it is the event's current one: the event is
+    still 'processing' with the run's attempt as its count of claims (as ``finish_run`` and
+    ``renew_leases`` decide), and, judged at ``now`` (the caller's clock, as claims are), the lease
+    has not lapsed: from then on another process may claim the event at any moment. A claim made
+    without a lease never lapses. Only agent runs hold their event; a replay holds nothing.
+    """
+    if kind != "agent":
+        return None
+    if state != "processing":
+        return f"its event is {state} now"
+    if attempts != attempt:
+        return f"its event was claimed again (claim {attempts}; this run's is {attempt})"
+    if now is not None and lease_until is not None and lease_until < now:
+        return f"its lease lapsed at {lease_until}"
+    return None

@@ -9,6 +9,7 @@ from typing import Any
 import psycopg
 
 from agentwake.clock import now_iso
+from agentwake.errors import LeaseLost, StoreError
 from agentwake.jsontext import encode_json
 from agentwake.store.postgres.base import PostgresBase
 from agentwake.store.records import (
@@ -20,6 +21,8 @@ from agentwake.store.records import (
     RunStatus,
     ToolCallRecord,
     ToolCallStatus,
+    claim_lost,
+    journal_of_event,
 )
 
 _LEASE_LOST = "its lease lapsed and the event was claimed again; this run's outcome is not applied"
@@ -184,9 +187,29 @@ class ActionLog(PostgresBase):
 
     # ---- the tool-call journal ---------------------------------------------------------------------
 
-    async def journal_tool_call(self, run_id: int, call: ToolCallRecord, idempotency_key: str) -> int:
-        """Write a tool call as 'sent' before it goes out; ``settle_tool_call`` records what came back."""
+    async def journal_tool_call(
+        self, run_id: int, call: ToolCallRecord, idempotency_key: str, *, now: str | None = None
+    ) -> int:
+        """Write a tool call as 'sent' before it goes out; ``settle_tool_call`` records what came back.
+
+        Fenced on the run's claim, in the same transaction: the event is locked first (no claim or
+        renewal moves it meanwhile), and unless the run still holds it (``claim_lost``, its lease
+        judged at ``now``), nothing is written and ``LeaseLost`` is raised.
+        """
         async with self.transaction() as conn:
+            cur = await conn.execute(
+                "SELECT r.kind, r.attempt, e.state, e.attempts, e.lease_until FROM runs r"
+                " JOIN events e ON e.id = r.event_row WHERE r.id = %s FOR UPDATE OF e",
+                [run_id],
+            )
+            held = await cur.fetchone()
+            if held is None:
+                raise StoreError(f"no run {run_id} to journal a tool call of")
+            lost = claim_lost(
+                kind=held[0], attempt=held[1], state=held[2], attempts=held[3], lease_until=held[4], now=now
+            )
+            if lost is not None:
+                raise LeaseLost(run_id, lost)
             cur = await conn.execute(
                 "INSERT INTO tool_calls (run_id, step, call_id, tool, server, name, arguments, status,"
                 " idempotency_key, at) VALUES (%s, %s, %s, %s, %s, %s, %s, 'sent', %s, %s) RETURNING id",
@@ -220,7 +243,8 @@ class ActionLog(PostgresBase):
     ) -> None:
         """A run that goes on from ``from_run`` takes over its transcript and the journal of the calls
         still to answer (``call_ids``), in one transaction: if it stops too, the next run finds all
-        it needs in this one. Calls already settled are copied as 'reused'."""
+        it needs in this one. Each call's row is the best any agent run of the event has for it
+        (``journal_of_event``: settled first, then the newest); settled ones are copied as 'reused'."""
         async with self.transaction() as conn:
             await _write_progress(conn, run_id, progress)
             await conn.execute(
@@ -228,39 +252,50 @@ class ActionLog(PostgresBase):
                 " duration_ms, at, idempotency_key, reply)"
                 " SELECT %s, step, call_id, tool, server, name, arguments,"
                 " CASE WHEN status IN ('ok', 'error') THEN 'reused' ELSE status END, result, duration_ms, at,"
-                " idempotency_key, reply FROM tool_calls"
-                " WHERE run_id = %s AND call_id = ANY(%s::text[]) ORDER BY id",
-                [run_id, from_run, list(call_ids)],
+                " idempotency_key, reply FROM (SELECT t.*, row_number() OVER (PARTITION BY t.call_id"
+                " ORDER BY t.status IN ('ok', 'error', 'reused') DESC, t.id DESC) AS pick"
+                " FROM tool_calls t JOIN runs r ON r.id = t.run_id"
+                " WHERE r.event_row = (SELECT event_row FROM runs WHERE id = %s) AND r.kind = 'agent'"
+                " AND r.id <> %s AND t.call_id = ANY(%s::text[])) AS best"
+                " WHERE pick = 1 ORDER BY id",
+                [run_id, from_run, run_id, list(call_ids)],
             )
 
     async def resume_point(self, event_row: int) -> ResumePoint | None:
-        """Where the event's last unfinished agent run stopped, if it got as far as a first LLM answer.
+        """Where the event's agent runs got to: the newest one that got as far as an LLM answer.
 
-        The run's stored transcript, and the calls it journaled with their outcome: a rerun goes on
-        from there instead of starting over, so calls already made are not made again.
+        That run's stored transcript, and the journal of every agent run of the event
+        (``journal_of_event``): a rerun goes on from there instead of starting over, so calls
+        already made, by that run or by any earlier one, are not made again.
         """
         async with self.transaction() as conn:
             cur = await conn.execute(
                 "SELECT id, messages, steps, prompt_tokens, completion_tokens, cost_usd FROM runs"
-                " WHERE event_row = %s AND kind = 'agent' ORDER BY id DESC LIMIT 1",
+                " WHERE event_row = %s AND kind = 'agent' ORDER BY id DESC",
                 [event_row],
             )
-            row = await cur.fetchone()
-            if row is None:
-                return None
-            messages = json.loads(row[1])
-            if not any(m.get("role") == "assistant" for m in messages):
+            found = None
+            for row in await cur.fetchall():
+                messages = json.loads(row[1])
+                if any(m.get("role") == "assistant" for m in messages):
+                    found = row, messages
+                    break
+            if found is None:
                 return None
             cur = await conn.execute(
-                "SELECT call_id, tool, status, arguments, result, reply, idempotency_key FROM tool_calls"
-                " WHERE run_id = %s ORDER BY id",
-                [row[0]],
+                "SELECT t.call_id, t.tool, t.status, t.arguments, t.result, t.reply, t.idempotency_key"
+                " FROM tool_calls t JOIN runs r ON r.id = t.run_id"
+                " WHERE r.event_row = %s AND r.kind = 'agent' ORDER BY t.id",
+                [event_row],
             )
             journal = await cur.fetchall()
-        calls = {
-            r[0]: JournaledCall(r[0], r[1], r[2], json.loads(r[3]) if r[3] else None, r[4], r[5], r[6])
-            for r in journal
-        }
+        row, messages = found
+        calls = journal_of_event(
+            [
+                JournaledCall(r[0], r[1], r[2], json.loads(r[3]) if r[3] else None, r[4], r[5], r[6])
+                for r in journal
+            ]
+        )
         return ResumePoint(row[0], messages, row[2], row[3], row[4], row[5], calls)
 
     async def agent_usage(self, since_hour: str, since_day: str) -> tuple[int, float]:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentwake.clock import now_iso
+from agentwake.errors import LeaseLost, StoreError
 from agentwake.jsontext import encode_json
 from agentwake.store.records import (
     EventVerdict,
@@ -18,6 +19,8 @@ from agentwake.store.records import (
     RunStatus,
     ToolCallRecord,
     ToolCallStatus,
+    claim_lost,
+    journal_of_event,
 )
 from agentwake.store.sqlite.base import SqliteBase
 
@@ -163,9 +166,27 @@ class ActionLog(SqliteBase):
 
     # ---- the tool-call journal ---------------------------------------------------------------------
 
-    def journal_tool_call(self, run_id: int, call: ToolCallRecord, idempotency_key: str) -> int:
-        """Write a tool call as 'sent' before it goes out; ``settle_tool_call`` records what came back."""
+    def journal_tool_call(
+        self, run_id: int, call: ToolCallRecord, idempotency_key: str, *, now: str | None = None
+    ) -> int:
+        """Write a tool call as 'sent' before it goes out; ``settle_tool_call`` records what came back.
+
+        Fenced on the run's claim, in the same transaction: unless the run still holds its event
+        (``claim_lost``, its lease judged at ``now``), nothing is written and ``LeaseLost`` is raised.
+        """
         with self.transaction():
+            held = self.conn.execute(
+                "SELECT r.kind, r.attempt, e.state, e.attempts, e.lease_until FROM runs r"
+                " JOIN events e ON e.id = r.event_row WHERE r.id = ?",
+                [run_id],
+            ).fetchone()
+            if held is None:
+                raise StoreError(f"no run {run_id} to journal a tool call of")
+            lost = claim_lost(
+                kind=held[0], attempt=held[1], state=held[2], attempts=held[3], lease_until=held[4], now=now
+            )
+            if lost is not None:
+                raise LeaseLost(run_id, lost)
             cur = self.conn.execute(
                 "INSERT INTO tool_calls (run_id, step, call_id, tool, server, name, arguments, status,"
                 " idempotency_key, at) VALUES (?, ?, ?, ?, ?, ?, ?, 'sent', ?, ?)",
@@ -195,7 +216,8 @@ class ActionLog(SqliteBase):
     def adopt_run(self, run_id: int, from_run: int, call_ids: Sequence[str], progress: RunProgress) -> None:
         """A run that goes on from ``from_run`` takes over its transcript and the journal of the calls
         still to answer (``call_ids``), in one transaction: if it stops too, the next run finds all
-        it needs in this one. Calls already settled are copied as 'reused'."""
+        it needs in this one. Each call's row is the best any agent run of the event has for it
+        (``journal_of_event``: settled first, then the newest); settled ones are copied as 'reused'."""
         with self.transaction():
             self._write_progress(run_id, progress)
             self.conn.execute(
@@ -203,35 +225,46 @@ class ActionLog(SqliteBase):
                 " duration_ms, at, idempotency_key, reply)"
                 " SELECT ?, step, call_id, tool, server, name, arguments,"
                 " CASE WHEN status IN ('ok', 'error') THEN 'reused' ELSE status END, result, duration_ms, at,"
-                " idempotency_key, reply FROM tool_calls"
-                " WHERE run_id = ? AND call_id IN (SELECT value FROM json_each(?)) ORDER BY id",
-                [run_id, from_run, encode_json(list(call_ids))],
+                " idempotency_key, reply FROM (SELECT t.*, row_number() OVER (PARTITION BY t.call_id"
+                " ORDER BY t.status IN ('ok', 'error', 'reused') DESC, t.id DESC) AS pick"
+                " FROM tool_calls t JOIN runs r ON r.id = t.run_id"
+                " WHERE r.event_row = (SELECT event_row FROM runs WHERE id = ?) AND r.kind = 'agent'"
+                " AND r.id <> ? AND t.call_id IN (SELECT value FROM json_each(?)))"
+                " WHERE pick = 1 ORDER BY id",
+                [run_id, from_run, run_id, encode_json(list(call_ids))],
             )
 
     def resume_point(self, event_row: int) -> ResumePoint | None:
-        """Where the event's last unfinished agent run stopped, if it got as far as a first LLM answer.
+        """Where the event's agent runs got to: the newest one that got as far as an LLM answer.
 
-        The run's stored transcript, and the calls it journaled with their outcome: a rerun goes on
-        from there instead of starting over, so calls already made are not made again.
+        That run's stored transcript, and the journal of every agent run of the event
+        (``journal_of_event``): a rerun goes on from there instead of starting over, so calls
+        already made, by that run or by any earlier one, are not made again.
         """
-        row = self.conn.execute(
+        found = None
+        for row in self.conn.execute(
             "SELECT id, messages, steps, prompt_tokens, completion_tokens, cost_usd FROM runs"
-            " WHERE event_row = ? AND kind = 'agent' ORDER BY id DESC LIMIT 1",
+            " WHERE event_row = ? AND kind = 'agent' ORDER BY id DESC",
             [event_row],
-        ).fetchone()
-        if row is None:
+        ).fetchall():
+            messages = json.loads(row[1])
+            if any(m.get("role") == "assistant" for m in messages):
+                found = row, messages
+                break
+        if found is None:
             return None
-        messages = json.loads(row[1])
-        if not any(m.get("role") == "assistant" for m in messages):
-            return None
-        calls = {
-            r[0]: JournaledCall(r[0], r[1], r[2], json.loads(r[3]) if r[3] else None, r[4], r[5], r[6])
-            for r in self.conn.execute(
-                "SELECT call_id, tool, status, arguments, result, reply, idempotency_key FROM tool_calls"
-                " WHERE run_id = ? ORDER BY id",
-                [row[0]],
-            )
-        }
+        row, messages = found
+        calls = journal_of_event(
+            [
+                JournaledCall(r[0], r[1], r[2], json.loads(r[3]) if r[3] else None, r[4], r[5], r[6])
+                for r in self.conn.execute(
+                    "SELECT t.call_id, t.tool, t.status, t.arguments, t.result, t.reply, t.idempotency_key"
+                    " FROM tool_calls t JOIN runs r ON r.id = t.run_id"
+                    " WHERE r.event_row = ? AND r.kind = 'agent' ORDER BY t.id",
+                    [event_row],
+                )
+            ]
+        )
         return ResumePoint(row[0], messages, row[2], row[3], row[4], row[5], calls)
 
     def agent_usage(self, since_hour: str, since_day: str) -> tuple[int, float]:
