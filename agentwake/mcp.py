@@ -48,6 +48,7 @@ from agentwake.errors import (
 )
 from agentwake.jsontext import encode_json
 from agentwake.logs import CONNECTION_NAME, adapt_sdk_logs
+from agentwake.ratelimit import ServerRequestLimit, limit_server_requests
 from agentwake.stdio import (
     BoundedStdioClient,
     OversizedMessage,
@@ -237,7 +238,10 @@ class ServerConnection:
             self.stdio = bounded_stdio_client(
                 params,
                 name=self.name,
-                limits=StdioLimits(max_message_bytes=self.limits.max_message_bytes),
+                limits=StdioLimits(
+                    max_message_bytes=self.limits.max_message_bytes,
+                    server_requests_per_s=self.limits.max_server_requests_per_s,
+                ),
                 errlog=self._errlog,
                 on_lost=self._on_lost,
             )
@@ -246,7 +250,9 @@ class ServerConnection:
         client = http_client(config.headers)
         client.event_hooks["response"].append(self._note_http_status)
         stack.push_async_callback(client.aclose)
-        return streamable_http_client(config.url, http_client=client)
+        # The server's requests wait their turn in the session's read loop (back-pressure on the socket).
+        limit = ServerRequestLimit(self.name, self.limits.max_server_requests_per_s)
+        return limit_server_requests(streamable_http_client(config.url, http_client=client), limit)
 
     async def __aenter__(self) -> ServerConnection:
         CONNECTION_NAME.set(self.name)  # this task's and its transport tasks' SDK lines name us

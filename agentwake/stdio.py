@@ -25,6 +25,12 @@ async context manager yielding ``(read_stream, write_stream)`` for ``mcp.Client`
   most of the cost of a fast stream). What it declines goes to the session as before;
 * ``pace``, when set, is awaited between reads of stdout: the owner of what ``claim`` consumed
   may hold the reader back, a bounded while, when it is far behind storing it;
+* requests the server sends us (``ping``, ``roots/list``, ...; the session answers each) pass at
+  most ``server_requests_per_s`` a second, in bursts of twice that: beyond, the reader waits
+  before handing the next one on (``agentwake.ratelimit``), so a flood fills the server's pipe
+  instead of a core of ours. The wait comes after the line's one parse (which every line gets)
+  and before the session's; a request is known by that parse, not by a substring, which an
+  escaped key would dodge and an event's ``"id"`` would fake. Notifications and answers are never held;
 * ``call`` sends a request of our own beside the session's, under string ids of its own
   (``CALL_ID_PREFIX``; the SDK's are integers), and its answer is taken off the reader's path
   (a substring check, then one JSON parse; an answer of another shape than a plain result gets
@@ -52,7 +58,7 @@ server itself; the signal reaches the server only, not children it started in it
 see their pipes close). The wrapper costs one short interpreter start per spawn (about 20 ms).
 Elsewhere than Linux servers are spawned directly.
 
-The module runs about 980 lines: the reader, the writer, the requests sent beside the session,
+The module runs about 1,050 lines: the reader, the writer, the requests sent beside the session,
 the stderr copier and the bounded shutdown share one process's lifecycle and are easier to check
 side by side than split up.
 
@@ -72,6 +78,9 @@ Limits (``StdioLimits`` fields; the defaults are the DEFAULT_* constants):
     exit_report_wait_s   0.5 s  after stdout ends, for the exit status, so that the session
                                 learns of the closure with ``.exit`` already set
     stderr_drain_wait_s  0.5 s  after the exit, for its last stderr lines to be copied
+    server_requests_per_s
+                         20/s   requests from the server handed on per second, in bursts of twice
+                                that; beyond, the reader waits ([limits] max_server_requests_per_s)
 """
 
 from __future__ import annotations
@@ -99,10 +108,18 @@ from mcp.client.stdio import StdioServerParameters, get_default_environment
 from mcp.os.posix.utilities import terminate_posix_process_tree
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
-from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, ErrorData, JSONRPCError, JSONRPCResponse
+from mcp_types import (
+    CONNECTION_CLOSED,
+    REQUEST_TIMEOUT,
+    ErrorData,
+    JSONRPCError,
+    JSONRPCRequest,
+    JSONRPCResponse,
+)
 from pydantic import ValidationError
 from pydantic_core import from_json, to_json
 
+from agentwake.ratelimit import ServerRequestLimit
 from agentwake.redaction import redact
 
 logger = logging.getLogger(__name__)
@@ -121,6 +138,8 @@ DEFAULT_KILL_WAIT_S: Final = 2.0
 DEFAULT_FLUSH_WAIT_S: Final = 0.5
 DEFAULT_EXIT_REPORT_WAIT_S: Final = 0.5
 DEFAULT_STDERR_DRAIN_WAIT_S: Final = 0.5
+# As [limits] max_server_requests_per_s's default.
+DEFAULT_SERVER_REQUESTS_PER_S: Final = 20.0
 
 _EXIT_POLL_S: Final = 0.01
 # UTF-8 needs at most 4 bytes a character: enough bytes of a stderr line to fill its character limit.
@@ -167,8 +186,11 @@ class StdioLimits:
     flush_wait_s: float = DEFAULT_FLUSH_WAIT_S
     exit_report_wait_s: float = DEFAULT_EXIT_REPORT_WAIT_S
     stderr_drain_wait_s: float = DEFAULT_STDERR_DRAIN_WAIT_S
+    server_requests_per_s: float = DEFAULT_SERVER_REQUESTS_PER_S
 
     def __post_init__(self) -> None:
+        if not self.server_requests_per_s > 0:
+            raise ValueError("server_requests_per_s must be above 0")
         for item in fields(self):
             least = 1 if item.name in ("max_message_bytes", "log_preview_chars", "stderr_line_chars") else 0
             if getattr(self, item.name) < least:
@@ -428,6 +450,9 @@ class BoundedStdioClient:
         self._calls: dict[str, _Call] | None = None
         self._call_ids = itertools.count(1)
         self._write_send: MemoryObjectSendStream[SessionMessage | bytes] | None = None
+        self.requests = ServerRequestLimit(name, self.limits.server_requests_per_s)
+        # The reader's wait for a request's turn, while it waits: the shutdown cuts it short.
+        self._request_wait: anyio.CancelScope | None = None
 
     async def __aenter__(self) -> StdioStreams:
         if self._cm is not None:
@@ -593,6 +618,8 @@ class BoundedStdioClient:
                 with anyio.CancelScope(shield=True):
                     # Unblocks the reader into draining, so a server stuck writing stdout can read stdin.
                     read_receive.close()
+                    if self._request_wait is not None:
+                        self._request_wait.cancel()
                     write_send.close()
                     with anyio.move_on_after(self.limits.flush_wait_s):
                         await writer_done.wait()
@@ -625,6 +652,8 @@ class BoundedStdioClient:
                                 continue
                             if isinstance(item, Exception):
                                 self._notify(self.on_lost, item)  # before any later line is sent
+                            elif isinstance(item.message, JSONRPCRequest):
+                                await self._request_turn()
                             try:
                                 await read_send.send(item)
                             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
@@ -651,6 +680,18 @@ class BoundedStdioClient:
         except (anyio.BrokenResourceError, OSError) as exc:
             if not self._shutting_down:
                 logger.warning("server %r: reading stdout failed: %s: %s", self.name, type(exc).__name__, exc)
+
+    async def _request_turn(self) -> None:
+        """Waits, past the server's request rate, before its next request goes on (back-pressure)."""
+        delay = self.requests.delay()
+        if delay > 0:
+            with anyio.CancelScope() as scope:
+                self._request_wait = scope
+                try:
+                    if not self._shutting_down:
+                        await anyio.sleep(delay)
+                finally:
+                    self._request_wait = None
 
     def _stdout_item(self, event: Line | Overflow | OverflowEnd) -> SessionMessage | Exception | None:
         """What the session gets for one splitter event, if anything."""

@@ -14,7 +14,8 @@ of stdin, a short sleep when idle) and exits when stdin closes.
 
   HOSTILE_MODE   the misbehaviour, one of MODES below; empty: well-behaved
   HOSTILE_ARG    a parameter some modes need (the $ref URL of schema-remote-ref and schema-file-ref)
-  HOSTILE_LOG    a file: one JSON line per message received ({"pid", "t", "method", "id", ...})
+  HOSTILE_LOG    a file: one JSON line per message received ({"pid", "t", "method", "id", ...};
+                 an answer has method null and "answer": "result" or "error")
 
 Modes marked "once" misbehave once across processes (a marker file beside HOSTILE_LOG),
 so a client that reconnects finds the server well-behaved again.
@@ -77,6 +78,11 @@ MODES = {
     # discovery
     "list-changed-flood": "from the first events/list on, 1,000 list_changed notifications a second",
     "list-pages-flood": "events/list answers 4 MB pages, each with a nextCursor, forever",
+    # requests to the client
+    "request-flood": (
+        "from the first events/list on, ping and roots/list requests (ids flood-1, flood-2, ...) as fast"
+        " as stdout takes them, never waiting for their answers (which HOSTILE_LOG records)"
+    ),
 }
 
 if MODE and MODE not in MODES:
@@ -85,12 +91,18 @@ if MODE and MODE not in MODES:
 
 OUT = sys.stdout.buffer
 STDIN = sys.stdin.fileno()
+STDOUT = sys.stdout.fileno()
+# request-flood: what waits for room in the pipe, answers and requests in the order written.
+OUTBOX = bytearray()
 
 
 # ---- output ---------------------------------------------------------------------------------
 
 
 def write(data: bytes) -> None:
+    if MODE == "request-flood":
+        OUTBOX.extend(data)  # stdout is non-blocking: the loop writes what the pipe takes
+        return
     OUT.write(data)
     OUT.flush()
 
@@ -121,10 +133,12 @@ def with_raw_field(message: dict[str, Any], field: str, raw: str) -> bytes:
     return text[:-2] + f', "{field}": {raw}}}}}'.encode() + b"\n"
 
 
-def note(method: str | None, message_id: Any, params: dict[str, Any]) -> None:
+def note(method: str | None, message_id: Any, params: dict[str, Any], answer: str | None = None) -> None:
     if not LOG:
         return
     line: dict[str, Any] = {"pid": os.getpid(), "t": time.time(), "method": method, "id": message_id}
+    if answer is not None:
+        line["answer"] = answer  # an answer to a request of ours: "result" or "error"
     for key in ("name", "cursor", "requestId"):
         if key in params:
             line[key] = params[key]
@@ -183,7 +197,7 @@ def list_events(message_id: Any, params: dict[str, Any]) -> None:
         answer(message_id, {"events": events, "nextCursor": str(page + 1)})
         return
     answer(message_id, {"events": [descriptor()]})
-    if MODE == "list-changed-flood" and flooding_since is None:
+    if MODE in ("list-changed-flood", "request-flood") and flooding_since is None:
         flooding_since = time.monotonic()
 
 
@@ -349,12 +363,13 @@ streams: dict[Any, Stream] = {}
 polls = 0
 flooding_since: float | None = None
 list_changed_sent = 0
+requests_sent = 0
 
 
 def handle(message: dict[str, Any]) -> None:
     method, message_id = message.get("method"), message.get("id")
     params = message.get("params") or {}
-    note(method, message_id, params)
+    note(method, message_id, params, None if method else "error" if "error" in message else "result")
     if method == "notifications/cancelled":
         streams.pop(params.get("requestId"), None)
         return
@@ -391,7 +406,7 @@ def handle(message: dict[str, Any]) -> None:
 def flood_list_changed(now: float) -> bool:
     """list_changed at 1000 a second from the first events/list on; True if any was sent."""
     global list_changed_sent
-    if flooding_since is None:
+    if flooding_since is None or MODE != "list-changed-flood":
         return False
     due = min(int((now - flooding_since) * 1000) - list_changed_sent, 100)
     if due <= 0:
@@ -402,8 +417,32 @@ def flood_list_changed(now: float) -> bool:
     return True
 
 
+def flood_requests() -> bool:
+    """request-flood: keep the pipe to the client full of requests; True if any bytes went out."""
+    global requests_sent
+    if flooding_since is not None and len(OUTBOX) < 1 << 16:
+        batch = []
+        for _ in range(500):
+            requests_sent += 1
+            method = "ping" if requests_sent % 2 else "roots/list"
+            batch.append(
+                b'{"jsonrpc": "2.0", "id": "flood-%d", "method": "%s"}\n' % (requests_sent, method.encode())
+            )
+        OUTBOX.extend(b"".join(batch))
+    if not OUTBOX:
+        return False
+    try:
+        written = os.write(STDOUT, OUTBOX)
+    except BlockingIOError:
+        return False
+    del OUTBOX[:written]
+    return written > 0
+
+
 def main() -> None:
     os.set_blocking(STDIN, False)
+    if MODE == "request-flood":
+        os.set_blocking(STDOUT, False)
     pending = b""
     while True:
         busy = False
@@ -425,6 +464,8 @@ def main() -> None:
             if not stream.tick(now):
                 streams.pop(request_id, None)
         busy = flood_list_changed(now) or busy
+        if MODE == "request-flood":
+            busy = flood_requests() or busy
         if not busy:
             time.sleep(0.001 if flooding_since is not None else 0.005)
 

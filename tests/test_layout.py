@@ -52,7 +52,7 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
             "agentwake.text",
         ),
     ),
-    ("mcp", ("agentwake.mcp", "agentwake.streams", "agentwake.stdio")),
+    ("mcp", ("agentwake.mcp", "agentwake.ratelimit", "agentwake.streams", "agentwake.stdio")),
     ("store", ("agentwake.store",)),
     ("delivery", ("agentwake.delivery", "agentwake.ownership")),
     ("decide", ("agentwake.sanitize", "agentwake.policy", "agentwake.decide")),
