@@ -60,6 +60,8 @@ SETTLE_S: Final = 20.0
 # How often the running service writes its heartbeat into the store; `status` counts a service
 # whose last heartbeat is older than three of these as not running.
 HEARTBEAT_S: Final = 5.0
+# A PostgreSQL store that is not accepting connections yet (starting up, restarting) is waited for this long.
+SERVICE_START_WAIT_S: Final = 60.0
 
 
 def config_dir(config: AgentwakeConfig) -> Path:
@@ -115,7 +117,7 @@ async def run_service(
     # [service] listen: refused before anything starts if it would be reachable without a token.
     endpoint = endpoint_settings(config.service) if config.service.listen is not None else None
     health = Health(HEARTBEAT_S)
-    store = await open_store(config.store)
+    store = await open_store(config.store, start_wait_s=SERVICE_START_WAIT_S)
     try:
         runner, pool = build_agent(config, store)
         policy = load_service_policy(config, runner.renderer if runner else None)

@@ -127,7 +127,7 @@ async def test_a_store_opened_while_the_server_is_down_waits_and_opens_once_it_i
     opened: list[PostgresStore] = []
 
     async def open_it() -> None:
-        opened.append(await PostgresStore.open(db_url))
+        opened.append(await PostgresStore.open(db_url, start_wait_s=START_WAIT_S))
 
     started = time.monotonic()
     with anyio.fail_after(START_WAIT_S):
@@ -258,7 +258,7 @@ async def test_a_server_shutting_down_then_starting_up_is_waited_for_with_one_li
         opened: list[PostgresStore] = []
 
         async def open_it() -> None:
-            opened.append(await PostgresStore.open(url, password="an0ther-secret"))
+            opened.append(await PostgresStore.open(url, password="an0ther-secret", start_wait_s=START_WAIT_S))
 
         with anyio.fail_after(START_WAIT_S):
             async with anyio.create_task_group() as tg:
@@ -319,15 +319,15 @@ async def test_a_wrong_password_or_a_missing_database_fails_at_once_with_its_mes
     wrong = PASSWORD[::-1]
     started = time.monotonic()
     with pytest.raises(StoreError, match=r"authentication to the PostgreSQL database .* failed") as caught:
-        await PostgresStore.open(locked, password=wrong)
+        await PostgresStore.open(locked, password=wrong, start_wait_s=START_WAIT_S)
     assert wrong not in str(caught.value) and PASSWORD not in str(caught.value)
     missing = server.url("no_such_database")
     with pytest.raises(
         StoreError, match=r'"no_such_database" on .* does not exist on that server: create it'
     ):
-        await PostgresStore.open(missing)
+        await PostgresStore.open(missing, start_wait_s=START_WAIT_S)
     with pytest.raises(StoreError) as bad_url:
-        await PostgresStore.open("postgresql://agentwake@127.0.0.1:notaport/x")
+        await PostgresStore.open("postgresql://agentwake@127.0.0.1:notaport/x", start_wait_s=START_WAIT_S)
     assert "gave up" not in str(bad_url.value)
     # START_WAIT_S would have passed had any of them been retried; none was even logged.
     assert time.monotonic() - started < START_WAIT_S / 2

@@ -7,6 +7,7 @@ imported here, the first time an agent runs, with the local map forced on.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -23,6 +24,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 
 from agentwake.backoff import backoff_s
 from agentwake.config import OFFLINE_MODEL
@@ -96,10 +99,32 @@ def load_litellm() -> ModuleType:
 
 
 async def load_litellm_async() -> ModuleType:
-    """The import runs in a worker thread, so the service keeps polling meanwhile."""
+    """The import runs in a thread of its own, so the service keeps polling meanwhile.
+
+    A daemon thread, not one of anyio's workers: a stop (SIGTERM during the first start's import)
+    lets the caller go at once, and the process can exit without joining a thread that is still
+    importing.
+    """
     if _litellm is not None:
         return _litellm
-    return await anyio.to_thread.run_sync(load_litellm)
+    token = anyio.lowlevel.current_token()
+    done = anyio.Event()
+    outcome: list[ModuleType | BaseException] = []
+
+    def load_and_tell() -> None:
+        try:
+            outcome.append(load_litellm())
+        except BaseException as exc:  # handed to the waiting task
+            outcome.append(exc)
+        with contextlib.suppress(RuntimeError):  # the event loop is gone: nobody waits any more
+            anyio.from_thread.run_sync(done.set, token=token)
+
+    threading.Thread(target=load_and_tell, name="litellm-import", daemon=True).start()
+    await done.wait()
+    [result] = outcome
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
 def litellm_loaded() -> bool:

@@ -48,15 +48,19 @@ if TYPE_CHECKING:
     from agentwake.config import StoreConfig
 
 
-async def open_store(config: StoreConfig, *, create: bool = True) -> Store:
+async def open_store(config: StoreConfig, *, create: bool = True, start_wait_s: float = 0.0) -> Store:
     """The configured store, open and migrated. ``create=False`` (the CLI's readers) refuses a missing one.
 
     PostgreSQL when ``[store] url`` is set (psycopg is imported only then), else the SQLite file.
+    ``start_wait_s``: how long a PostgreSQL server that is not accepting connections yet (starting
+    up, restarting) is waited for; the service passes a minute, a command none.
     """
     if config.url is not None:
         from agentwake.store.postgres import PostgresStore
 
-        return await PostgresStore.open(config.url, password=_password(config), create=create)
+        return await PostgresStore.open(
+            config.url, password=_password(config), create=create, start_wait_s=start_wait_s
+        )
     from agentwake.store.sqlite import SqliteStore
 
     return await SqliteStore.open(config.path, synchronous=config.synchronous, create=create)

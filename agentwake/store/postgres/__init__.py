@@ -83,21 +83,20 @@ class PostgresStore(
         create: bool = True,
         min_size: int = 1,
         max_size: int = 10,
-        start_wait_s: float | None = None,
+        start_wait_s: float = 0.0,
     ) -> PostgresStore:
         """Connect, apply pending migrations (``create=False`` refuses a database without the
         schema), and open a pool of ``min_size`` to ``max_size`` connections.
 
         ``url`` is a libpq url or conninfo string; the password is passed apart (never in a message).
-        A server that is not accepting connections yet is waited for up to ``start_wait_s``: by
-        default ``START_WAIT_S`` when ``create`` (a service starting), none otherwise (a command
-        that reads or answers the store says at once that it cannot).
+        A server that is not accepting connections yet is waited for up to ``start_wait_s``: the
+        service starting passes ``START_WAIT_S``; a command (0, the default) says at once that it cannot.
         """
         from psycopg_pool import AsyncConnectionPool
 
         target = describe_target(url)
         kwargs = connect_kwargs(url, password)
-        wait_s = (START_WAIT_S if create else 0.0) if start_wait_s is None else start_wait_s
+        wait_s = start_wait_s
 
         async def connect_and_migrate() -> None:
             async with await psycopg.AsyncConnection.connect(url, **kwargs) as conn:
