@@ -25,7 +25,15 @@ import anyio
 
 from agentwake import metrics
 from agentwake.agent.fence import Fence, as_text, cap
-from agentwake.agent.journal import SETTLED, CallDone, RunScope, pending_calls, resumable, unknown_reason
+from agentwake.agent.journal import (
+    SETTLED,
+    CallDone,
+    RunScope,
+    journaled_for,
+    pending_calls,
+    resumable,
+    unknown_reason,
+)
 from agentwake.agent.llm import LLMError, LLMSettings, complete, load_litellm_async, settings_for
 from agentwake.agent.prompts import PromptError, PromptRenderer, RenderedPrompt
 from agentwake.agent.tools import Allowlist, ToolHost, ToolSpec, elapsed_ms
@@ -34,6 +42,7 @@ from agentwake.backoff import backoff_s
 from agentwake.clock import iso, utc_now
 from agentwake.config import OFFLINE_MODEL, AgentConfig, AgentwakeConfig, SubscriptionConfig
 from agentwake.decide import Outcome, authority_for, policy_view
+from agentwake.errors import LeaseLost
 from agentwake.logs import event_fields
 from agentwake.sanitize import Sanitized
 from agentwake.store import (
@@ -325,9 +334,8 @@ class AgentRunner:
                 point.completion_tokens,
                 point.cost_usd,
             )
-            pending_ids = [str(c.get("id")) for c in pending_calls(point.messages)]
-            journal = {i: point.calls[i] for i in pending_ids if i in point.calls}
-            await self.store.adopt_run(run_id, point.run_id, pending_ids, transcript.progress())
+            journal = journaled_for(pending_calls(point.messages), point.calls)
+            await self.store.adopt_run(run_id, point.run_id, list(journal), transcript.progress())
             reused = sum(1 for c in journal.values() if c.status in SETTLED)
             logger.info(
                 "agent: event %s run %d goes on from run %d after %d step(s); %d tool call(s) of its last step"
@@ -347,6 +355,7 @@ class AgentRunner:
         scope = RunScope(run_id, event, kind)
         final_text: str | None = None
         status: RunStatus = "failed"
+        lost: LeaseLost | None = None
         try:
             if failure is None:
                 try:
@@ -362,6 +371,8 @@ class AgentRunner:
                     failure = _RunFailed(f"timed out after {self.agent.timeout_s:g}s", transient=True)
                 except _RunFailed as exc:
                     failure = exc
+                except LeaseLost as exc:
+                    lost = exc
                 except Exception as exc:  # a bug or an unexpected library error: count it as a failed attempt
                     logger.exception("agent run %d on event %s failed unexpectedly", run_id, event.event_id)
                     failure = _RunFailed(f"unexpected error: {type(exc).__name__}: {exc}", transient=True)
@@ -379,6 +390,8 @@ class AgentRunner:
                 )
                 self._observe(transcript, "interrupted", start)
             raise
+        if lost is not None:
+            return await self._lease_lost(event, run_id, lost, transcript, kind, start)
         reason = failure.reason if failure else None
         verdict = self._verdict(event, failure) if kind == "agent" else None
         held = await self.store.finish_run(
@@ -408,6 +421,47 @@ class AgentRunner:
             transcript.calls,
             transcript.messages,
             final_text,
+        )
+
+    async def _lease_lost(
+        self,
+        event: InboxEvent,
+        run_id: int,
+        lost: LeaseLost,
+        transcript: _Transcript,
+        kind: RunKind,
+        start: float,
+    ) -> RunResult:
+        """A tool call was refused by the journal's fence: the run ends here, having sent nothing
+        more, and leaves its event alone (not a failure of the event: its current claim handles it)."""
+        reason = f"lease lost: {lost.why}; its tool call was not sent"
+        await self.store.finish_run(
+            run_id,
+            status="interrupted",
+            reason=reason,
+            progress=transcript.progress(),
+            duration_ms=elapsed_ms(start),
+            verdict=None,
+        )
+        self._observe(transcript, "interrupted", start)
+        logger.warning(
+            "agent: event %s run %d stopped: %s",
+            event.event_id,
+            run_id,
+            reason,
+            extra=event_fields(
+                subscription=event.subscription, server=event.server, event_id=event.event_id, run_id=run_id
+            ),
+        )
+        return RunResult(
+            run_id,
+            "interrupted",
+            reason,
+            None,
+            transcript.steps,
+            transcript.calls,
+            transcript.messages,
+            None,
         )
 
     @staticmethod
@@ -500,18 +554,33 @@ class AgentRunner:
         fence: Fence,
         journal: dict[str, JournaledCall],
     ) -> None:
-        """One answer's tool calls, side by side; the replies keep the LLM's order."""
+        """One answer's tool calls, side by side; the replies keep the LLM's order.
+
+        A call the journal's fence refuses (``LeaseLost``) is not sent; the others of the answer end
+        as they would (each is fenced on its own), then the run ends with the refusal.
+        """
         results: dict[int, CallDone] = {}
+        lost: list[LeaseLost] = []
 
         async def one(index: int, call: dict[str, Any]) -> None:
             journaled = journal.get(str(call.get("id")))
-            results[index] = await self._tool_call(
-                scope, step, call, allowed, known, authority, fence, journaled
-            )
+            try:
+                results[index] = await self._tool_call(
+                    scope, step, call, allowed, known, authority, fence, journaled
+                )
+            except LeaseLost as exc:
+                lost.append(exc)
 
         async with anyio.create_task_group() as tg:
             for index, call in enumerate(calls):
                 tg.start_soon(one, index, call)
+        if lost:
+            finished = [results[index] for index in sorted(results)]
+            transcript.calls.extend(d.record for d in finished)
+            await self.store.record_progress(
+                scope.run_id, transcript.progress(), [d.record for d in finished if not d.journaled]
+            )
+            raise lost[0]
         done = [results[index] for index in range(len(calls))]
         transcript.calls.extend(d.record for d in done)
         unknown = [d for d in done if d.unknown]
@@ -616,7 +685,9 @@ class AgentRunner:
         # A resend (agentwake retry --resend-unknown) carries the first send's key.
         key = (journaled.idempotency_key if journaled else None) or scope.idempotency_key(step, call_id)
         sent = record("sent", None, arguments, observe=False)
-        row = await self.store.journal_tool_call(scope.run_id, sent, key)
+        # Fenced on the run's claim: a run whose lease lapsed (or whose event was claimed again)
+        # gets LeaseLost here and sends nothing.
+        row = await self.store.journal_tool_call(scope.run_id, sent, key, now=iso(utc_now()))
         outcome = await self.tools.call(spec, arguments, idempotency_key=key)
         if outcome.unknown:
             metrics.observe_tool_call(name, "unknown")
