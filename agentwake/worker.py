@@ -85,6 +85,21 @@ class ModelBreaker:
         return f"model {self.model} failing since {since} ({self.error})"
 
 
+@dataclass
+class _Handling:
+    """One event being handled in this process: the cancel scope its handling runs in, and a newer
+    claim of it (this process claimed it again) to handle once that handling has stopped."""
+
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    then: InboxEvent | None = None
+    # Its lease was lost: its handling is being stopped; not renewed, not reported again.
+    lost: bool = False
+
+    def stop(self, then: InboxEvent | None = None) -> None:
+        self.then = then
+        self.scope.cancel()
+
+
 class Agent(Protocol):
     """What the worker needs of the agent stage (``agentwake.agent.runner.AgentRunner``)."""
 
@@ -141,6 +156,8 @@ class Worker:
     active: int = field(default=0, init=False)
     # Events being handled: row -> (server, attempts at the claim: the lease's fencing token).
     held: dict[int, tuple[str, int]] = field(default_factory=dict, init=False)
+    # The same events: how each one's handling is stopped (a lost lease, a newer claim of it).
+    _handling: dict[int, _Handling] = field(default_factory=dict, init=False)
     paused: str | None = field(default=None, init=False)
     breaker: ModelBreaker = field(init=False)
     _claiming: bool = field(default=True, init=False)
@@ -206,31 +223,72 @@ class Worker:
         max_attempts = self.agent.agent.max_attempts if self.agent is not None else None
         kept: list[InboxEvent] = []
         for event in batch:
+            handling = self._handling.get(event.id)
+            if handling is not None:
+                # Claimed again by this process while it handles it: its lease lapsed (the process
+                # was paused, say) and the claim took it back, marking the run abandoned. The fence is
+                # the newest claim now; the handling under the old one stops and the one task handling
+                # the event goes on under the new claim, never two at once.
+                self.held[event.id] = (event.server, event.attempts)
+                handling.lost = False
+                logger.warning(
+                    "event %s: claimed again (claim %d) while its earlier claim was being handled here"
+                    " (its lease lapsed); that handling stops and the event is handled under the new claim",
+                    event.event_id,
+                    event.attempts,
+                    extra=_fields(event),
+                )
             if max_attempts is not None and event.attempts > max_attempts:
                 # Only an abandoned claim (a lapsed lease) gets here: runs stop at max_attempts.
                 reason = f"claimed {event.attempts} times without finishing (its lease lapsed each time)"
                 logger.error("event %s is dead: %s", event.event_id, reason)
                 await self.store.finish([event.id], "dead", reason)
+                if handling is not None:
+                    handling.lost = True  # its end is logged above, not again by a renewal
+                    handling.stop()
+                continue
+            if handling is not None:
+                handling.stop(then=event)
                 continue
             self.held[event.id] = (event.server, event.attempts)
+            self._handling[event.id] = _Handling()
             kept.append(event)
         return kept
 
     def _let_go(self, event: InboxEvent) -> None:
         self.held.pop(event.id, None)
+        self._handling.pop(event.id, None)
         if not self.held:
             self._idle_now.set()
 
     async def _renew_leases(self) -> None:
-        """Keep the leases of the events being handled, so that only an abandoned claim lapses."""
+        """Keep the leases of the events being handled, so that only an abandoned claim lapses.
+
+        A lease found lost (the event was claimed again, or moved on, meanwhile) stops its event's
+        handling here at once: its run calls the LLM no more and never reaches a tool call.
+        """
         while True:
             await anyio.sleep(self.lease_s / LEASE_RENEWALS)
-            if not self.held:
+            leases = [
+                (row, attempts)
+                for row, (_, attempts) in self.held.items()
+                if not (row in self._handling and self._handling[row].lost)
+            ]
+            if not leases:
                 continue
-            leases = [(row, attempts) for row, (_, attempts) in self.held.items()]
             for row in await self.store.renew_leases(leases, self._lease_until()):
-                if row in self.held:  # not one whose run ended while the renewal was under way
-                    logger.warning("event row %d: its lease was lost; another claim handles it", row)
+                held = self.held.get(row)
+                # Not one whose run ended, nor one this process claimed again, while the renewal was under way.
+                if held is None or (row, held[1]) not in leases:
+                    continue
+                logger.warning(
+                    "event row %d: its lease was lost; another claim handles it, and its handling here stops",
+                    row,
+                )
+                handling = self._handling.get(row)
+                if handling is not None:
+                    handling.lost = True
+                    handling.stop()
 
     async def _usage_allowance(self, wanted: int) -> tuple[int, str | None]:
         """How many of ``wanted`` runs may start now under [agent] max_runs_per_hour and
@@ -405,7 +463,15 @@ class Worker:
 
     async def _handle_counted(self, event: InboxEvent) -> None:
         try:
-            await self.handle(event)
+            current: InboxEvent | None = event
+            while current is not None:
+                handling = self._handling.setdefault(current.id, _Handling())
+                with handling.scope:
+                    await self.handle(current)
+                # A newer claim of the event by this process (see _claim) is handled by this task.
+                current = handling.then
+                if current is not None:
+                    self._handling[current.id] = _Handling()
         finally:
             self.active -= 1
             self._let_go(event)
