@@ -55,6 +55,7 @@ MODES = {
     "next-poll-string": 'nextPollMs: "soon"',
     "has-more-empty": "hasMore: true with no events, every time",
     "truncated-every-poll": "truncated: true with no events, every time",
+    "truncated-null-cursor": "the first poll with a cursor: truncated: true, one event, and a null cursor",
     "poll-error-32000": 'every poll answers -32000 "server busy: try later"',
     "poll-error-unknown": "every poll answers -32099",
     "poll-malformed": "events without a timestamp",
@@ -236,6 +237,11 @@ def poll(message_id: Any, params: dict[str, Any]) -> None:
     if MODE == "truncated-every-poll":
         n = position or 0
         answer(message_id, page([], str(n + 1), truncated=True))
+        return
+    if MODE == "truncated-null-cursor" and position is not None and once("truncated-null-cursor"):
+        result = page([event(position + 1)], "0", truncated=True)
+        result["cursor"] = None
+        answer(message_id, result)
         return
     if position is None:  # bootstrap: the current position, no events
         answer(message_id, page([], "0"))
