@@ -246,11 +246,13 @@ class Changes:
 class Signals(logging.Handler):
     """Waits on what the sender says at debug level: a delivery finishing, a suspension."""
 
-    _FINISHED = re.compile(r"webhook subscription (\S+): (\S+) (acknowledged|abandoned); watermark (.*)$")
+    _FINISHED = re.compile(
+        r"webhook subscription (\S+): (\S+) (acknowledged|abandoned|superseded)(?: by a refresh)?; watermark (.*)$"
+    )
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
-        self.finished: dict[str, str] = {}  # msg_id -> acknowledged | abandoned
+        self.finished: dict[str, str] = {}  # msg_id -> acknowledged | abandoned | superseded
         self.suspended: set[str] = set()
         self._changes = Changes()
 

@@ -451,3 +451,35 @@ async def test_retry_after_is_read_as_seconds_or_an_http_date() -> None:
     assert retry_after_s("Thu, 01 Jan 1970 00:00:10 GMT", 1000.0) == 0.0
     for unusable in (None, "", "-3", "soon", "1.5", "Thu, 01 Jan 1970 00:16:50"):
         assert retry_after_s(unusable, 1000.0) is None, unusable
+
+
+async def test_a_gap_envelope_a_refresh_reported_meanwhile_is_not_sent_again(
+    ca: trustme.CA, signals: Signals
+) -> None:
+    """The endpoint is down for the gap envelope and comes back only after a refresh that reported the
+    skip itself (truncated: true): the envelope is not sent again, so one skip is one gap, not two."""
+    caller = Caller()
+    # inc-1 is over the body cap: abandoned unsent. The gap envelope reporting it is retried (10-50 ms).
+    events = incidents(ca, caller, max_body_bytes=1024, max_attempts=10_000)
+    secret = new_secret()
+    gaps_down = True
+
+    def respond(received: Received) -> Reply:
+        if received.kind == "gap" and gaps_down:
+            return 503, {}
+        return echo(received)
+
+    async with Receiver(ca) as receiver, serving(events, caller) as wire:
+        receiver.respond = respond
+        await wire.subscribe("incident.created", receiver.url(), secret)
+        events.emit(incident(1, notes="x" * 2048))
+        assert await signals.done("inc-1") == ["abandoned"]
+        await signals.until(lambda: len(receiver.of("gap")) >= 2)  # being retried
+        refreshed = await wire.subscribe("incident.created", receiver.url(), secret)
+        assert refreshed["truncated"] is True, "the refresh reports the skip"
+        await signals.until(lambda: bool(gap_outcomes(signals)))
+        gaps_down = False
+        events.emit(incident(2))
+        assert await signals.done("inc-2") == ["acknowledged"]
+    assert gap_outcomes(signals) == ["superseded"]
+    assert [r.document["eventId"] for r in receiver.of("event")] == ["inc-2"]

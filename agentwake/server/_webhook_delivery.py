@@ -62,6 +62,8 @@ GONE: Final = 410
 ACKNOWLEDGED: Final = "acknowledged"
 REFUSED: Final = "refused"
 ABANDONED: Final = "abandoned"
+# A gap envelope no longer needed: a refresh reported its skips meanwhile (truncated: true).
+SUPERSEDED: Final = "superseded"
 
 
 def _header_safe(value: str) -> bool:
@@ -536,7 +538,21 @@ class WebhookSubscription:
                     len(covered),
                 )
                 msg_id = control_id("gap")
-                outcome = await self._attempts(msg_id, body)
+
+                def still_unreported(covered: list[int] = covered) -> bool:
+                    return any(seq in self._unreported for seq in covered)
+
+                # Between attempts a refresh may report these skips itself: then the envelope is not
+                # sent again (the endpoint would record one skip as two gaps).
+                outcome = await self._attempts(msg_id, body, wanted=still_unreported)
+                if outcome == SUPERSEDED:
+                    logger.debug(
+                        "webhook subscription %s: %s superseded by a refresh; watermark %s",
+                        self.id,
+                        msg_id,
+                        self.watermark.value,
+                    )
+                    continue
                 if outcome == ACKNOWLEDGED:
                     self._unreported = [seq for seq in self._unreported if seq not in covered]
                     for seq in covered:
@@ -558,11 +574,16 @@ class WebhookSubscription:
         progress, self._progress = self._progress, anyio.Event()
         progress.set()
 
-    async def _attempts(self, msg_id: str, body: Callable[[], dict[str, Any]]) -> str:
-        """Attempt until ACKNOWLEDGED, REFUSED (410) or ABANDONED."""
+    async def _attempts(
+        self, msg_id: str, body: Callable[[], dict[str, Any]], *, wanted: Callable[[], bool] | None = None
+    ) -> str:
+        """Attempt until ACKNOWLEDGED, REFUSED (410) or ABANDONED; SUPERSEDED once ``wanted`` says no
+        (it is asked before each attempt)."""
         settings = self.settings
         attempts, started = 0, anyio.current_time()
         while True:
+            if wanted is not None and not wanted():
+                return SUPERSEDED
             if not self.active:
                 await self._until_active()
                 attempts, started = 0, anyio.current_time()  # a refresh resumed us: a fresh budget
