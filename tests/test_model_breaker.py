@@ -6,18 +6,23 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
+from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 from _rig import Rig
-from fake_llm import error, text
+from _support import agentwake_run, demo_server_toml, fake_agent_toml, start_from_cursor
+from fake_llm import FakeLLM, error, text
 
 from agentwake.agent.runner import AgentRunner
 from agentwake.cli.tables import describe_service
 from agentwake.cli.views import service_state
 from agentwake.delivery.common import subscription_key
+from agentwake.demo.store import TicketStore
 from agentwake.metrics import REGISTRY
 from agentwake.store import IncomingEvent
 from agentwake.worker import Worker
@@ -128,3 +133,42 @@ def test_status_counts_every_event_state_and_the_failed_runs() -> None:
     ]
     assert event_totals(rows) == "events: 4 pending, 2 done, 1 dead, 1 held, 2 denied; 4 failed run(s)"
     assert event_totals([{"events_done": 0}]) is None
+
+
+async def test_readyz_of_a_running_service_is_503_while_its_model_is_down_and_200_once_it_answers(
+    tmp_path: Path,
+) -> None:
+    """End to end: a real `agentwake run` whose model (tests/fake_llm.py) answers 500 opens its breaker
+    after two runs; its /readyz says 503 naming the model, and 200 again once the model answers."""
+    async with FakeLLM() as fake:
+        fake.responder = lambda body: error(500, "the model is down")
+        config = tmp_path / "agentwake.toml"
+        config.write_text(
+            '[store]\npath = "aw.db"\n\n[service]\nlisten = "127.0.0.1:0"\n\n'
+            + fake_agent_toml(
+                fake.url, llm_retries=0, circuit_breaker_failures=2, concurrency=1, max_attempts=10
+            )
+            + "\n"
+            + demo_server_toml(tmp_path / "demo.db")
+            + '\n[[subscriptions]]\nname = "tickets"\nserver = "demo"\nevent = "ticket.created"\n'
+            'delivery = "poll"\npoll_floor_ms = 100\n'
+        )
+        tickets = TicketStore(tmp_path / "demo.db")
+        tickets.create(
+            [("support", "P2", f"printer {n} is on fire", "body", "amy@example.com") for n in range(4)]
+        )
+        tickets.close()
+        start_from_cursor(config)
+        async with agentwake_run(config, FAKE_LLM_KEY="sk-test") as run:
+            line = run.lines[await run.wait_for("service endpoint listening on")]
+            found = re.search(r"listening on (http://\S+)", line)
+            assert found is not None
+            readyz = f"{found.group(1)}/readyz"
+            await run.wait_for("agent waits: model openai/fake")
+            async with httpx.AsyncClient() as http:
+                answer = await http.get(readyz)
+                assert answer.status_code == 503, answer.text
+                assert "model openai/fake failing since" in answer.json()["model"]
+                fake.responder = lambda body: text("back")
+                await run.wait_for("agent resumes: model openai/fake")
+                assert (await http.get(readyz)).status_code == 200
