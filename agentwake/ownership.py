@@ -11,21 +11,44 @@ and another process takes over. The fence covers the rest: a paused former owner
 write is refused by the store (``FencedOut``). A clean stop releases the leases, so another
 process takes over at its next round instead of after the expiry.
 
+Balance. The processes find each other in the same table: each round also holds the process's
+own row (``@owner``), and rows for the servers it cannot reach (``!owner server since``) or has not
+reached yet (``?owner server``). ``plan_round``, a pure function of that table, decides the rest:
+a process's share is ceil(subscriptions / live processes able to drive any); one over its share
+gives the excess back (its loops stopped first, then the leases released: the fence makes the
+handover safe, and the taker starts from the stored cursor) but only while another able process
+is below its share, which is what keeps it from flapping; one under its share takes free ones, and
+a free one nobody else below its share could drive is taken by any able process.
+
+Health. The supervisor says when a server is reached and when it cannot be (``server_reached``,
+``server_unreachable``) and when a loop fails (``loop_failed``). A process does not take the
+subscriptions of a server it cannot reach, or has not reached yet, while another live process can
+drive them; it gives back the ones it holds there after GIVE_BACK_LEASES lease periods of failure
+(at once if it never reached the server), and those of a loop failing that long. With nobody
+better, it keeps them: a single process behaves as before.
+
+Pinning. ``pinned`` (``[store] drive``: names or globs) makes this process drive exactly the
+subscriptions it matches, all it can get, with no share and no give-back: give every process a
+``drive`` list to pin them all.
+
 A SQLite store serves one process: ``Unshared`` yields no fence at once and runs nothing, so a
 large single-process service costs what it did.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import logging
+import math
 import os
+import random
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Final, Protocol
 
 import anyio
@@ -34,6 +57,7 @@ import anyio.abc
 from agentwake.clock import iso, utc_now
 from agentwake.errors import StoreError
 from agentwake.store import Store
+from agentwake.store.sqlite.owners import ALIVE, UNREACHABLE, UNREACHED, is_process_row
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +68,12 @@ ROUNDS_PER_LEASE: Final = 3
 STOP_AFTER: Final = 2 / 3
 # How long a clean stop waits to give its leases up (a database out of reach: they lapse instead).
 RELEASE_TIMEOUT_S: Final = 5.0
+# A server out of reach (or a loop failing) this many lease periods: its subscriptions go back, for a
+# process that can drive them, if there is one.
+GIVE_BACK_LEASES: Final = 3
+# How long a handed-over subscription's loops may take to stop before its lease is released anyway
+# (the fence refuses a late write all the same).
+HANDOVER_STOP_S: Final = 5.0
 
 
 def owner_id() -> str:
@@ -61,6 +91,14 @@ class Ownership(Protocol):
     def driving(self, name: str) -> AbstractAsyncContextManager[int | None]: ...
 
     def fenced_out(self, name: str, fence: int) -> None: ...
+
+    def drives(self, name: str) -> bool: ...
+
+    def server_reached(self, server: str) -> None: ...
+
+    def server_unreachable(self, server: str) -> None: ...
+
+    def loop_failed(self, name: str) -> None: ...
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None: ...
 
@@ -82,11 +120,137 @@ class Unshared:
     def fenced_out(self, name: str, fence: int) -> None:
         return None
 
+    def drives(self, name: str) -> bool:
+        return True
+
+    def server_reached(self, server: str) -> None:
+        return None
+
+    def server_unreachable(self, server: str) -> None:
+        return None
+
+    def loop_failed(self, name: str) -> None:
+        return None
+
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
 
     async def release(self) -> None:
         return None
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Another live process, as the lease table shows it: what it holds, the servers it cannot drive."""
+
+    owner: str
+    held: frozenset[str] = frozenset()
+    cannot: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One round's decision: the leases to renew, to take, and to give back (loops stopped first)."""
+
+    keep: frozenset[str]
+    take: frozenset[str]
+    release: frozenset[str]
+    share: int
+    peers: tuple[Peer, ...] = ()
+
+
+def peers_of(rows: Sequence[Mapping[str, object]], now: str, me: str) -> tuple[dict[str, str], list[Peer]]:
+    """The lease table read: {subscription: owner} of the live leases, and the other live processes."""
+    leases: dict[str, str] = {}
+    alive: set[str] = set()
+    cannot: dict[str, set[str]] = {}
+    for row in rows:
+        name, owner, until = str(row["subscription"]), str(row["owner"]), str(row["lease_until"])
+        if until <= now:
+            continue  # lapsed or released: free, or a process gone
+        if not is_process_row(name):
+            leases[name] = owner
+        elif name[0] == ALIVE:
+            alive.add(owner)
+        elif " " in name:
+            cannot.setdefault(owner, set()).add(name[1:].split(" ")[1])
+    held: dict[str, set[str]] = {}
+    for name, owner in leases.items():
+        held.setdefault(owner, set()).add(name)
+    peers = [
+        Peer(owner, frozenset(held.get(owner, ())), frozenset(cannot.get(owner, ())))
+        for owner in sorted(alive - {me})
+    ]
+    return leases, peers
+
+
+def plan_round(
+    me: str,
+    names: Sequence[str],
+    rows: Sequence[Mapping[str, object]],
+    now: str,
+    *,
+    held: Collection[str],
+    server_of: Callable[[str], str | None] = lambda name: None,
+    unwanted: Collection[str] = (),
+    avoid: Collection[str] = (),
+    long_free: Collection[str] = (),
+    pinned: Sequence[str] | None = None,
+    rng: random.Random | None = None,
+) -> Plan:
+    """Which of ``names`` this process (``me``, holding ``held``) renews, takes and gives back, from
+    the lease table's ``rows`` at ``now``.
+
+    share = ceil(len(names) / the live processes able to drive any of them). Over it, give back the
+    excess, but only as much as able processes below their share lack (no flapping). Under it,
+    take free ones up to it; beyond it, a free one that no able process below its share could take
+    (or that stayed free for ``long_free``). ``unwanted`` (a server out of reach too long, a loop
+    failing) goes back, and ``avoid`` (a server not reached) is not taken, while another live
+    process can drive them. ``pinned``: exactly the matching names, all of them, no share.
+    """
+    rng = rng or random.Random()
+    listed = sorted(set(names))
+    leases, peers = peers_of(rows, now, me)
+    mine = {name for name in held if name in set(listed)}
+    free = [name for name in listed if name not in mine and leases.get(name, me) == me]
+    if pinned is not None:
+        allowed = {name for name in listed if any(fnmatch.fnmatchcase(name, pattern) for pattern in pinned)}
+        return Plan(
+            frozenset(mine & allowed), frozenset(set(free) & allowed), frozenset(mine - allowed), len(allowed)
+        )
+
+    def can(peer: Peer, name: str) -> bool:
+        return server_of(name) not in peer.cannot
+
+    counts = {peer.owner: len(peer.held & set(listed)) for peer in peers}
+    able = [peer for peer in peers if any(can(peer, name) for name in listed)]
+    me_able = any(name not in avoid for name in listed)
+    share = math.ceil(len(listed) / max(1, len(able) + me_able)) if listed else 0
+
+    def others_can(name: str, below_share: bool = False) -> bool:
+        return any(can(peer, name) and (not below_share or counts[peer.owner] < share) for peer in able)
+
+    give = {name for name in mine if name in unwanted and others_can(name)}
+    keep = mine - give
+    release = set(give)
+    excess = len(keep) - share
+    if excess > 0:
+        lacking = sum(share - counts[peer.owner] for peer in able if counts[peer.owner] < share)
+        candidates = sorted(name for name in keep if others_can(name, below_share=True))
+        rng.shuffle(candidates)
+        handed = set(candidates[: min(excess, lacking)])
+        keep -= handed
+        release |= handed
+    takeable = [name for name in free if name not in avoid or not others_can(name)]
+    rng.shuffle(takeable)
+    room = max(0, share - len(keep))
+    take = set(takeable[:room])
+    take |= {
+        name
+        for name in takeable[room:]
+        if not others_can(name, below_share=True) or (name in long_free and name not in avoid)
+    }
+    return Plan(frozenset(keep), frozenset(take), frozenset(release), share, tuple(peers))
 
 
 @dataclass
@@ -96,6 +260,18 @@ class _Slot:
     fence: int | None = None
     changed: anyio.Event = field(default_factory=anyio.Event)
     scopes: set[anyio.CancelScope] = field(default_factory=set)
+    emptied: anyio.Event = field(default_factory=anyio.Event)
+
+    def leave(self, scope: anyio.CancelScope) -> None:
+        self.scopes.discard(scope)
+        if not self.scopes:
+            emptied, self.emptied = self.emptied, anyio.Event()
+            emptied.set()
+
+    async def stopped(self) -> None:
+        """Return once no loop runs inside ``driving`` for this subscription."""
+        while self.scopes:
+            await self.emptied.wait()
 
     def set(self, fence: int | None) -> None:
         if fence == self.fence:
@@ -117,11 +293,27 @@ class LeaseManager:
     lease_s: float = 10.0
     owner: str = field(default_factory=owner_id)
     clock: Callable[[], float] = time.monotonic
+    # {subscription: its server}, for the health reports below (a name not in it: always reachable).
+    servers: Callable[[], Mapping[str, str]] = dict
+    # [store] drive: the names (or globs) this process drives, all of them; None: its share of all.
+    pinned: Sequence[str] | None = None
     shared: bool = field(default=True, init=False)
     rounds: int = field(default=0, init=False)
+    # The last round's plan: share and the other live processes (for tests, logs and benches).
+    plan: Plan | None = field(default=None, init=False)
     _slots: dict[str, _Slot] = field(default_factory=dict, init=False)
     _last_ok: float | None = field(default=None, init=False)
     _failing: bool = field(default=False, init=False)
+    # Health, as the supervisor reports it: servers ever reached; those out of reach, since when
+    # (wall time for status, clock for the bound); loops failing (first, last failure); names given
+    # back for a failing loop, not taken again before a time while another process can drive them.
+    _reached: set[str] = field(default_factory=set, init=False)
+    _down: dict[str, tuple[str, float]] = field(default_factory=dict, init=False)
+    _loop_failures: dict[str, tuple[float, float]] = field(default_factory=dict, init=False)
+    _avoid_until: dict[str, float] = field(default_factory=dict, init=False)
+    # Rounds in a row each name was seen free; the process rows held last round.
+    _free_rounds: dict[str, int] = field(default_factory=dict, init=False)
+    _marks: set[str] = field(default_factory=set, init=False)
 
     @property
     def interval_s(self) -> float:
@@ -130,6 +322,67 @@ class LeaseManager:
     @property
     def stop_after_s(self) -> float:
         return self.lease_s * STOP_AFTER
+
+    @property
+    def give_back_s(self) -> float:
+        return self.lease_s * GIVE_BACK_LEASES
+
+    # ---- health, as the supervisor reports it -------------------------------------------------
+
+    def drives(self, name: str) -> bool:
+        """Whether this process holds ``name`` now (so its errors are this process's to record)."""
+        return self._slot(name).fence is not None
+
+    def server_reached(self, server: str) -> None:
+        """A connection to ``server`` is open: this process can drive its subscriptions."""
+        if self._down.pop(server, None) is not None:
+            logger.info("server %s reached again: this process takes its share of its subscriptions", server)
+        self._reached.add(server)
+
+    def server_unreachable(self, server: str) -> None:
+        """A connection to ``server`` failed; its subscriptions go back after ``give_back_s`` of this
+        (at once if it was never reached) while another live process can drive them."""
+        self._down.setdefault(server, (iso(utc_now()), self.clock()))
+
+    def loop_failed(self, name: str) -> None:
+        """``name``'s loop failed; one failing for ``give_back_s`` goes back (see the module)."""
+        now = self.clock()
+        first, last = self._loop_failures.get(name, (now, now))
+        if now - last > self.give_back_s * 2:
+            first = now  # a new run of failures
+        self._loop_failures[name] = (first, now)
+
+    def _health(
+        self, names: Sequence[str], server_of: Mapping[str, str]
+    ) -> tuple[set[str], set[str], set[str]]:
+        """The names to give back, those not to take, and this process's rows about its servers."""
+        now = self.clock()
+        servers = {server_of[name] for name in names if name in server_of}
+        cannot = {server for server in servers if server in self._down or server not in self._reached}
+        gone = {
+            server
+            for server in cannot
+            if server not in self._reached or now - self._down[server][1] >= self.give_back_s
+        }
+        unwanted = {name for name in names if server_of.get(name) in gone}
+        for name, (first, last) in list(self._loop_failures.items()):
+            if now - last > self.give_back_s * 2:
+                del self._loop_failures[name]
+            elif now - first >= self.give_back_s:
+                unwanted.add(name)
+        avoid = {name for name in names if server_of.get(name) in cannot}
+        for name, until in list(self._avoid_until.items()):
+            if until > now:
+                avoid.add(name)
+            else:
+                del self._avoid_until[name]
+        marks = {
+            f"{UNREACHABLE}{self.owner} {server} {self._down[server][0]}"
+            if server in self._down
+            else f"{UNREACHED}{self.owner} {server}"
+            for server in cannot
+        }
+        return unwanted, avoid, marks
 
     def held(self) -> dict[str, int]:
         """What this process holds now: {name: fence}."""
@@ -154,7 +407,7 @@ class LeaseManager:
             with scope:
                 yield slot.fence
         finally:
-            slot.scopes.discard(scope)
+            slot.leave(scope)
 
     def fenced_out(self, name: str, fence: int) -> None:
         """The store refused a write under ``fence``: another process holds ``name`` now. Not held
@@ -190,13 +443,7 @@ class LeaseManager:
             wall = utc_now()
             with anyio.move_on_after(limit):
                 try:
-                    configured = set(names)
-                    dropped = [name for name in self.held() if name not in configured]
-                    if dropped:  # no longer configured (a reload): another process may take them now
-                        await self.store.release_subscriptions(self.owner, dropped)
-                    held = await self.store.hold_subscriptions(
-                        self.owner, names, iso(wall + timedelta(seconds=self.lease_s)), iso(wall)
-                    )
+                    held = await self._hold(names, wall)
                 except StoreError as exc:
                     if not self._failing:
                         logger.warning("could not renew the subscription leases: %s", exc)
@@ -222,6 +469,82 @@ class LeaseManager:
         self._last_ok = started
         self.rounds += 1
         self._publish(held)
+
+    async def _hold(self, names: list[str], wall: datetime) -> dict[str, int]:
+        """The round's store calls: read the table, plan, hand back (loops stopped first), hold."""
+        now = iso(wall)
+        configured = set(names)
+        held = self.held()
+        server_of = dict(self.servers())
+        unwanted, avoid, marks = self._health(names, server_of)
+        rows = await self.store.subscription_owners(processes=True)
+        leases, _ = peers_of(rows, now, self.owner)
+        for name in names:
+            self._free_rounds[name] = self._free_rounds.get(name, 0) + 1 if name not in leases else 0
+        long_free = {name for name in names if self._free_rounds.get(name, 0) > ROUNDS_PER_LEASE}
+        plan = plan_round(
+            self.owner,
+            names,
+            rows,
+            now,
+            held=held,
+            server_of=server_of.get,
+            unwanted=unwanted,
+            avoid=avoid,
+            long_free=long_free,
+            pinned=self.pinned,
+        )
+        self.plan = plan
+        # No longer configured (a reload), handed over, or a row about a server no longer true.
+        dropped = {name for name in held if name not in configured} | set(plan.release)
+        if plan.release:
+            self._hand_over(plan, unwanted)
+            with anyio.move_on_after(HANDOVER_STOP_S):
+                for name in sorted(plan.release):
+                    await self._slot(name).stopped()
+        if self.pinned is None:
+            marks.add(f"{ALIVE}{self.owner}")  # pinned: not counted in anyone's share
+        stale = self._marks - marks
+        if dropped or stale:
+            await self.store.release_subscriptions(self.owner, sorted(dropped | stale))
+        self._marks = marks
+        return {
+            name: fence
+            for name, fence in (
+                await self.store.hold_subscriptions(
+                    self.owner,
+                    sorted(plan.keep | plan.take | marks),
+                    iso(wall + timedelta(seconds=self.lease_s)),
+                    now,
+                )
+            ).items()
+            if not is_process_row(name)
+        }
+
+    def _hand_over(self, plan: Plan, unwanted: set[str]) -> None:
+        """Stop the loops of what this process gives back, saying why."""
+        failing = plan.release & unwanted
+        if failing:
+            logger.warning(
+                "this process cannot drive %d subscription(s) (server out of reach, or the loop keeps"
+                " failing): giving them back for another process to take: %s",
+                len(failing),
+                ", ".join(sorted(failing)),
+            )
+            for name in failing:
+                self._avoid_until[name] = self.clock() + self.give_back_s
+                self._loop_failures.pop(name, None)
+        balanced = plan.release - unwanted
+        if balanced:
+            logger.info(
+                "over this process's share (%d of %d live processes): handing %d subscription(s) over: %s",
+                plan.share,
+                len(plan.peers) + 1,
+                len(balanced),
+                ", ".join(sorted(balanced)),
+            )
+        for name in plan.release:
+            self._slot(name).set(None)
 
     def _publish(self, held: dict[str, int]) -> None:
         for name in sorted(set(self._slots) | set(held)):
@@ -249,11 +572,18 @@ class LeaseManager:
                 logger.warning("could not give up the subscription leases (they lapse instead): %s", exc)
 
 
-def ownership_for(store: Store, names: Callable[[], Sequence[str]], lease_s: float) -> Ownership:
+def ownership_for(
+    store: Store,
+    names: Callable[[], Sequence[str]],
+    lease_s: float,
+    *,
+    servers: Callable[[], Mapping[str, str]] = dict,
+    pinned: Sequence[str] | None = None,
+) -> Ownership:
     """Leases for a store several processes may share (``store.shared``), else ``Unshared``."""
     if getattr(store, "shared", False):
-        return LeaseManager(store, names, lease_s)
+        return LeaseManager(store, names, lease_s, servers=servers, pinned=pinned)
     return Unshared()
 
 
-__all__ = ["LeaseManager", "Ownership", "Unshared", "owner_id", "ownership_for"]
+__all__ = ["LeaseManager", "Ownership", "Peer", "Plan", "Unshared", "owner_id", "ownership_for", "plan_round"]

@@ -158,7 +158,12 @@ class Supervisor:
         self.quiet_flusher = QuietFlusher(self.store)
         self.backlog = Backlog(self.store, self.config.limits.max_undecided_events)
         self.owners = self.ownership or ownership_for(
-            self.store, lambda: [s.name for s in self.config.subscriptions], self.config.store.lease_s
+            self.store,
+            lambda: [s.name for s in self.config.subscriptions],
+            self.config.store.lease_s,
+            servers=lambda: {s.name: s.server for s in self.config.subscriptions},
+            # [store] drive: pin this process to those subscriptions (None: its share of them all).
+            pinned=getattr(self.config.store, "drive", None),
         )
 
     def readiness(self) -> dict[str, str]:
@@ -434,8 +439,10 @@ class Supervisor:
                 logger.warning("%s; reconnecting in %.1fs", peer(str(exc)), delay)
             metrics.observe_reconnect(server)
             self._readiness[server] = f"error: {peer(str(exc))}"
+            self.owners.server_unreachable(server)  # another process may drive its subscriptions
             for sub in self.subscriptions_of(server):
-                await self.store.record_error(sub.name, str(exc))
+                if self.owners.drives(sub.name):  # not another process's subscription
+                    await self.store.record_error(sub.name, str(exc))
 
         retrying = AsyncRetrying(
             # Any failure of a connection, expected (DeliveryError) or not, reconnects with backoff.
@@ -505,6 +512,7 @@ class Supervisor:
             ) as conn:
                 opened = True
                 self._readiness[server] = "connected"
+                self.owners.server_reached(server)
                 self._open += 1
                 self._connected_at[server] = anyio.current_time()
                 if self.pool is not None:
@@ -749,6 +757,7 @@ class Supervisor:
                         delay,
                     )
                 await self.store.set_state(sub.name, status="failed", error=reason)
+                self.owners.loop_failed(sub.name)  # failing too long: another process may try it
                 await self.sleep(delay)
 
     async def _end(self, sub: SubscriptionConfig, reason: str) -> None:

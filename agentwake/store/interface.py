@@ -129,8 +129,11 @@ class Store(Protocol):
         owner takes them at its next round. The fences are kept (the next take raises them)."""
         ...
 
-    async def subscription_owners(self) -> list[dict[str, Any]]:
-        """Each subscription's lease, for ``status``: subscription, owner, fence, lease_until."""
+    async def subscription_owners(self, *, processes: bool = False) -> list[dict[str, Any]]:
+        """Each subscription's lease, for ``status``: subscription, owner, fence, lease_until. With
+        ``processes``, the processes' own rows too (``@owner``: alive until lease_until; ``!owner
+        server since``: cannot reach that server; ``?owner server``: not reached it yet), which
+        ``agentwake.ownership`` shares the subscriptions by."""
         ...
 
     # ---- webhook subscriptions and their secrets (delivery) ------------------------------------

@@ -5,6 +5,8 @@ is ONE ``INSERT ... ON CONFLICT DO UPDATE`` over every name, which locks each ex
 re-checks the lease on its latest version, so two processes racing for a subscription never both
 get it. A new owner raises the fence; every fenced cursor write locks the row ``FOR SHARE`` and
 compares, so a takeover waits for an ingest in flight, and a former owner's later one is refused.
+The processes' own rows (``@owner`` and the like, see ``agentwake.store.sqlite.owners``) go through
+the same round; lapsed ones are deleted, skipping any another round has locked.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import psycopg
 from agentwake.errors import FencedOut
 from agentwake.store.postgres import views
 from agentwake.store.postgres.base import PostgresBase
-from agentwake.store.sqlite.owners import RELEASED
+from agentwake.store.sqlite.owners import OWNER_COLUMNS, RELEASED
 
 # Names in a fixed order: two rounds racing lock their rows in the same order (no deadlock).
 _HOLD_SQL: Final = (
@@ -30,6 +32,17 @@ _HOLD_SQL: Final = (
     " WHERE o.owner = excluded.owner OR o.lease_until < %(now)s"
     " RETURNING o.subscription, o.fence"
 )
+_PROCESS_ROW_SQL: Final = "left(subscription, 1) IN ('@', '!', '?')"
+# Lapsed process rows (dead processes, servers reached again), skipping those a racing round locked.
+_SWEEP_SQL: Final = (
+    "DELETE FROM subscription_owners WHERE subscription IN (SELECT subscription FROM subscription_owners"
+    f" WHERE {_PROCESS_ROW_SQL} AND lease_until < %s ORDER BY subscription FOR UPDATE SKIP LOCKED)"
+)
+# Rows locked in the order a round locks them: a release racing a take cannot deadlock.
+_RELEASE_SQL: Final = (
+    "UPDATE subscription_owners SET lease_until = %s WHERE subscription IN (SELECT subscription FROM"
+    " subscription_owners WHERE owner = %s{names} ORDER BY subscription FOR UPDATE)"
+)
 
 
 class Owners(PostgresBase):
@@ -40,6 +53,7 @@ class Owners(PostgresBase):
         # Each name once: ON CONFLICT cannot touch one row twice in a statement.
         listed = sorted(set(names))
         async with self.transaction() as conn:
+            await conn.execute(_SWEEP_SQL, [now])
             cur = await conn.execute(_HOLD_SQL, {"owner": owner, "until": until, "now": now, "names": listed})
             rows = await cur.fetchall()
         return {str(name): int(fence) for name, fence in rows}
@@ -48,18 +62,24 @@ class Owners(PostgresBase):
         """Give up this owner's leases (all, with None); the fences stay, so a take raises them."""
         async with self.transaction() as conn:
             if names is None:
-                await conn.execute(
-                    "UPDATE subscription_owners SET lease_until = %s WHERE owner = %s", [RELEASED, owner]
-                )
+                await conn.execute(_RELEASE_SQL.format(names=""), [RELEASED, owner])
             else:
                 await conn.execute(
-                    "UPDATE subscription_owners SET lease_until = %s WHERE owner = %s AND subscription = ANY(%s)",
-                    [RELEASED, owner, list(names)],
+                    _RELEASE_SQL.format(names=" AND subscription = ANY(%s)"), [RELEASED, owner, list(names)]
                 )
 
-    async def subscription_owners(self) -> list[dict[str, Any]]:
-        """Each subscription's owner, fence and lease end (a lease in the past is free to take)."""
-        return await self._read(views.subscription_owners())
+    async def subscription_owners(self, *, processes: bool = False) -> list[dict[str, Any]]:
+        """Each subscription's owner, fence and lease end (a lease in the past is free to take); the
+        processes' own rows too with ``processes``."""
+        if processes:
+            return await self._read(views.subscription_owners())
+        async with self.transaction() as conn:
+            cur = await conn.execute(
+                f"SELECT {', '.join(OWNER_COLUMNS)} FROM subscription_owners WHERE NOT {_PROCESS_ROW_SQL}"
+                " ORDER BY subscription"
+            )
+            rows = await cur.fetchall()
+        return [dict(zip(OWNER_COLUMNS, r, strict=True)) for r in rows]
 
 
 async def check_fence(conn: psycopg.AsyncConnection[Any], name: str, fence: int | None) -> None:

@@ -4,6 +4,13 @@ One process uses a SQLite file, so nothing contends for these rows there; the me
 the store keeps one contract (``agentwake.ownership`` does not renew leases on SQLite). A whole
 round costs a few statements however many subscriptions there are: the names go in as one
 JSON array.
+
+The same table holds the processes' own rows, leased like subscriptions and named so that no
+subscription can be (a config name is letters, digits, '.', '_', '-'): ``@<owner>``, the process
+is alive (``agentwake.ownership`` shares the subscriptions among the live ones); ``!<owner>
+<server> <since>``, it cannot reach that server since then; ``?<owner> <server>``, it has not
+reached it yet. A round deletes such rows once lapsed; ``subscription_owners`` leaves them out
+unless asked (``processes=True``).
 """
 
 from __future__ import annotations
@@ -19,6 +26,18 @@ from agentwake.store.sqlite.base import SqliteBase
 # What a released lease ends at: before any time a process can hold, so the next round takes it.
 RELEASED: Final = "1970-01-01T00:00:00.000Z"
 OWNER_COLUMNS: Final = ("subscription", "owner", "fence", "lease_until")
+# The first character of a process's own row (see the module): alive, cannot reach, not reached yet.
+ALIVE: Final = "@"
+UNREACHABLE: Final = "!"
+UNREACHED: Final = "?"
+PROCESS_MARKS: Final = (ALIVE, UNREACHABLE, UNREACHED)
+_PROCESS_ROW_SQL: Final = "substr(subscription, 1, 1) IN ('@', '!', '?')"
+
+
+def is_process_row(name: str) -> bool:
+    """Whether a lease row is a process's own (alive, a server it cannot reach) and no subscription."""
+    return name[:1] in PROCESS_MARKS
+
 
 # Take what has no row or a lapsed lease (a new owner raises the fence); renew what is still ours.
 _HOLD_SQL: Final = (
@@ -37,6 +56,9 @@ class Owners(SqliteBase):
         """Renew this owner's leases among ``names`` and take those free or lapsed; {name: fence} held."""
         listed = json.dumps(sorted(set(names)))
         with self.transaction():
+            self.conn.execute(
+                f"DELETE FROM subscription_owners WHERE {_PROCESS_ROW_SQL} AND lease_until < ?", [now]
+            )
             self.conn.execute(_HOLD_SQL, {"owner": owner, "until": until, "now": now, "names": listed})
             rows = self.conn.execute(
                 "SELECT subscription, fence FROM subscription_owners"
@@ -59,10 +81,12 @@ class Owners(SqliteBase):
                     [RELEASED, owner, json.dumps(list(names))],
                 )
 
-    def subscription_owners(self) -> list[dict[str, Any]]:
-        """Each subscription's owner, fence and lease end (a lease in the past is free to take)."""
+    def subscription_owners(self, *, processes: bool = False) -> list[dict[str, Any]]:
+        """Each subscription's owner, fence and lease end (a lease in the past is free to take); the
+        processes' own rows too with ``processes``."""
+        where = "" if processes else f" WHERE NOT {_PROCESS_ROW_SQL}"
         rows = self.conn.execute(
-            f"SELECT {', '.join(OWNER_COLUMNS)} FROM subscription_owners ORDER BY subscription"
+            f"SELECT {', '.join(OWNER_COLUMNS)} FROM subscription_owners{where} ORDER BY subscription"
         ).fetchall()
         return [dict(zip(OWNER_COLUMNS, r, strict=True)) for r in rows]
 
