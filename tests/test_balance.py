@@ -325,3 +325,45 @@ async def test_a_process_that_cannot_reach_its_server_hands_its_subscriptions_to
 
 async def _equals(value: Awaitable[object], expected: object) -> bool:
     return await value == expected
+
+
+async def test_status_names_each_subscriptions_driver_and_a_server_that_driver_cannot_reach(
+    tmp_path: Path,
+    postgres_url: str,  # noqa: F811
+) -> None:
+    from datetime import timedelta
+
+    from rich.console import Console
+
+    from agentwake.cli.views import print_status_view, status_snapshot
+    from agentwake.clock import iso, utc_now
+    from agentwake.config import load_config
+    from agentwake.delivery.common import subscription_key
+
+    config = balance_toml(tmp_path / "p", postgres_url, time.time(), subscriptions=2)
+    since = "2026-12-03T08:00:00.000Z"
+    store = await PostgresStore.open(postgres_url)
+    try:
+        for sub in load_config(config).subscriptions:
+            await store.register(subscription_key(sub))
+        now = utc_now()
+        until, at = iso(now + timedelta(seconds=60)), iso(now)
+        # As two processes' rounds leave the table: the first cannot reach the server.
+        await store.hold_subscriptions(
+            "host:1:abc", ["s00", "@host:1:abc", f"!host:1:abc balance {since}"], until, at
+        )
+        await store.hold_subscriptions("host:2:def", ["s01", "@host:2:def"], until, at)
+        assert [row["subscription"] for row in await store.subscription_owners()] == ["s00", "s01"]
+    finally:
+        await store.close()
+    service, rows = await anyio.to_thread.run_sync(status_snapshot, config)
+    by_name = {row["subscription"]: row for row in rows}
+    assert by_name["s00"]["driven_by"] == "host:1:abc"
+    assert by_name["s00"]["driver_failing"] == f"server unreachable since {since}"
+    assert (by_name["s01"]["driven_by"], by_name["s01"]["driver_failing"]) == ("host:2:def", None)
+    console = Console(record=True, width=400)
+    print_status_view(service, rows, console)
+    shown = console.export_text()
+    assert f"host:1:abc drives 1 subscription(s): s00 (balance: server unreachable since {since})" in shown
+    assert "host:2:def drives 1 subscription(s): s01\n" in shown
+    assert f"(driven by host:1:abc: server unreachable since {since})" in shown

@@ -175,7 +175,10 @@ def _status_block(r: dict[str, Any]) -> Table:
 def _status_of(r: dict[str, Any]) -> str:
     """The subscription's stored status; when the service is not running, said so: the status is
     what it was when the service stopped, not something live."""
-    return str(r["status"]) + (" (service stopped)" if r.get("service_running") is False else "")
+    status = str(r["status"]) + (" (service stopped)" if r.get("service_running") is False else "")
+    if r.get("driver_failing"):  # its driver cannot reach the server: another process may take it
+        status += f" (driven by {r['driven_by']}: {r['driver_failing']})"
+    return status
 
 
 def describe_service(service: dict[str, Any] | None) -> str:

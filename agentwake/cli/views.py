@@ -137,14 +137,21 @@ def status_snapshot(config: Path) -> tuple[dict[str, Any] | None, list[dict[str,
     rows, counts, configured, services, owners = read_store(config, read)
     service = service_state(services)
     now = now_iso()
+    from agentwake.store.sqlite.owners import is_process_row
+
     # A lease in the past is free: nobody drives that subscription now.
-    held = {o["subscription"]: o for o in owners if o["lease_until"] and o["lease_until"] > now}
+    live = [o for o in owners if o["lease_until"] and o["lease_until"] > now]
+    held = {o["subscription"]: o for o in live if not is_process_row(o["subscription"])}
+    unreachable = servers_out_of_reach(live)
     for row in rows:
         row["configured"] = row["subscription"] in configured
         owner = held.get(row["subscription"])
         # Several processes on one PostgreSQL store: which one drives this subscription's loop.
         row["driven_by"] = None if owner is None else owner["owner"]
         row["lease_until"] = None if owner is None else owner["lease_until"]
+        # Its driver cannot reach the subscription's server (it gives it back if another process can).
+        since = None if owner is None else unreachable.get((owner["owner"], str(row.get("server"))))
+        row["driver_failing"] = None if since is None else f"server unreachable since {since}"
         # None: no service ever recorded itself in this store (one older than this field).
         row["service_running"] = None if service is None else service["running"]
         if not row["configured"] and not row["service_running"] and row["status"] not in REMOVED_STATUSES:
@@ -174,11 +181,33 @@ def print_status_view(service: dict[str, Any] | None, rows: list[dict[str, Any]]
     out.print()
     print_status(rows, out)
     drivers: dict[str, list[str]] = {}
+    failing: dict[str, set[str]] = {}
     for row in rows:
         if row.get("driven_by"):
             drivers.setdefault(row["driven_by"], []).append(row["subscription"])
+            if row.get("driver_failing"):
+                failing.setdefault(row["driven_by"], set()).add(f"{row['server']}: {row['driver_failing']}")
     for owner, names in sorted(drivers.items()):
-        out.print(f"{owner} drives {len(names)} subscription(s): {', '.join(names)}", highlight=False)
+        trouble = "; ".join(sorted(failing.get(owner, ())))
+        out.print(
+            f"{owner} drives {len(names)} subscription(s): {', '.join(names)}"
+            + (f" ({trouble})" if trouble else ""),
+            highlight=False,
+        )
+
+
+def servers_out_of_reach(live: list[dict[str, Any]]) -> dict[tuple[str, str], str]:
+    """{(process, server): since} from the live lease rows: the servers each process says it cannot
+    reach (``agentwake.ownership`` publishes them as ``!owner server since``)."""
+    from agentwake.store.sqlite.owners import UNREACHABLE
+
+    found: dict[tuple[str, str], str] = {}
+    for o in live:
+        name = str(o["subscription"])
+        if name.startswith(UNREACHABLE) and name.count(" ") == 2:
+            owner, server, since = name[1:].split(" ")
+            found[(owner, server)] = since
+    return found
 
 
 def event_totals(rows: list[dict[str, Any]]) -> str | None:
