@@ -5,7 +5,11 @@ events feed in memory, and answers the endpoints the bridge uses with JSON shape
 GitHub's REST API shapes it: 404 ``Not Found`` for what does not exist, 422 for bodies
 GitHub refuses, 401 ``Bad credentials`` without the token, ETags that change with the
 content and 304 on a matching ``If-None-Match``, ``X-Poll-Interval`` on the events feed,
-``X-RateLimit-*`` on every answer (and 403 once the quota is spent).
+``X-RateLimit-*`` on every answer (and 403 once the quota is spent). Lists are paginated as
+GitHub paginates them: ``per_page`` (30 by default, at most 100) and ``page``, with a ``Link``
+header naming the ``prev``, ``next``, ``first`` and ``last`` pages as absolute URLs (omitted
+when everything fits on one page); the events feed holds only the newest ``events_cap`` (300)
+events, and a page past them is 422, as on GitHub.
 
 Writes through the API behave as on GitHub: they change the issue and add the matching
 event to the feed (a comment posted by the bridge shows up as an ``IssueCommentEvent``
@@ -39,7 +43,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http import HTTPStatus
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote, unquote, urlencode
 
 from _fake_http import Headers, RecordingFake, until_stopped
 from aiohttp import web
@@ -129,13 +133,37 @@ def _per_page(query: dict[str, str]) -> int:
         return DEFAULT_PER_PAGE
 
 
-def _page(items: list[dict[str, Any]], query: dict[str, str]) -> list[dict[str, Any]]:
-    per_page = _per_page(query)
+def _page_number(query: dict[str, str]) -> int:
     try:
-        page = max(1, int(query.get("page", "1")))
+        return max(1, int(query.get("page", "1")))
     except ValueError:
-        page = 1
+        return 1
+
+
+def _page(items: list[dict[str, Any]], query: dict[str, str]) -> list[dict[str, Any]]:
+    per_page, page = _per_page(query), _page_number(query)
     return items[(page - 1) * per_page : page * per_page]
+
+
+def _link(url: str, query: dict[str, str], total: int) -> str | None:
+    """GitHub's ``Link`` header for page ``query["page"]`` of ``total`` items at ``url``; None for one page."""
+    per_page, page = _per_page(query), _page_number(query)
+    last = max(1, -(-total // per_page))
+    if last == 1:
+        return None
+
+    def at(number: int) -> str:
+        return f"{url}?{urlencode({**query, 'per_page': str(per_page), 'page': str(number)})}"
+
+    links = []
+    if page > 1:
+        links.append(f'<{at(page - 1)}>; rel="prev"')
+    if page < last:
+        links.append(f'<{at(page + 1)}>; rel="next"')
+        links.append(f'<{at(last)}>; rel="last"')
+    if page > 1:
+        links.append(f'<{at(1)}>; rel="first"')
+    return ", ".join(links)
 
 
 class FakeGitHub(RecordingFake[Recorded]):
@@ -152,6 +180,8 @@ class FakeGitHub(RecordingFake[Recorded]):
         self.rate_limit_reset = int(time.time()) + 3600
         self.viewer_login = "agentwake-bot"  # whom the token authenticates: the actor of API writes
         self.viewer_type = "User"
+        # GitHub's events feed keeps the newest 300 events; a page past them is refused.
+        self.events_cap = 300
         self._repos: dict[str, _Repo] = {}
         self._users: dict[str, dict[str, Any]] = {}
         self._ids = itertools.count(1_000_001)
@@ -678,14 +708,25 @@ class FakeGitHub(RecordingFake[Recorded]):
         if method == "GET" and rest == []:
             return self._json(self._repo_full(repo))
         if method == "GET" and rest == ["events"]:
-            return self._conditional(call, self._feed(repo, call.query), poll=True)
+            feed = self._repos[repo].events[::-1][: self.events_cap]
+            if (_page_number(call.query) - 1) * _per_page(call.query) >= self.events_cap:
+                raise ApiError(
+                    422,
+                    "In order to keep the API fast for everyone, pagination is limited for this resource.",
+                )
+            return self._conditional(
+                call, _page(feed, call.query), poll=True, link=self._link(call, len(feed))
+            )
         if rest == ["issues"]:
             if method == "GET":
-                return self._conditional(call, self._issues(repo, call.query))
+                issues = self._issues(repo, call.query)
+                return self._conditional(call, _page(issues, call.query), link=self._link(call, len(issues)))
             if method == "POST":
                 return self._json(self._create_issue(repo, self._object(call)), status=201)
         if method == "GET" and rest == ["actions", "runs"]:
-            return self._conditional(call, self._runs(repo, call.query))
+            runs = self._runs(repo, call.query)
+            body = {"total_count": len(runs), "workflow_runs": _page(runs, call.query)}
+            return self._conditional(call, body, link=self._link(call, len(runs)))
         if len(rest) >= 2 and rest[0] in ("issues", "pulls"):
             number = _number(rest[1])
             return self._issue_route(call, repo, rest[0], number, rest[2:])
@@ -734,11 +775,19 @@ class FakeGitHub(RecordingFake[Recorded]):
     def _json(body: Any, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
         return web.json_response(copy.deepcopy(body), status=status, headers=headers)
 
-    def _conditional(self, call: _Call, body: Any, *, poll: bool = False) -> web.Response:
+    def _link(self, call: _Call, total: int) -> str | None:
+        origin = self.url.removesuffix(self.path_prefix)
+        return _link(origin + call.recorded.path, call.query, total)
+
+    def _conditional(
+        self, call: _Call, body: Any, *, poll: bool = False, link: str | None = None
+    ) -> web.Response:
         etag = _etag(body)
         headers = {"ETag": etag, "Cache-Control": "private, max-age=60, s-maxage=60"}
         if poll:
             headers["X-Poll-Interval"] = str(self.poll_interval_s)
+        if link is not None:
+            headers["Link"] = link
         candidates = [tag.strip() for tag in call.recorded.headers.get("If-None-Match", "").split(",")]
         if etag in candidates or f"W/{etag}" in candidates:
             return web.Response(status=304, headers=headers)
@@ -753,9 +802,6 @@ class FakeGitHub(RecordingFake[Recorded]):
 
     # -- endpoints -----------------------------------------------------------------------------
 
-    def _feed(self, repo: str, query: dict[str, str]) -> list[dict[str, Any]]:
-        return _page(self._repos[repo].events[::-1], query)
-
     def _issues(self, repo: str, query: dict[str, str]) -> list[dict[str, Any]]:
         state = query.get("state", "open")
         items = [i for i in self._repos[repo].issues.values() if state == "all" or i["state"] == state]
@@ -766,16 +812,16 @@ class FakeGitHub(RecordingFake[Recorded]):
         key = {"updated": "updated_at", "comments": "comments"}.get(sort, "created_at")
         # Ties (the same second) go by number, as creation order.
         items.sort(key=lambda i: (i[key], i["number"]), reverse=query.get("direction", "desc") != "asc")
-        return _page(items, query)
+        return items
 
-    def _runs(self, repo: str, query: dict[str, str]) -> dict[str, Any]:
+    def _runs(self, repo: str, query: dict[str, str]) -> list[dict[str, Any]]:
         runs = self._repos[repo].runs[::-1]
         status = query.get("status")
         if status:
             runs = [r for r in runs if status in (r["status"], r["conclusion"])]
         if query.get("branch"):
             runs = [r for r in runs if r["head_branch"] == query["branch"]]
-        return {"total_count": len(runs), "workflow_runs": _page(runs, query)}
+        return runs
 
     def _search(self, query: dict[str, str]) -> dict[str, Any]:
         q = query.get("q", "").strip()

@@ -222,9 +222,16 @@ class Bridge:
     async def aclose(self) -> None:
         """Release what the bridge holds (its API client)."""
 
-    async def accept(self, events: Sequence[NewEvent], *, source: str, delivery_id: str | None = None) -> int:
+    async def accept(
+        self,
+        events: Sequence[NewEvent],
+        *,
+        source: str,
+        delivery_id: str | None = None,
+        gap_types: Sequence[str] = (),
+    ) -> int:
         assert self.server is not None
-        return await self.server.accept(events, source=source, delivery_id=delivery_id)
+        return await self.server.accept(events, source=source, delivery_id=delivery_id, gap_types=gap_types)
 
     def server_of(self) -> BridgeServer:
         assert self.server is not None
@@ -335,10 +342,20 @@ class BridgeServer:
             )
         )
 
-    async def accept(self, events: Sequence[NewEvent], *, source: str, delivery_id: str | None = None) -> int:
-        """Commit events to the log, then wake their readers; how many were new."""
+    async def accept(
+        self,
+        events: Sequence[NewEvent],
+        *,
+        source: str,
+        delivery_id: str | None = None,
+        gap_types: Sequence[str] = (),
+    ) -> int:
+        """Commit events to the log, then wake their readers; how many were new.
+
+        ``gap_types`` records, before these events, that events of those types were lost upstream
+        (their readers are told ``truncated`` once)."""
         added = await anyio.to_thread.run_sync(
-            lambda: self.log.append(events, source=source, delivery_id=delivery_id)
+            lambda: self.log.append(events, source=source, delivery_id=delivery_id, gap_types=gap_types)
         )
         for name in dict.fromkeys(added):
             self.events.wake(name)

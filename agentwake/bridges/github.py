@@ -23,7 +23,12 @@ comments, pull requests), the issues API (new issues) and the Actions runs API (
 workflow runs), each a conditional GET with the ETag of the last answer (a 304 costs
 GitHub no rate limit). ``X-Poll-Interval`` and the rate-limit headers set the pace. What
 was there before the first poll is not emitted; events ids are the webhook's, so both
-ingress paths may run at once without duplicates.
+ingress paths may run at once without duplicates. A changed feed is read page after page
+(its ``Link: rel="next"``) back to the newest item the last poll saw, at most
+``MAX_POLL_PAGES`` pages and never into the rate limit's reserve; when the feed's history
+does not reach back that far (the page bound is hit, or its last page is full and has no
+next) the missed stretch is recorded in the log as a gap, which its readers see as
+``truncated``.
 
 Tools call the REST API (``github_api``) with the token named by ``--token-env``;
 ``close_issue`` is registered only with ``--allow-tool close_issue``. ``comment`` posts its
@@ -33,6 +38,7 @@ with ``allow_mentions``, which the policy pins to false unless its rule allows i
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import hmac
 import json
@@ -73,6 +79,17 @@ DEFAULT_MAX_DELIVERY_AGE: Final = timedelta(hours=24)
 DEFAULT_POLL_INTERVAL_S: Final = 60.0
 # Below this many requests left, the poller waits for the rate limit's reset.
 RATE_LIMIT_RESERVE: Final = 50
+# How many pages of one feed a poll reads at most, to reach back to the last item seen.
+MAX_POLL_PAGES: Final = 10
+# The event types each polled feed can produce: what a gap in that feed may have lost.
+EVENTS_FEED_TYPES: Final = (
+    "issues.opened",
+    "issue_comment.created",
+    "pull_request.opened",
+    "pull_request.review_requested",
+)
+ISSUES_FEED_TYPES: Final = ("issues.opened",)
+RUNS_FEED_TYPES: Final = ("workflow_run.completed",)
 OWN_LOGIN_RETRY_S: Final = 60.0
 # Short: a webhook waits for it when it was not learnt at start, and GitHub gives a delivery 10 s.
 OWN_LOGIN_TIMEOUT_S: Final = 5.0
@@ -111,6 +128,7 @@ class GitHubSettings:
     max_delivery_age: timedelta = DEFAULT_MAX_DELIVERY_AGE
     allowed_tools: tuple[str, ...] = ()
     ignore_own_actions: bool = True
+    poll_max_pages: int = MAX_POLL_PAGES
 
 
 def signature_valid(secret: bytes, body: bytes, header: str | None) -> bool:
@@ -254,18 +272,21 @@ class GitHubBridge(Bridge):
             lambda etag: self.api.repo_events(repo, etag=etag),
             github_events.from_repo_event,
             baseline,
+            EVENTS_FEED_TYPES,
         )
         await self._poll_feed(
             f"{repo}:issues",
             lambda etag: self.api.repo_issues(repo, etag=etag, since=since),
             lambda item: github_events.from_issue(item, repo),
             baseline,
+            ISSUES_FEED_TYPES,
         )
         await self._poll_feed(
             f"{repo}:runs",
             lambda etag: self.api.workflow_runs(repo, etag=etag),
             lambda run: github_events.from_workflow_run(run, repo),
             baseline,
+            RUNS_FEED_TYPES,
         )
         return float(events.poll_interval_s or 0)
 
@@ -275,20 +296,28 @@ class GitHubBridge(Bridge):
         fetch: Callable[[str | None], Awaitable[Page]],
         mapper: Callable[[dict[str, Any]], github_events.Mapped | None],
         baseline: datetime,
+        types: tuple[str, ...],
     ) -> Page:
-        """One conditional GET of a feed: its new events into the log, then its ETag stored.
+        """One poll of a feed: its new events into the log, then its ETag and newest item stored.
 
-        In that order: a crash in between fetches the page again, and the log's event ids
+        In that order: a crash in between fetches the pages again, and the log's event ids
         drop what it already kept. What happened before ``baseline`` (the first poll) is history.
+        A changed first page is followed by the next ones until one holds the newest item the
+        last poll saw (see ``read_back``); a first poll reads its first page only.
         """
         log = self.server_of().log
-        etag_key = f"{key}:etag"
+        etag_key, newest_key = f"{key}:etag", f"{key}:newest"
         etag = await anyio.to_thread.run_sync(log.get_state, etag_key)
-        page = await fetch(etag)
-        if not page.changed:
-            return page
+        first = await fetch(etag)
+        if not first.changed:
+            return first
+        newest = await anyio.to_thread.run_sync(log.get_state, newest_key)
+        pages, outcome = [first], ReadBack.REACHED
+        if isinstance(newest, int):
+            pages, outcome = await self._read_back(key, first, newest)
         fresh = []
-        for item in page.items:
+        # Oldest first, so the log holds them in the order they happened.
+        for item in reversed([item for page in pages for item in page.items]):
             try:
                 mapped = mapper(item)
             except github_events.Unmapped as exc:
@@ -296,13 +325,44 @@ class GitHubBridge(Bridge):
                 continue
             if mapped is not None and mapped.occurred_at >= baseline and not await self.is_own_action(mapped):
                 fresh.append(NewEvent(mapped.type, mapped.event_id, mapped.occurred_at, mapped.data, item))
-        if fresh:
-            added = await self.accept(fresh, source="poll")
+        gap = outcome is ReadBack.GAP
+        if gap:
+            logger.warning(
+                "poll %s: the feed does not reach back to the last item seen (%d page(s) read):"
+                " what happened in between is lost, and recorded as a gap",
+                key,
+                len(pages),
+            )
+        if fresh or gap:
+            added = await self.accept(fresh, source="poll", gap_types=types if gap else ())
             if added:
                 logger.info("poll %s: %d new event(s)", key, added)
-        if page.etag is not None:
-            await anyio.to_thread.run_sync(log.set_state, etag_key, page.etag)
-        return page
+        if outcome is ReadBack.STOPPED:
+            return first  # the rest next time: the same pages again, then further back
+        seen = [item_id for item in first.items if (item_id := _item_id(item)) is not None]
+        if isinstance(newest, int):
+            seen.append(newest)
+        await anyio.to_thread.run_sync(log.set_state, newest_key, max(seen, default=0))
+        if first.etag is not None:
+            await anyio.to_thread.run_sync(log.set_state, etag_key, first.etag)
+        return first
+
+    async def _read_back(self, key: str, first: Page, newest: int) -> tuple[list[Page], ReadBack]:
+        """``first`` and the pages after it, up to the one that holds an item at or before ``newest``."""
+        pages = [first]
+        while True:
+            outcome = read_back(pages, newest, self.settings.poll_max_pages)
+            if outcome is not ReadBack.MORE:
+                return pages, outcome
+            limit = self.api.rate_limit
+            if limit.remaining is not None and limit.remaining < RATE_LIMIT_RESERVE:
+                logger.warning(
+                    "poll %s: stopped after %d page(s) to keep the rate limit's reserve", key, len(pages)
+                )
+                return pages, ReadBack.STOPPED
+            page = await self.api.next_page(pages[-1])
+            assert page is not None  # read_back says MORE only when there is a next page
+            pages.append(page)
 
     # ---- tools -----------------------------------------------------------------
 
@@ -422,6 +482,45 @@ class GitHubBridge(Bridge):
                 """Close an issue as completed or not_planned (e.g. a duplicate)."""
                 result: dict[str, Any] = await call(api.close_issue(repository, number, reason=reason))
                 return result
+
+
+class ReadBack(enum.Enum):
+    """Where reading a feed back to the last item seen stands."""
+
+    MORE = "more"  # read the next page
+    REACHED = "reached"  # the pages read hold everything since the last item seen
+    GAP = "gap"  # they do not, and no more pages will be read: something was missed
+    STOPPED = "stopped"  # the poller stopped early (the rate limit): the next poll reads them again
+
+
+def read_back(pages: list[Page], newest: int, max_pages: int) -> ReadBack:
+    """Whether the pages of a feed (newest first) reach back to ``newest``, the largest item id the
+    last poll saw (0 when the feed was empty then).
+
+    GitHub's feed ids grow with time, so a page holding an id at or below ``newest`` reaches it.
+    Otherwise the next page is read, unless the last one has no next (the feed's history ends
+    there: a gap if that page was full, as when the events API stops at its 300th event, the whole
+    feed if it was not) or ``max_pages`` were read (a gap).
+    """
+    for page in pages:
+        if any(item_id <= newest for item in page.items if (item_id := _item_id(item)) is not None):
+            return ReadBack.REACHED
+    last = pages[-1]
+    if last.next_url is None:
+        return ReadBack.GAP if len(last.items) >= last.per_page else ReadBack.REACHED
+    return ReadBack.GAP if len(pages) >= max_pages else ReadBack.MORE
+
+
+def _item_id(item: dict[str, Any]) -> int | None:
+    """A feed item's id as a number (the events API gives it as a string of digits), or None."""
+    value = item.get("id")
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 19:
+        return int(value)
+    return None
 
 
 def _payload(body: bytes, content_type: str) -> dict[str, Any]:

@@ -13,7 +13,9 @@ exception text, repr or log line carries it.
 
 The polling calls are conditional: given the ETag of the last page they send
 ``If-None-Match``, and a 304 (which GitHub does not count against the rate limit) comes
-back as a ``Page`` with ``changed=False``.
+back as a ``Page`` with ``changed=False``. A page carries the URL of the next one from its
+``Link: <...>; rel="next"`` header, and ``next_page`` fetches it; a next URL that is not
+under the base URL is dropped, so the token goes nowhere else.
 """
 
 from __future__ import annotations
@@ -80,6 +82,12 @@ class Page:
     items: list[dict[str, Any]]
     etag: str | None
     poll_interval_s: int | None
+    # The next page's URL (its Link header's rel="next"), None on the last page.
+    next_url: str | None = None
+    # How many items a full page holds (the per_page asked for).
+    per_page: int = MAX_PER_PAGE
+    # Where the items are in the body: None for a bare list, else the key of an object.
+    key: str | None = None
 
 
 # -- input validation --------------------------------------------------------------------------
@@ -293,9 +301,15 @@ class GitHubAPI(_http.ApiClient):
     # -- polling -------------------------------------------------------------------------------
 
     async def repo_events(self, repo: str, *, etag: str | None = None, per_page: int = 100) -> Page:
-        """The repository's activity feed, newest first."""
+        """The repository's activity feed, newest first (GitHub keeps its last 300 events, 90 days at most)."""
         path = f"{repo_path(repo)}/events"
         return await self._page(path, {"per_page": str(_per_page(per_page))}, etag, key=None)
+
+    async def next_page(self, page: Page) -> Page | None:
+        """The page after ``page`` in the same listing (an unconditional GET), or None on the last one."""
+        if page.next_url is None:
+            return None
+        return await self._page(page.next_url, None, None, key=page.key, per_page=page.per_page)
 
     async def repo_issues(
         self, repo: str, *, etag: str | None = None, since: str | None = None, per_page: int = 100
@@ -320,19 +334,53 @@ class GitHubAPI(_http.ApiClient):
 
     # -- internals -----------------------------------------------------------------------------
 
-    async def _page(self, path: str, params: dict[str, str], etag: str | None, *, key: str | None) -> Page:
+    async def _page(
+        self,
+        path: str,
+        params: dict[str, str] | None,
+        etag: str | None,
+        *,
+        key: str | None,
+        per_page: int | None = None,
+    ) -> Page:
         headers = {"If-None-Match": etag} if etag else None
         response = await self._call("GET", path, params=params, headers=headers, not_modified_ok=True)
+        where = response.request.url.path
         poll_interval_s = _header_int(response.headers, "X-Poll-Interval")
+        if per_page is None:
+            per_page = int(params["per_page"]) if params and "per_page" in params else MAX_PER_PAGE
         if response.status_code == 304:
-            return Page(changed=False, items=[], etag=etag, poll_interval_s=poll_interval_s)
-        body = self._json(response, "GET", path)
+            return Page(changed=False, items=[], etag=etag, poll_interval_s=poll_interval_s, key=key)
+        body = self._json(response, "GET", where)
         if key is not None:
             body = body.get(key) if isinstance(body, dict) else None
-        items = self._objects_of(body, response, "GET", path)
+        items = self._objects_of(body, response, "GET", where)
         return Page(
-            changed=True, items=items, etag=response.headers.get("ETag"), poll_interval_s=poll_interval_s
+            changed=True,
+            items=items,
+            etag=response.headers.get("ETag"),
+            poll_interval_s=poll_interval_s,
+            next_url=self._next_url(response),
+            per_page=per_page,
+            key=key,
         )
+
+    def _next_url(self, response: httpx.Response) -> str | None:
+        """The Link header's rel="next" URL, if it is under the base URL (same origin and path prefix)."""
+        link = response.links.get("next", {}).get("url")
+        if not link:
+            return None
+        try:
+            url = response.request.url.join(link)
+        except httpx.InvalidURL:
+            return None
+        base = httpx.URL(self.base_url)
+        prefix = base.path.rstrip("/") + "/"
+        if (url.scheme, url.host, url.port) != (base.scheme, base.host, base.port) or not url.path.startswith(
+            prefix
+        ):
+            return None
+        return str(url)
 
     async def _call(
         self,

@@ -14,6 +14,11 @@ The log is bounded by count and by age. What is pruned is remembered as a high-w
 mark (``pruned_through``), so a reader whose cursor points before it learns that events
 were skipped (``truncated``), rather than silently missing them.
 
+An ingress that knows it missed upstream changes (a poller whose feed did not reach back
+to the last item it saw) records a gap with the events it did get: the log position
+before them, per event type. A reader of that type whose read crosses the position is
+told ``truncated`` once, as for a pruned event.
+
 The raw upstream payload is kept beside each event for debugging (``agentwake bridge``'s
 ``--keep-raw``), never served.
 """
@@ -58,6 +63,11 @@ CREATE TABLE IF NOT EXISTS deliveries (
 );
 CREATE INDEX IF NOT EXISTS deliveries_received ON deliveries(received_at);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS gaps (
+    seq INTEGER NOT NULL,
+    type TEXT NOT NULL,
+    PRIMARY KEY (type, seq)
+);
 """
 
 
@@ -146,12 +156,21 @@ class EventLog:
             ).fetchone()
         return row is not None
 
-    def append(self, events: Iterable[NewEvent], *, source: str, delivery_id: str | None = None) -> list[str]:
+    def append(
+        self,
+        events: Iterable[NewEvent],
+        *,
+        source: str,
+        delivery_id: str | None = None,
+        gap_types: Iterable[str] = (),
+    ) -> list[str]:
         """Store events in one transaction and return the types that got a new event.
 
         An event whose id is already logged is skipped. With ``delivery_id`` the delivery
         is remembered in the same transaction; a delivery already remembered stores nothing
         (the caller checks ``seen_delivery`` first to say so; this keeps a race safe).
+        ``gap_types`` records, in the same transaction, that events of those types were lost
+        upstream before these ones: at the position the log had before them.
         """
         now = datetime.now(UTC)
         added: list[str] = []
@@ -166,6 +185,12 @@ class EventLog:
                     if cursor.rowcount == 0:
                         self._db.execute("COMMIT")
                         return []
+                for kind in dict.fromkeys(gap_types):
+                    self._db.execute(
+                        "INSERT OR IGNORE INTO gaps (seq, type)"
+                        " SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'events'), 0), ?",
+                        (kind,),
+                    )
                 for event in events:
                     # Not a bare INSERT OR IGNORE: an ignored insert still uses up a seq, so the
                     # count bound (head - max_events) would prune events it should keep.
@@ -214,6 +239,8 @@ class EventLog:
                 " ON CONFLICT(key) DO UPDATE SET value = max(CAST(value AS INTEGER), excluded.value)",
                 (str(pruned),),
             )
+            # A reader before the pruned mark is told truncated anyway.
+            self._db.execute("DELETE FROM gaps WHERE seq < ?", (pruned,))
         self._db.execute("DELETE FROM deliveries WHERE received_at < ?", (iso(now - self.delivery_memory),))
 
     def read(self, event_type: str, after: int, limit: int, *, scan_limit: int = SCAN_LIMIT) -> Read:
@@ -221,7 +248,7 @@ class EventLog:
 
         At most ``limit`` events and ``scan_limit`` positions are looked at; ``has_more``
         says the read stopped early. ``truncated`` says events after ``after`` were pruned
-        before this reader got them.
+        before this reader got them, or that a gap of this type lies in what it read past.
         """
         with self._lock:
             head_row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
@@ -232,12 +259,19 @@ class EventLog:
                 " WHERE type = ? AND seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
                 (event_type, after, min(head, after + scan_limit), limit + 1),
             ).fetchall()
-        events = [LoggedEvent(seq, kind, eid, at, json.loads(data)) for seq, kind, eid, at, data in rows]
-        if len(events) > limit:
-            events = events[:limit]
-            return Read(events, events[-1].seq, has_more=True, truncated=truncated)
-        scanned_to = min(head, after + scan_limit)
-        return Read(events, scanned_to, has_more=scanned_to < head, truncated=truncated)
+            events = [LoggedEvent(seq, kind, eid, at, json.loads(data)) for seq, kind, eid, at, data in rows]
+            if len(events) > limit:
+                events = events[:limit]
+                position, has_more = events[-1].seq, True
+            else:
+                position = min(head, after + scan_limit)
+                has_more = position < head
+            # A gap at seq G lies between G and G + 1: crossed by a read from at most G to past it.
+            gap = self._db.execute(
+                "SELECT 1 FROM gaps WHERE type = ? AND seq >= ? AND seq < ? LIMIT 1",
+                (event_type, after, position),
+            ).fetchone()
+        return Read(events, position, has_more=has_more, truncated=truncated or gap is not None)
 
     def raw(self, event_id: str) -> Any:
         """The upstream payload an event came from (debugging), or None."""
