@@ -53,13 +53,18 @@ async def open_store(config: StoreConfig, *, create: bool = True, start_wait_s: 
 
     PostgreSQL when ``[store] url`` is set (psycopg is imported only then), else the SQLite file.
     ``start_wait_s``: how long a PostgreSQL server that is not accepting connections yet (starting
-    up, restarting) is waited for; the service passes a minute, a command none.
+    up, restarting) is waited for; the service passes a minute, a command none. Its sessions'
+    server-side timeouts follow ``[store] lease_s`` (``agentwake.store.postgres.SessionTimeouts``).
     """
     if config.url is not None:
         from agentwake.store.postgres import PostgresStore
 
         return await PostgresStore.open(
-            config.url, password=_password(config), create=create, start_wait_s=start_wait_s
+            config.url,
+            password=_password(config),
+            create=create,
+            start_wait_s=start_wait_s,
+            lease_s=config.lease_s,
         )
     from agentwake.store.sqlite import SqliteStore
 

@@ -363,7 +363,9 @@ async def _fill(
     from psycopg import sql
 
     try:
-        async with store.transaction() as conn:
+        # One long transaction, reading SQLite between its statements: the session timeouts that
+        # cut off a frozen process's transaction are lifted for it.
+        async with store.transaction(bounded=False) as conn:
             target = await target_columns(conn)
             if target:
                 # Taken first: no process writes into the target between the check and the copy.

@@ -15,6 +15,11 @@ A process that starts while its server starts, stops or restarts (``the database
 up``, a refused connection) waits for it, retrying with backoff for up to ``START_WAIT_S`` and logging
 each change of what the server answers; a permanent refusal (a wrong password, no such database, a
 bad url) fails at once.
+
+Every session of the pool gets server-side timeouts derived from ``[store] lease_s``
+(``SessionTimeouts``, see ``base``): a process frozen inside a transaction is cut off by the server
+within a third of the lease, its locks released, and another process waits that long at most for a
+lock; so one frozen process cannot stall the others' lease rounds and claims.
 ``PostgresReader`` is the synchronous reader of the views, for the CLI's quick commands.
 
 psycopg is imported only here: ``agentwake.store`` imports this package only for a configured url.
@@ -31,10 +36,13 @@ import psycopg
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_before_delay
 
 from agentwake.backoff import tenacity_wait
+from agentwake.config import StoreConfig
 from agentwake.errors import StoreError
 from agentwake.store.postgres.base import (
+    UNBOUNDED,
     Named,
     PostgresBase,
+    SessionTimeouts,
     StoreErrors,
     describe_error,
     describe_server,
@@ -63,6 +71,8 @@ POOL_OPEN_TIMEOUT_S: Final = 30.0
 START_WAIT_S: Final = 60.0
 START_RETRY_INITIAL_S: Final = 0.25
 START_RETRY_MAX_S: Final = 4.0
+# The lease the session timeouts follow when none is given: [store] lease_s's default.
+DEFAULT_LEASE_S: Final[float] = StoreConfig.model_fields["lease_s"].default
 
 
 @StoreErrors.install
@@ -84,6 +94,8 @@ class PostgresStore(
         min_size: int = 1,
         max_size: int = 10,
         start_wait_s: float = 0.0,
+        lease_s: float | None = None,
+        timeouts: SessionTimeouts | None = None,
     ) -> PostgresStore:
         """Connect, apply pending migrations (``create=False`` refuses a database without the
         schema), and open a pool of ``min_size`` to ``max_size`` connections.
@@ -91,16 +103,28 @@ class PostgresStore(
         ``url`` is a libpq url or conninfo string; the password is passed apart (never in a message).
         A server that is not accepting connections yet is waited for up to ``start_wait_s``: the
         service starting passes ``START_WAIT_S``; a command (0, the default) says at once that it cannot.
+        Every session of the pool is opened with ``timeouts``, by default those of ``lease_s``
+        (``[store] lease_s``; its default when None): ``SessionTimeouts.for_lease``.
         """
         from psycopg_pool import AsyncConnectionPool
 
         target = describe_target(url)
         kwargs = connect_kwargs(url, password)
         wait_s = start_wait_s
+        if timeouts is None:
+            timeouts = SessionTimeouts.for_lease(DEFAULT_LEASE_S if lease_s is None else lease_s)
+        # Migrating may wait for another process's migration, and run long: only a frozen
+        # migration is cut off (its lock released for the next process to migrate).
+        migrating = SessionTimeouts(timeouts.idle_in_transaction_s, UNBOUNDED.lock_s, UNBOUNDED.statement_s)
 
         async def connect_and_migrate() -> None:
             async with await psycopg.AsyncConnection.connect(url, **kwargs) as conn:
+                await migrating.apply(conn)
                 await migrate(conn, target, create=create)
+
+        async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
+            assert timeouts is not None
+            await timeouts.apply(conn)
 
         await _when_accepting(connect_and_migrate, url, target, password, wait_s)
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
@@ -109,8 +133,10 @@ class PostgresStore(
             min_size=min_size,
             max_size=max_size,
             open=False,
-            # A connection the server dropped (a restart) is replaced before it is handed out.
+            # A connection the server dropped (a restart, a transaction it cut off) is replaced
+            # before it is handed out.
             check=AsyncConnectionPool.check_connection,
+            configure=configure,
         )
         try:
             await pool.open(wait=True, timeout=POOL_OPEN_TIMEOUT_S)
@@ -119,7 +145,7 @@ class PostgresStore(
             if isinstance(exc, psycopg.Error):
                 raise Named.error_for(target, password, exc) from None
             raise
-        return cls(pool, target, password)
+        return cls(pool, target, password, timeouts)
 
 
 async def _when_accepting(
@@ -178,4 +204,11 @@ if TYPE_CHECKING:
     _reader_check: type[StoreReader] = PostgresReader
 
 
-__all__ = ["POOL_OPEN_TIMEOUT_S", "START_WAIT_S", "PostgresReader", "PostgresStore"]
+__all__ = [
+    "DEFAULT_LEASE_S",
+    "POOL_OPEN_TIMEOUT_S",
+    "START_WAIT_S",
+    "PostgresReader",
+    "PostgresStore",
+    "SessionTimeouts",
+]

@@ -1,6 +1,29 @@
-"""Naming a PostgreSQL store without its password, the pool every part shares, turning every psycopg
-error into a StoreError, telling a server that is not accepting connections yet (worth waiting for
-at start) from a permanent refusal, and text with NUL characters.
+"""Naming a PostgreSQL store without its password, the pool every part shares, the server-side
+timeouts of its sessions, turning every psycopg error into a StoreError, telling a server that is
+not accepting connections yet (worth waiting for at start) from a permanent refusal, and text with
+NUL characters.
+
+Timeouts
+--------
+Several processes share the database, and a lock one of them holds stops the others: a process
+frozen inside a transaction (SIGSTOP, a VM paused, a stalled event loop) would hold its row and
+advisory locks for as long as it is frozen, and every other process's lease round and claim would
+queue behind it. So every session of the store's pool is opened with (``SessionTimeouts``, set by
+the pool's ``configure`` callback):
+
+* ``idle_in_transaction_session_timeout``: a transaction idle that long is ended by the server
+  (rolled back, its locks released, its connection closed); a third of ``[store] lease_s``, so a
+  frozen holder is cut off well before the lease it may hold lapses;
+* ``lock_timeout``: a statement waits that long at most for a lock another session holds, then
+  fails (nothing written; the caller tries again: a lease round at the next round);
+* ``statement_timeout``: no one statement runs longer.
+
+Each of the store's transactions is a few short statements with nothing but the database awaited in
+between, so none of these cuts a healthy one. The store's own long operations are not bounded: the
+migration at start runs on a connection of its own without a lock or statement timeout, and a
+transaction opened with ``transaction(bounded=False)`` (``agentwake store copy``) lifts all three
+for itself (``SET LOCAL``). The CLI's readers (``PostgresReader``) use a plain connection of their
+own. A transaction the server cut off surfaces as a StoreError that says so (``describe_error``).
 
 Text with NUL
 -------------
@@ -33,6 +56,7 @@ import inspect
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar
 
 import psycopg
@@ -53,6 +77,50 @@ T = TypeVar("T")
 # A transaction that lost a deadlock or a serialization race is run again, this many times at most.
 RETRIES: Final = 3
 _RETRYABLE: Final = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+
+
+# ---- timeouts (see the module docstring) -------------------------------------------------------------
+
+# A lease is renewed this many times over its length (agentwake.ownership ROUNDS_PER_LEASE): a frozen
+# holder's transaction is cut off, and a waiter gives up, within one round.
+ROUNDS_PER_LEASE: Final = 3
+# But never sooner than this: a busy process's event loop may pause a transaction for a moment.
+MIN_TIMEOUT_S: Final = 1.0
+# No one statement of the store runs longer (nor than a lease, if longer).
+STATEMENT_TIMEOUT_S: Final = 30.0
+# The settings, as set on each session; 0 is "no limit".
+_SETTINGS: Final = ("idle_in_transaction_session_timeout", "lock_timeout", "statement_timeout")
+_SET_SQL: Final = "SELECT " + ", ".join(f"set_config('{name}', %s, %s)" for name in _SETTINGS)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionTimeouts:
+    """The server-side timeouts of a session, in seconds (0: none); see the module docstring."""
+
+    idle_in_transaction_s: float
+    lock_s: float
+    statement_s: float
+
+    @classmethod
+    def for_lease(cls, lease_s: float) -> SessionTimeouts:
+        """A third of the lease (at least ``MIN_TIMEOUT_S``) idle in a transaction or waiting for a
+        lock, ``STATEMENT_TIMEOUT_S`` (or the lease, if longer) for a statement."""
+        share = max(lease_s / ROUNDS_PER_LEASE, MIN_TIMEOUT_S)
+        return cls(share, share, max(STATEMENT_TIMEOUT_S, lease_s))
+
+    def values(self) -> list[str]:
+        """The three settings' values, in ms, in ``_SETTINGS`` order."""
+        seconds = (self.idle_in_transaction_s, self.lock_s, self.statement_s)
+        return [str(max(0, round(s * 1000))) for s in seconds]
+
+    async def apply(self, conn: psycopg.AsyncConnection[Any], *, local: bool = False) -> None:
+        """Set them on ``conn``: for its session (in autocommit mode), or ``local`` for the
+        transaction it is in (``SET LOCAL``)."""
+        values = self.values()
+        await conn.execute(_SET_SQL, [part for value in values for part in (value, local)])
+
+
+UNBOUNDED: Final = SessionTimeouts(0, 0, 0)
 
 
 # ---- text with NUL (see the module docstring) ------------------------------------------------------
@@ -230,7 +298,27 @@ def describe_error(target: str, exc: psycopg.Error, password: str | None = None)
 
     text = _first_line(exc)
     lowered = str(exc).lower()
-    if isinstance(exc, PoolClosed):
+    if (
+        isinstance(exc, psycopg.errors.IdleInTransactionSessionTimeout)
+        or "idle-in-transaction timeout" in lowered
+    ):
+        message = (
+            f"{target} ended a transaction of this process that stayed idle longer than its"
+            " idle_in_transaction_session_timeout (was the process paused or stalled?); it was rolled"
+            " back, nothing of it was written; try again"
+        )
+    elif isinstance(exc, psycopg.errors.LockNotAvailable):
+        message = (
+            f"{target}: a lock this transaction needed was held by another session for longer than"
+            f" lock_timeout (another process busy, or paused inside a transaction); nothing was written;"
+            f" try again ({text})"
+        )
+    elif isinstance(exc, psycopg.errors.QueryCanceled):
+        message = (
+            f"{target} cancelled a statement ({text}): it ran longer than statement_timeout, or an"
+            " operator cancelled it; nothing of its transaction was written; try again"
+        )
+    elif isinstance(exc, PoolClosed):
         message = f"{target} is closed in this process (the store was closed)"
     elif isinstance(exc, PoolTimeout):
         message = (
@@ -342,21 +430,32 @@ class Named:
 class PostgresBase(Named):
     """The connection pool and the store's name that every part of the PostgreSQL store shares."""
 
-    def __init__(self, pool: AsyncConnectionPool[Any], target: str, password: str | None) -> None:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        target: str,
+        password: str | None,
+        timeouts: SessionTimeouts = UNBOUNDED,
+    ) -> None:
         self.pool = pool
         self.target = target
         self._password = password
+        # What every session of the pool was opened with (``SessionTimeouts.apply``).
+        self.timeouts = timeouts
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.target}>"
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    async def transaction(self, *, bounded: bool = True) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         """One connection of the pool (NUL-safe: ``nul_safe``), in one transaction (committed when
-        the block ends)."""
+        the block ends), under the session's timeouts; ``bounded=False`` lifts them for this
+        transaction alone, for one of the store's own long operations (``agentwake store copy``)."""
         async with self.pool.connection() as conn:
             nul_safe(conn)
             async with conn.transaction():
+                if not bounded:
+                    await UNBOUNDED.apply(conn, local=True)
                 yield conn
 
     async def _read(self, view: View[T]) -> T:

@@ -55,7 +55,9 @@ async def _quota(
 ) -> Quota:
     """What this claim may take under ``limits``, counted inside its transaction after taking the
     claims' lock: every claim committed before it is counted, and none commits meanwhile."""
-    if limits is None:
+    if limits is None or not (limits.server_caps or limits.counts_usage):
+        # No limit set: nothing to count, no lock to take, so this claim never waits for
+        # another process's (nor for one frozen mid-claim).
         return Quota(limit, tuple(excluded))
     await conn.execute("SELECT pg_advisory_xact_lock(%s)", [CLAIM_LIMITS_LOCK])
     handled: dict[str, int] = {}
