@@ -6,6 +6,7 @@ path and the type it had, never its value (it may be huge or private).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -47,6 +48,18 @@ def closed_schema(properties: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 # ---- reading a payload -----------------------------------------------------------------
+
+
+def json_body(data: bytes | str) -> Any:
+    """A request body's JSON; ValueError for anything that is not JSON, nesting too deep included.
+
+    ``json.loads`` raises RecursionError, not ValueError, on a body nested deeper than the
+    interpreter's recursion limit: converted here, once, so every ingress answers it 400 (the
+    upstream's retry of a 5xx would only bring it again)."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("the JSON is nested too deeply") from None
 
 
 class Unmapped(ValueError):

@@ -41,7 +41,6 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -55,6 +54,7 @@ from aiohttp import web
 from pydantic import Field
 
 from agentwake.bridges import github_events, mentions
+from agentwake.bridges._payload import json_body
 from agentwake.bridges.framework import (
     Bridge,
     BridgeOptions,
@@ -532,7 +532,7 @@ def _payload(body: bytes, content_type: str) -> dict[str, Any]:
         text = fields["payload"][0]
     else:
         text = body.decode("utf-8")
-    value = json.loads(text)
+    value = json_body(text)
     if not isinstance(value, dict):
         raise ValueError("the payload is not a JSON object")
     return value

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -50,7 +49,7 @@ import anyio
 from aiohttp import web
 from pydantic import Field
 
-from agentwake.bridges import pagerduty_events
+from agentwake.bridges import _payload, pagerduty_events
 from agentwake.bridges.framework import (
     Bridge,
     BridgeOptions,
@@ -232,10 +231,9 @@ class PagerDutyBridge(Bridge):
             return refuse(401, f"missing or wrong {SIGNATURE_HEADER}")
         delivery = peer(request.headers.get("X-Webhook-Id", "-"), 100)
         try:
-            payload = json.loads(body)
+            payload = _payload.json_body(body)
             envelope = pagerduty_events.envelope(payload)
-        except (ValueError, RecursionError) as exc:
-            # Unmapped is a ValueError; json.loads raises RecursionError on a body nested too deep.
+        except ValueError as exc:  # Unmapped is a ValueError
             return refuse(400, f"not a PagerDuty V3 webhook: {exc}")
         if envelope.event_type == pagerduty_events.PING:
             return web.json_response({"status": "pong"})

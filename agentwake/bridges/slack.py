@@ -43,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
-import json
 import logging
 import re
 import time
@@ -65,7 +64,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from yarl import URL
 
 from agentwake.backoff import backoff_s
-from agentwake.bridges import mentions, slack_events
+from agentwake.bridges import _payload, mentions, slack_events
 from agentwake.bridges.framework import (
     Bridge,
     BridgeOptions,
@@ -484,7 +483,7 @@ class SlackBridge(Bridge):
         assert self.approvals is not None
         try:
             fields = urllib.parse.parse_qs(body.decode(), max_num_fields=10)
-            payload = json.loads(fields["payload"][0])
+            payload = _payload.json_body(fields["payload"][0])
         except (UnicodeDecodeError, ValueError, KeyError, IndexError):
             return refuse(400, "the body is not an interaction payload")
         await self.approvals.on_interaction(payload, source="interactions")
@@ -496,7 +495,7 @@ class SlackBridge(Bridge):
         if isinstance(body, web.Response):
             return body
         try:
-            payload = json.loads(body)
+            payload = _payload.json_body(body)
         except ValueError:
             payload = None
         if not isinstance(payload, dict):

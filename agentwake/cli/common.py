@@ -196,6 +196,11 @@ def run_async(fn: Callable[[], Awaitable[T]]) -> T:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
+        nested = False
+    else:
+        nested = True
+    if not nested:
+        # Outside the except block: an exception fn raises must not chain "no running event loop".
         return anyio.run(fn)
     from concurrent.futures import ThreadPoolExecutor
 
