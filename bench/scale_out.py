@@ -44,6 +44,14 @@ latency percentiles, CPU as above (and per delivery). The worker of the same pro
 events done meanwhile (no agent), as it would in service. The bench fails unless the store
 holds exactly the deliveries answered 2xx, each once, and nothing else.
 
+Delivery spread. ``--subscriptions`` poll subscriptions (tests/balance_server.py: one stream each,
+``--items`` items per stream, all behind a gate), on a fresh database, with one `agentwake run` and
+then with ``--processes``, no ``[agent]``. Once the processes have spread the subscriptions
+(agentwake.ownership: each its share) the gate opens and the clock runs until every item is
+stored. Figures: how many subscriptions each process drove, how long the spread took after the
+last start, stored events per second (and the ratio), CPU as above. The bench fails unless every
+item is stored exactly once (no duplicate, no gap) on both sides.
+
 Every process this bench starts, and the PostgreSQL server, is stopped on the way out, on a
 failure and on Ctrl-C (or SIGTERM) too; ``--keep`` keeps the temp folder with every config and
 process log.
@@ -64,6 +72,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -105,6 +114,8 @@ DEFAULT_PROCESSES: Final = 3
 DEFAULT_CONCURRENCY: Final = 4
 DEFAULT_DELIVERIES: Final = 4000
 DEFAULT_SENDERS: Final = 32
+DEFAULT_SUBSCRIPTIONS: Final = 30
+DEFAULT_ITEMS: Final = 200
 WARMUP_DELIVERIES: Final = 300
 KEY_ENV: Final = "BENCH_FAKE_LLM_KEY"
 DEMO_DB_ENV: Final = "BENCH_DEMO_DB"
@@ -690,6 +701,8 @@ class Figures:
     sqlite: Ingest
     postgresql: Ingest
     ingest_ratio: float  # PostgreSQL / SQLite
+    spread_one: Spread | None = None
+    spread_many: Spread | None = None
 
 
 async def measure_all(pg: PostgresServer, tmp: Path, children: Children, args: Any) -> Figures:
@@ -700,6 +713,10 @@ async def measure_all(pg: PostgresServer, tmp: Path, children: Children, args: A
         many = await throughput_leg(pg, tmp, children, fake, script, args.processes, args)
     sqlite = await webhook_leg("sqlite", pg, tmp, children, args)
     postgresql = await webhook_leg("postgresql", pg, tmp, children, args)
+    spread_one = spread_many = None
+    if args.subscriptions:
+        spread_one = await spread_leg(pg, tmp, children, 1, args)
+        spread_many = await spread_leg(pg, tmp, children, args.processes, args)
     return Figures(
         events=args.events,
         llm_ms=args.llm_ms,
@@ -713,6 +730,8 @@ async def measure_all(pg: PostgresServer, tmp: Path, children: Children, args: A
         sqlite=sqlite,
         postgresql=postgresql,
         ingest_ratio=round(postgresql.accepted_per_s / sqlite.accepted_per_s, 3),
+        spread_one=spread_one,
+        spread_many=spread_many,
     )
 
 
@@ -744,6 +763,108 @@ def run(args: argparse.Namespace) -> Figures:
                 progress(f"configs and logs kept in {tmp}")
             else:
                 shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---- delivery: subscriptions spread over 1 and N processes --------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Spread:
+    processes: int
+    subscriptions: int
+    items: int
+    settle_s: float  # spawn until the subscriptions were spread (each process its share)
+    held: list[int]  # subscriptions each process drove when the gate opened
+    seconds: float  # gate opened until every item was stored
+    events_per_s: float
+    cpu: Usage
+
+
+def spread_config(url: str, gate: Path, subscriptions: int, items: int) -> str:
+    server = REPO_ROOT / "tests" / "balance_server.py"
+    env = {"BALANCE_ITEMS": str(items), "BALANCE_PERIOD_MS": "0", "BALANCE_GATE_FILE": str(gate)}
+    env_toml = ", ".join(f"{key} = {json.dumps(value)}" for key, value in env.items())
+    text = (
+        f'[store]\nurl = "{url}"\nlease_s = 3\n\n[servers.balance]\ncommand = {json.dumps(sys.executable)}\n'
+        f"args = {json.dumps([str(server)])}\nenv = {{ {env_toml} }}\n"
+    )
+    for n in range(subscriptions):
+        text += (
+            f'\n[[subscriptions]]\nname = "s{n:03d}"\nserver = "balance"\nevent = "stream.item"\n'
+            f'delivery = "poll"\npoll_floor_ms = 100\narguments = {{ stream = "s{n:03d}" }}\n'
+        )
+    return text
+
+
+async def spread_leg(pg: PostgresServer, tmp: Path, children: Children, processes: int, args: Any) -> Spread:
+    folder = tmp / f"spread-{processes}"
+    folder.mkdir()
+    gate = folder / "gate"
+    config = folder / "agentwake.toml"
+    config.write_text(spread_config(pg.create_database("spread"), gate, args.subscriptions, args.items))
+    store = await open_store(load_config(config).store)
+    total = args.subscriptions * args.items
+    try:
+        progress(f"spread, {processes} process(es): {args.subscriptions} subscriptions; starting")
+        spawned = time.perf_counter()
+        running = [
+            children.start(
+                f"agentwake run #{i + 1}",
+                [*launcher(), "run", "-c", str(config)],
+                cwd=folder,
+                env=agentwake_env(),
+                log=folder / f"agentwake-{i + 1}.log",
+            )
+            for i in range(processes)
+        ]
+
+        async def spread() -> list[int] | None:
+            now = now_iso()
+            held = Counter(o["owner"] for o in await store.subscription_owners() if o["lease_until"] > now)
+            counts = sorted(held.values())
+            share = math.ceil(args.subscriptions / processes)
+            if len(counts) == processes and sum(counts) == args.subscriptions and counts[-1] <= share:
+                return counts
+            return None
+
+        held = await wait_until("spread of the subscriptions", spread, running)
+        settle = time.perf_counter() - spawned
+        progress(f"spread, {processes} process(es): {held} after {settle:.1f} s; gate open")
+        window = Window([c.pid for c in running], pg)
+        gate.touch()
+        limit = max(60.0, total / 100)
+        while True:
+            rows = await store.subscriptions()
+            if sum(r["events_received"] for r in rows) >= total:
+                break
+            for child in running:
+                child.alive()
+            if time.perf_counter() - window.wall > limit:
+                raise BenchFailure(f"not every item stored after {limit:g} s")
+            await anyio.sleep(DONE_CHECK_S)
+        usage = window.end()
+        seconds = time.perf_counter() - window.wall
+        children.stop(*running)
+        rows = await store.subscriptions()
+        wrong = [
+            r["subscription"]
+            for r in rows
+            if (r["events_received"], r["duplicates"], r["gaps"]) != (args.items, 0, 0)
+        ]
+        if len(rows) != args.subscriptions or wrong:
+            raise BenchFailure(f"not every item stored exactly once: {wrong[:5]}")
+    finally:
+        await store.close()
+    return Spread(
+        processes=processes,
+        subscriptions=args.subscriptions,
+        items=args.items,
+        settle_s=round(settle, 2),
+        held=held,
+        seconds=round(seconds, 3),
+        events_per_s=round(total / seconds, 1),
+        cpu=usage,
+    )
 
 
 # ---- reporting ---------------------------------------------------------------------------------
@@ -825,6 +946,26 @@ def report(f: Figures) -> None:
         f"the store holds exactly the 2xx deliveries, each once: PASS ({s.rows:,} and {p.rows:,} rows,"
         " warm-up included)"
     )
+    one_s, many_s = f.spread_one, f.spread_many
+    if one_s is None or many_s is None:
+        return
+    print()
+    print(
+        f"delivery spread: {one_s.subscriptions} poll subscriptions x {one_s.items} items,"
+        " each process its share (agentwake.ownership)"
+    )
+    row("", "1 process", f"{many_s.processes} processes", "ratio")
+    row("subscriptions per process", "/".join(map(str, one_s.held)), "/".join(map(str, many_s.held)))
+    row("start until spread (s)", f"{one_s.settle_s:.1f}", f"{many_s.settle_s:.1f}")
+    row(
+        "stored events/s",
+        f"{one_s.events_per_s:,.0f}",
+        f"{many_s.events_per_s:,.0f}",
+        f"{many_s.events_per_s / one_s.events_per_s:.2f}x",
+    )
+    row("seconds (gate open to all stored)", f"{one_s.seconds:.2f}", f"{many_s.seconds:.2f}")
+    cpu_rows(row, one_s.cpu, many_s.cpu)
+    print(f"every item stored exactly once: PASS ({one_s.subscriptions * one_s.items:,} events, both sides)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -861,6 +1002,18 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=DEFAULT_SENDERS,
         help=f"webhook connections (default {DEFAULT_SENDERS})",
+    )
+    parser.add_argument(
+        "--subscriptions",
+        type=int,
+        default=DEFAULT_SUBSCRIPTIONS,
+        help=f"poll subscriptions spread over the processes (default {DEFAULT_SUBSCRIPTIONS}; 0: skip)",
+    )
+    parser.add_argument(
+        "--items",
+        type=int,
+        default=DEFAULT_ITEMS,
+        help=f"items per subscription (default {DEFAULT_ITEMS})",
     )
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     parser.add_argument(

@@ -8,7 +8,8 @@ delivering while the processes hand it over, and a copy asked from a cursor it h
 yet answers nothing new, as a copy that is behind would.
 
 With BALANCE_DIE_FILE, the server is out of reach while that file exists: it exits at its start,
-and a running one exits once the file appears.
+and a running one exits once the file appears. With BALANCE_GATE_FILE, no item exists before that
+file does (bench/scale_out.py opens it once the subscriptions are spread).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ START = float(os.environ.get("BALANCE_START", "0"))
 PERIOD_S = int(os.environ.get("BALANCE_PERIOD_MS", "100")) / 1000
 NEXT_POLL_MS = int(os.environ.get("BALANCE_NEXT_POLL_MS", "100"))
 DIE_FILE = os.environ.get("BALANCE_DIE_FILE")
+GATE_FILE = os.environ.get("BALANCE_GATE_FILE")
 
 events = EventsExtension()
 server = MCPServer("balance", extensions=[events])
@@ -45,6 +47,8 @@ def stream_item(ctx: EventContext, arguments: dict[str, Any], cursor: str | None
     stream = str(arguments["stream"])
     start = int(cursor)
     available = min(ITEMS, int((time.time() - START) / PERIOD_S)) if PERIOD_S > 0 else ITEMS
+    if GATE_FILE is not None and not os.path.exists(GATE_FILE):
+        available = 0
     end = max(start, min(start + ctx.max_events, available))
     items = [
         Event(name="stream.item", data={"stream": stream, "n": n}, event_id=f"{stream}-{n}", cursor=str(n))
