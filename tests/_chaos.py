@@ -267,7 +267,11 @@ async def read_store(conn: psycopg.AsyncConnection[Any]) -> StoreView:
         ).fetchall()
         (gap_rows,) = await (await conn.execute("SELECT count(*) FROM gaps")).fetchone() or (0,)
         owners = await (
-            await conn.execute("SELECT subscription, owner, fence, lease_until FROM subscription_owners")
+            # Not the processes' own rows (@owner, !owner server since: agentwake.ownership's balance).
+            await conn.execute(
+                "SELECT subscription, owner, fence, lease_until FROM subscription_owners"
+                " WHERE left(subscription, 1) NOT IN ('@', '!', '?')"
+            )
         ).fetchall()
     events = {
         event_id: StoredEvent(event_id, subscription, state, last_error, tuple(runs.get(row, ())))
