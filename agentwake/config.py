@@ -130,6 +130,11 @@ class StoreConfig(_Model):
         description="PostgreSQL: how long a process's hold on a subscription's delivery lasts unrenewed;"
         " another process takes over a dead one's subscriptions within it",
     )
+    drive: list[str] | None = Field(
+        default=None,
+        description="PostgreSQL: pin this process to these subscriptions (names or globs), all it can get;"
+        " unset: it drives its share of them all",
+    )
 
     @model_validator(mode="after")
     def _one_backend(self, info: ValidationInfo) -> StoreConfig:

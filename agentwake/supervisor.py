@@ -163,7 +163,7 @@ class Supervisor:
             self.config.store.lease_s,
             servers=lambda: {s.name: s.server for s in self.config.subscriptions},
             # [store] drive: pin this process to those subscriptions (None: its share of them all).
-            pinned=getattr(self.config.store, "drive", None),
+            pinned=self.config.store.drive,
         )
 
     def readiness(self) -> dict[str, str]:

@@ -22,6 +22,7 @@ import pytest
 from _postgres import postgres_server, postgres_url  # noqa: F401 - fixtures, found by pytest by name
 from _support import REPO, agentwake_run
 
+from agentwake.config import parse_config
 from agentwake.ownership import plan_round
 from agentwake.store.postgres import PostgresStore
 
@@ -98,6 +99,18 @@ def test_a_free_subscription_nobody_below_its_share_can_take_is_taken_beyond_the
     rows.append(lease("!b srv 2026-12-03T07:59:00.000Z", "b"))
     plan = plan_round("a", subs, rows, NOW, held=subs[:2], server_of={"s03": "srv"}.get, rng=RNG)
     assert plan.take == {"s03"}
+
+
+def test_a_pinned_process_drives_exactly_its_subscriptions_whatever_the_share() -> None:
+    subs = [*names(4), "alerts.p1", "alerts.p2"]
+    config = parse_config(
+        {"store": {"url": "postgresql://agentwake@127.0.0.1:5432/aw", "drive": ["alerts.*", "s00"]}}, env={}
+    )
+    assert config.store.drive == ["alerts.*", "s00"]
+    rows = alive("a", "b", "c") + held_by("b", ["s01"])
+    plan = plan_round("a", subs, rows, NOW, held=["s02"], pinned=config.store.drive, rng=RNG)
+    assert plan.take == {"alerts.p1", "alerts.p2", "s00"}, "all it matches, beyond a share of 2"
+    assert "s02" in plan.release and not plan.keep & {"s01", "s02", "s03"}
 
 
 def test_dead_processes_and_lapsed_leases_do_not_count() -> None:
