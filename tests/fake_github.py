@@ -310,6 +310,18 @@ class FakeGitHub(RecordingFake[Recorded]):
         """A completed workflow run whose conclusion is ``failure``."""
         return self.add_workflow_run(repo, name=name, head_branch=head_branch, conclusion="failure")
 
+    def request_review(self, repo: str, number: int, reviewer: str, *, by: str = "octocat") -> dict[str, Any]:
+        """``by`` asks ``reviewer`` to review a pull request, with its PullRequestEvent in the feed."""
+        issue = self._issue(repo, number)
+        extra = self._repos[repo].pulls[number]
+        who = self._user(reviewer)
+        if not any(r["login"] == reviewer for r in extra["requested_reviewers"]):
+            extra["requested_reviewers"].append(who)
+        issue["updated_at"] = now_iso()
+        payload = self._pull_payload(repo, issue, "review_requested", requested_reviewer=who)
+        self._event(repo, "PullRequestEvent", self._user(by), payload)
+        return self._pull_json(repo, issue)
+
     def fail_next(
         self, status: int, *, message: str | None = None, headers: dict[str, str] | None = None
     ) -> None:

@@ -150,9 +150,11 @@ async def in_process(
     poll: bool = False,
     repos: tuple[str, ...] = (),
     poll_interval_s: float = 60.0,
+    **more: Any,
 ) -> AsyncIterator[InProcess]:
     """A GitHub bridge in this process: its webhook listener on a free loopback port (as ``--listen
-    127.0.0.1:0``), its MCP server behind an in-memory client, its poller with ``poll``."""
+    127.0.0.1:0``), its MCP server behind an in-memory client, its poller with ``poll``. ``more`` are
+    further ``GitHubSettings``."""
     options = BridgeOptions(
         state_dir=tmp_path / "bridge",
         listen="127.0.0.1:0",
@@ -167,6 +169,7 @@ async def in_process(
         repos=repos,
         poll_interval_s=poll_interval_s,
         max_delivery_age=max_delivery_age,
+        **more,
     )
     bridge = GitHubBridge(options, settings)
     server = BridgeServer(bridge)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -246,6 +246,9 @@ def test_pull_request_review_requested_from_a_user() -> None:
             "occurredAt": "2024-05-02T11:30:15.000Z",
             "labels": ["enhancement"],
         },
+        # The id holds a time: another sighting of this request within a minute is the same one.
+        same_prefix="pull_request.review_requested:1848226771:octocat:",
+        same_within=timedelta(minutes=1),
     )
 
 

@@ -116,8 +116,7 @@ async def test_the_page_bound_stops_the_read_back_and_records_a_gap(
     tmp_path: Path, github: FakeGitHub, caplog: pytest.LogCaptureFixture
 ) -> None:
     issue = github.open_issue(REPO, title="A thread")
-    async with in_process(tmp_path, github, repos=(REPO,)) as bridge:
-        object.__setattr__(bridge.bridge.settings, "poll_max_pages", 2)
+    async with in_process(tmp_path, github, repos=(REPO,), poll_max_pages=2) as bridge:
         await bridge.bridge.poll_repo(REPO)
         start = str(bridge.head())
         for n in range(250):

@@ -231,7 +231,7 @@ class GitHubBridge(Bridge):
             )
             return refuse(400, f"stale delivery: the event happened {short_age(age)} ago")
         added = await self.accept(
-            [NewEvent(mapped.type, mapped.event_id, mapped.occurred_at, mapped.data, payload)],
+            [NewEvent.of(mapped, payload)],
             source="webhook",
             delivery_id=delivery,
         )
@@ -324,7 +324,7 @@ class GitHubBridge(Bridge):
                 logger.warning("poll %s: skipped an item: %s", key, exc)
                 continue
             if mapped is not None and mapped.occurred_at >= baseline and not await self.is_own_action(mapped):
-                fresh.append(NewEvent(mapped.type, mapped.event_id, mapped.occurred_at, mapped.data, item))
+                fresh.append(NewEvent.of(mapped, item))
         gap = outcome is ReadBack.GAP
         if gap:
             logger.warning(

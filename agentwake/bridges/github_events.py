@@ -13,8 +13,12 @@ eventId) wakes the agent once, whichever way arrived first:
     workflow_run.completed          workflow_run.completed:<run.id>:<run_attempt>
 
 A review request has no id of its own: the pull request's ``updated_at`` at the request
-stands in for one (in UTC, to the second), so a webhook and a poll agree only when they
-saw the same ``updated_at``. Check and workflow runs are emitted only when they failed.
+stands in for one (in UTC, to the second). A webhook and the events feed may carry snapshots
+of the pull request taken moments apart, so the event also names its change without the time
+(``same_prefix``, ``pull_request.review_requested:<pull_request.id>:<login | team:slug>:``) and
+``SAME_CHANGE_WITHIN``: the log keeps the first sighting and drops another one of the same
+request within that tolerance, whichever ingress was first. Check and workflow runs are
+emitted only when they failed.
 
 ``data`` is small and typed, never the raw JSON: strings are kept as GitHub sent them
 (agentwake sanitizes later) but each one is bounded, a body becomes an excerpt and lists
@@ -25,10 +29,11 @@ its value; everything we do not emit maps to None.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 from agentwake.bridges import _payload
@@ -43,6 +48,9 @@ URL_CHARS: Final = 2048
 MAX_LABELS: Final = 100
 MAX_PULL_REQUESTS: Final = 100
 FAILING_CONCLUSIONS: Final = frozenset({"failure", "timed_out", "startup_failure"})
+# How far apart two sightings of one review request may be dated: a request of the same reviewer on
+# the same pull request again within it (removed and asked again) is taken for the same one.
+SAME_CHANGE_WITHIN: Final = timedelta(minutes=1)
 
 EVENT_TYPES: dict[str, str] = {
     "issues.opened": "An issue was opened in a repository.",
@@ -80,6 +88,9 @@ class Mapped:
     event_id: str
     occurred_at: datetime
     data: dict[str, Any]
+    # Where the id holds a time: the id less the time, and how far apart two sightings may be.
+    same_prefix: str | None = None
+    same_within: timedelta = timedelta(0)
 
 
 class Unmapped(_payload.Unmapped):
@@ -429,13 +440,17 @@ def _review_requested(holder: _Object, origin: _Origin) -> Mapped:
         "requestedTeam": slug,
     }
     updated_at = pull.moment("updated_at")
-    return origin.event(
+    change = f"{pull.integer('id')}:{login or f'team:{slug}'}:"
+    mapped = origin.event(
         "pull_request.review_requested",
-        f"{pull.integer('id')}:{login or f'team:{slug}'}:{_id_time(updated_at)}",
+        f"{change}{_id_time(updated_at)}",
         updated_at,
         pull.text("html_url", URL_CHARS),
         _labels(pull),
         fields,
+    )
+    return dataclasses.replace(
+        mapped, same_prefix=f"pull_request.review_requested:{change}", same_within=SAME_CHANGE_WITHIN
     )
 
 

@@ -6,7 +6,11 @@ is a position in this log (its ``seq``) and replays exactly. An append is commit
 before it returns: a webhook is answered 2xx only once its event is on disk.
 
 Dedup is twofold. An event id is unique in the log, so the same upstream occurrence
-arriving by webhook and by polling (or twice by either) is kept once. A webhook's
+arriving by webhook and by polling (or twice by either) is kept once. Where the upstream gives
+a change no id that both ingress paths see, its id holds a time, and the two paths' clocks may
+disagree (PagerDuty stamps a log entry in seconds and the webhook in milliseconds): such an
+event names the id prefix of its change (``same_prefix``) and a tolerance (``same_within``),
+and is not stored when the log holds an event of that prefix within the tolerance of it. A webhook's
 delivery id is remembered apart, so a replayed delivery is recognised even after its
 event aged out of the log (or when it produced no event at all).
 
@@ -33,9 +37,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
-from agentwake.clock import iso
+from agentwake.clock import iso, parse_iso
 
 DEFAULT_MAX_EVENTS: Final = 50_000
 DEFAULT_RETENTION: Final = timedelta(days=7)
@@ -80,6 +84,40 @@ class NewEvent:
     occurred_at: datetime
     data: dict[str, Any]
     raw: Any = None
+    # The same upstream change, seen by another ingress with another clock: an event whose id starts
+    # with same_prefix and whose occurred_at is at most same_within away. None: the id alone says.
+    same_prefix: str | None = None
+    same_within: timedelta = timedelta(0)
+
+    @classmethod
+    def of(cls, mapped: Mapped, raw: Any) -> NewEvent:
+        """The event a bridge's mapper made of an upstream payload, with that payload."""
+        return cls(
+            mapped.type,
+            mapped.event_id,
+            mapped.occurred_at,
+            mapped.data,
+            raw,
+            same_prefix=mapped.same_prefix,
+            same_within=mapped.same_within,
+        )
+
+
+class Mapped(Protocol):
+    """What each bridge's pure ``*_events`` module maps an upstream payload to."""
+
+    @property
+    def type(self) -> str: ...
+    @property
+    def event_id(self) -> str: ...
+    @property
+    def occurred_at(self) -> datetime: ...
+    @property
+    def data(self) -> dict[str, Any]: ...
+    @property
+    def same_prefix(self) -> str | None: ...
+    @property
+    def same_within(self) -> timedelta: ...
 
 
 @dataclass(frozen=True)
@@ -192,6 +230,8 @@ class EventLog:
                         (kind,),
                     )
                 for event in events:
+                    if self._seen_nearby(event):
+                        continue
                     # Not a bare INSERT OR IGNORE: an ignored insert still uses up a seq, so the
                     # count bound (head - max_events) would prune events it should keep.
                     cursor = self._db.execute(
@@ -223,6 +263,21 @@ class EventLog:
                 self._db.execute("ROLLBACK")
                 raise
         return added
+
+    def _seen_nearby(self, event: NewEvent) -> bool:
+        """Whether the log holds the same change under another id (see ``NewEvent.same_prefix``)."""
+        if event.same_prefix is None:
+            return False
+        rows = self._db.execute(
+            # A range on the unique index: every id that starts with the prefix.
+            "SELECT occurred_at FROM events WHERE event_id >= ? AND event_id < ? AND event_id != ?",
+            (event.same_prefix, event.same_prefix + "\U0010ffff", event.event_id),
+        ).fetchall()
+        for (occurred_at,) in rows:
+            moment = parse_iso(occurred_at)
+            if moment is not None and abs(moment - event.occurred_at) <= event.same_within:
+                return True
+        return False
 
     def _prune(self, now: datetime) -> None:
         head_row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()

@@ -257,7 +257,7 @@ class PagerDutyBridge(Bridge):
             )
             return refuse(400, f"stale delivery: the event happened {short_age(age)} ago")
         added = await self.accept(
-            [NewEvent(mapped.type, mapped.event_id, mapped.occurred_at, mapped.data, payload)],
+            [NewEvent.of(mapped, payload)],
             source="webhook",
             delivery_id=event_id,
         )
@@ -356,7 +356,7 @@ class PagerDutyBridge(Bridge):
             return
         # In the order things happened; on a tie the log entry (read first, with its actor) is kept.
         fresh.sort(key=lambda pair: pair[0].occurred_at)
-        events = [NewEvent(m.type, m.event_id, m.occurred_at, m.data, item) for m, item in fresh]
+        events = [NewEvent.of(m, item) for m, item in fresh]
         added = await self.accept(events, source="poll")
         if added:
             logger.info("poll: %d new event(s)", added)

@@ -14,8 +14,10 @@ An incident is triggered once, so its id is enough. It may be acknowledged, esca
 (after a reopen) resolved several times, and neither ingress path has an id for the change
 that the other knows (a webhook's ``event.id`` is not a log entry's id), so the time stands
 in: the webhook's ``occurred_at`` (PagerDuty sends milliseconds) and the log entry's
-``created_at`` (seconds), both cut to the second in UTC. They agree when PagerDuty stamps both
-within the same second; when they do not, the agent hears of that change twice.
+``created_at`` (seconds), both cut to the second in UTC. The two may still fall in different
+seconds (12:00:00.950 and 12:00:01), so such an event also names its change without the time
+(``same_prefix``, ``<kind>:<incident id>:``) and ``SAME_CHANGE_WITHIN``: the log keeps the first
+sighting and drops one of the same change within that tolerance, whichever ingress was first.
 
 ``data`` is small and typed, never the raw JSON: strings are kept as PagerDuty sent them
 (agentwake sanitizes later) but each one is bounded and lists are capped. A payload of a type
@@ -26,7 +28,7 @@ value; everything we do not emit maps to None.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 from agentwake.bridges import _payload
@@ -40,6 +42,9 @@ ID_CHARS: Final = 64
 MAX_ASSIGNEES: Final = 50
 PING: Final = "pagey.ping"
 URGENCIES: Final = ("high", "low")
+# How far apart a webhook's and a log entry's times of one change may be. The same change of one
+# incident cannot recur sooner: an acknowledgement lapses after a timeout of a minute at least.
+SAME_CHANGE_WITHIN: Final = timedelta(seconds=10)
 
 EVENT_TYPES: dict[str, str] = {
     "incident.triggered": "An incident was triggered (opened) on a PagerDuty service.",
@@ -71,6 +76,9 @@ class Mapped:
     occurred_at: datetime
     data: dict[str, Any]
     actor_id: str | None = None
+    # Where the id holds a time: the id less the time, and how far apart two sightings may be.
+    same_prefix: str | None = None
+    same_within: timedelta = timedelta(0)
 
 
 class Unmapped(_payload.Unmapped):
@@ -247,7 +255,10 @@ def _event(
     }
     if kind in _WITH_ASSIGNEES:
         data["assignees"] = assignees
-    return Mapped(kind, _event_id(kind, incident_id, occurred_at), occurred_at, data, actor.id)
+    event_id = _event_id(kind, incident_id, occurred_at)
+    if kind == "incident.triggered":
+        return Mapped(kind, event_id, occurred_at, data, actor.id)
+    return Mapped(kind, event_id, occurred_at, data, actor.id, f"{kind}:{incident_id}:", SAME_CHANGE_WITHIN)
 
 
 # ---- the entry points ----------------------------------------------------------------
