@@ -96,3 +96,18 @@ async def test_a_subscription_gone_from_the_config_is_shown_removed(tmp_path: Pa
     async with supervising(parse_config(now_raw, env={})) as store:
         await until(lambda: row(store, "ticks")["status"] == "active", "ticks running")
         assert row(store, "old")["status"] == "removed"
+
+
+def test_the_status_table_does_not_also_flag_a_removed_subscription_as_not_in_config() -> None:
+    from agentwake.cli.tables import _subscription_label
+
+    assert _subscription_label({"subscription": "old", "configured": False, "status": "removed"}) == "old"
+    assert (
+        _subscription_label({"subscription": "hook", "configured": False, "status": "unsubscribed"}) == "hook"
+    )
+    # Still driven but no longer configured (a reload under way): worth the flag.
+    assert (
+        _subscription_label({"subscription": "x", "configured": False, "status": "active"})
+        == "x (not in config)"
+    )
+    assert _subscription_label({"subscription": "y", "configured": True, "status": "active"}) == "y"

@@ -218,7 +218,9 @@ def _ago(seconds: float | None) -> str:
 
 
 def _subscription_label(r: dict[str, Any]) -> str:
-    return str(r["subscription"]) + ("" if r["configured"] else " (not in config)")
+    # A removed subscription's status says so already; one still live but gone from the config is flagged.
+    flagged = not r["configured"] and r["status"] not in ("removed", "unsubscribed", "lingering")
+    return str(r["subscription"]) + (" (not in config)" if flagged else "")
 
 
 def _describe_webhook(webhook: dict[str, Any] | None) -> str:
