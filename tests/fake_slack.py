@@ -192,7 +192,7 @@ class FakeSlack:
         return found
 
     # ASYNC109: these helpers take a timeout argument, as tests/fake_github.py's do.
-    async def wait_for(self, method: str, *, count: int = 1, timeout: float = 10) -> Recorded:  # noqa: ASYNC109
+    async def wait_for(self, method: str, *, count: int = 1, timeout: float = 60) -> Recorded:  # noqa: ASYNC109
         """The ``count``-th Web API call of ``method``, waiting for it if it has not come yet."""
 
         def ready() -> Recorded | None:
@@ -202,14 +202,14 @@ class FakeSlack:
         found: Recorded = await self._until(ready, timeout, f"{method} (#{count})")
         return found
 
-    async def wait_ack(self, envelope_id: str, *, timeout: float = 10) -> Ack:  # noqa: ASYNC109
+    async def wait_ack(self, envelope_id: str, *, timeout: float = 60) -> Ack:  # noqa: ASYNC109
         def ready() -> Ack | None:
             return next((ack for ack in self.acks if ack.envelope_id == envelope_id), None)
 
         found: Ack = await self._until(ready, timeout, f"ack of envelope {envelope_id}")
         return found
 
-    async def wait_connection(self, count: int = 1, *, timeout: float = 10) -> None:  # noqa: ASYNC109
+    async def wait_connection(self, count: int = 1, *, timeout: float = 60) -> None:  # noqa: ASYNC109
         """Until ``count`` Socket Mode connections were made and the latest one is open."""
 
         def ready() -> bool:
@@ -217,12 +217,12 @@ class FakeSlack:
 
         await self._until(ready, timeout, f"Socket Mode connection #{count}")
 
-    async def wait_deliveries(self, count: int, *, timeout: float = 10) -> list[Delivery]:  # noqa: ASYNC109
+    async def wait_deliveries(self, count: int, *, timeout: float = 60) -> list[Delivery]:  # noqa: ASYNC109
         """Until ``count`` Events API requests were answered (``emit`` sends some in the background)."""
         await self._until(lambda: len(self.deliveries) >= count, timeout, f"Events API answer #{count}")
         return self.deliveries[:count]
 
-    async def wait_quiet(self, *, timeout: float = 10) -> None:  # noqa: ASYNC109
+    async def wait_quiet(self, *, timeout: float = 60) -> None:  # noqa: ASYNC109
         """Until no echo is on its way and every envelope sent was acknowledged."""
 
         def quiet() -> bool:

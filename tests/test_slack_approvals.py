@@ -120,8 +120,8 @@ async def rig(tmp_path: Path, *, count: int = 1, socket_mode: bool = False) -> A
                 tg.start_soon(bridge.background)
                 if socket_mode:
                     tg.start_soon(bridge.poll_forever)
-                    await slack.wait_connection(1, timeout=5)
-                await slack.wait_for("chat.postMessage", count=count, timeout=5)
+                    await slack.wait_connection(1, timeout=60)
+                await slack.wait_for("chat.postMessage", count=count, timeout=60)
                 found = Rig(held, slack, bridge, f"http://{host}:{port}/slack/interactions", http)
                 for row in held.rows:
                     found.posted_ts(row)
@@ -170,7 +170,7 @@ async def test_an_approvers_signed_click_approves_in_agentwake_and_updates_the_m
         assert (await r.held.detail(row))["state"] == "held"
 
         assert await r.send(body) == 200
-        update = await r.slack.wait_for("chat.update", timeout=5)
+        update = await r.slack.wait_for("chat.update", timeout=60)
         approved = await r.held.detail(row)
         assert approved["state"] == "pending"  # back in the inbox: the agent runs on it
         assert approved["approval_note"] == f"approved in Slack by <@{APPROVER}>"
@@ -200,7 +200,7 @@ async def test_deny_records_the_reason_and_events_answered_elsewhere_lose_their_
     async with rig(tmp_path, count=2) as r:
         first, second = r.held.rows
         assert await r.send(r.click_body(first, DENY)) == 200
-        update = await r.slack.wait_for("chat.update", timeout=5)
+        update = await r.slack.wait_for("chat.update", timeout=60)
         denied = await r.held.detail(first)
         assert denied["state"] == "denied"
         assert denied["approval_note"] == f"denied in Slack by <@{APPROVER}>"
@@ -227,7 +227,7 @@ async def test_a_click_over_socket_mode_is_acknowledged_and_answered_the_same_wa
         )
         assert (await r.held.detail(row))["state"] == "held"
         await r.slack.wait_ack(await r.slack.send_envelope(r.click(row, APPROVE), kind="interactive"))
-        update = await r.slack.wait_for("chat.update", timeout=5)
+        update = await r.slack.wait_for("chat.update", timeout=60)
         assert (await r.held.detail(row))["state"] == "pending"
         assert f"Approved by <@{APPROVER}>" in update.args["text"] and buttons(update) == []
 
