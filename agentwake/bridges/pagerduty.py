@@ -26,9 +26,14 @@ acknowledgements, escalations, resolutions, each with its whole incident) and ``
 ``since`` cursor, kept in the log's poller state and moved on only once the window's events
 are committed. Each window starts ``POLL_OVERLAP`` before the cursor, as a list may show an
 item a little after its timestamp; what is read twice has the same event id and is kept
-once. What happened before the first poll is not emitted. A 429 holds both cursors and waits
-for ``Retry-After`` (or ``ratelimit-reset``). Event ids are the webhook's, so both ingress
-paths may run at once.
+once. What happened before the first poll is not emitted. A window is read page by page
+(``limit`` 100, ``offset``, while PagerDuty says ``more``) back to the cursor, at most
+``MAX_PAGES`` pages: a window holding more than that (the log entries come newest first, so
+the oldest are what is left unread) is recorded in the log as a gap of the feed's event
+types, which their readers see as ``truncated``. A 429, or a quota spent (``ratelimit-remaining``
+0) before the window's last page, holds both cursors and waits for ``Retry-After`` (or
+``ratelimit-reset``); the next round reads the window again. Event ids are the webhook's, so
+both ingress paths may run at once.
 
 Tools call the REST API (``pagerduty_api``) with the key named by ``--api-key-env``, writes
 as the user ``--from-email`` names; ``resolve`` is registered only with ``--allow-tool resolve``.
@@ -88,12 +93,18 @@ MAX_EVENT_ID_CHARS: Final = 200
 DEFAULT_MAX_DELIVERY_AGE: Final = timedelta(hours=24)
 DEFAULT_POLL_INTERVAL_S: Final = 30.0
 POLL_OVERLAP: Final = timedelta(seconds=60)
-# At most this many pages of 100 items per feed and round; beyond, a warning, and the cursor moves on.
+# At most this many pages of 100 items per feed and round; beyond, a gap is recorded and the cursor
+# moves on. PagerDuty serves no item past offset 10,000 anyway.
 MAX_PAGES: Final = 20
 OWN_USER_RETRY_S: Final = 60.0
 # A webhook waits at most this long for the look-up of the bridge's own user.
 OWN_USER_TIMEOUT_S: Final = 5.0
 FEEDS: Final = ("log_entries", "incidents")
+# The event types each polled feed can produce: what a gap in that feed may have lost.
+FEED_TYPES: Final[dict[str, tuple[str, ...]]] = {
+    "log_entries": pagerduty_events.LOG_ENTRY_EVENT_TYPES,
+    "incidents": ("incident.triggered",),
+}
 OPTIONAL_TOOLS: Final = ("resolve",)
 TOOLS: Final = ("get_incident", "acknowledge", "add_note", "escalate", "list_recent_incidents", "resolve")
 
@@ -293,10 +304,11 @@ class PagerDutyBridge(Bridge):
         baseline = parse_iso(baseline_text) or now
         wait = self.settings.poll_interval_s
         fresh: list[tuple[pagerduty_events.Mapped, dict[str, Any]]] = []
+        gap_types: list[str] = []
         read_to: dict[str, datetime] = {}
         for feed in FEEDS:
             try:
-                fresh += await self._read_feed(feed, now, baseline)
+                found, complete = await self._read_feed(feed, now, baseline)
             except RateLimited as exc:
                 pause = max(0.0, exc.retry_at - time.time())
                 logger.warning("poll %s: rate limited; next poll in %.0fs", feed, pause)
@@ -305,8 +317,11 @@ class PagerDutyBridge(Bridge):
             except PagerDutyError as exc:
                 logger.warning("poll %s: %s", feed, exc)
                 continue
+            fresh += found
+            if not complete:
+                gap_types += FEED_TYPES[feed]
             read_to[feed] = now
-        await self._commit(fresh)
+        await self._commit(fresh, gap_types)
         for feed, until in read_to.items():
             await anyio.to_thread.run_sync(log.set_state, f"{feed}:since", iso(until))
         limit = self.api.rate_limit
@@ -316,14 +331,20 @@ class PagerDutyBridge(Bridge):
 
     async def _read_feed(
         self, feed: str, until: datetime, baseline: datetime
-    ) -> list[tuple[pagerduty_events.Mapped, dict[str, Any]]]:
-        """A feed's items from its cursor (less the overlap) to ``until``, mapped, every page of them."""
+    ) -> tuple[list[tuple[pagerduty_events.Mapped, dict[str, Any]]], bool]:
+        """A feed's items from its cursor (less the overlap) to ``until``, mapped, page by page, and
+        whether they are all of them (False: more than ``MAX_PAGES`` pages, the rest unread).
+
+        Raises RateLimited (nothing of the feed is kept; the next round reads it again) on a 429, or
+        when the quota is spent before the last page."""
         log = self.server_of().log
         cursor = parse_iso(await anyio.to_thread.run_sync(log.get_state, f"{feed}:since") or "") or baseline
         since = max(baseline, cursor - POLL_OVERLAP)
         mapper = _FEED_MAPPERS[feed]
         found = []
         for number in range(MAX_PAGES):
+            if number:
+                self._check_quota(feed)
             page = await self._fetch(feed, since, until, offset=number * MAX_LIMIT)
             for item in page.items:
                 try:
@@ -335,14 +356,26 @@ class PagerDutyBridge(Bridge):
                     continue
                 found.append((mapped, item))
             if not page.more:
-                return found
+                return found, True
         logger.warning(
-            "poll %s: more than %d items since %s; the rest are skipped",
+            "poll %s: more than %d items since %s: the rest are lost, and recorded as a gap",
             feed,
             MAX_PAGES * MAX_LIMIT,
             iso(since),
         )
-        return found
+        return found, False
+
+    def _check_quota(self, feed: str) -> None:
+        """RateLimited when the last answer said no request is left until the quota's reset."""
+        limit = self.api.rate_limit
+        if limit.remaining == 0 and limit.reset_at is not None and limit.reset_at > time.time():
+            raise RateLimited(
+                429,
+                "GET",
+                f"/{feed}",
+                "the rate limit's quota is spent before the window's last page",
+                retry_at=limit.reset_at,
+            )
 
     async def _fetch(self, feed: str, since: datetime, until: datetime, *, offset: int) -> Page:
         if feed == "incidents":
@@ -351,13 +384,15 @@ class PagerDutyBridge(Bridge):
             )
         return await self.api.log_entries(since=since, until=until, limit=MAX_LIMIT, offset=offset)
 
-    async def _commit(self, fresh: list[tuple[pagerduty_events.Mapped, dict[str, Any]]]) -> None:
-        if not fresh:
+    async def _commit(
+        self, fresh: list[tuple[pagerduty_events.Mapped, dict[str, Any]]], gap_types: Sequence[str] = ()
+    ) -> None:
+        if not fresh and not gap_types:
             return
         # In the order things happened; on a tie the log entry (read first, with its actor) is kept.
         fresh.sort(key=lambda pair: pair[0].occurred_at)
         events = [NewEvent.of(m, item) for m, item in fresh]
-        added = await self.accept(events, source="poll")
+        added = await self.accept(events, source="poll", gap_types=gap_types)
         if added:
             logger.info("poll: %d new event(s)", added)
 

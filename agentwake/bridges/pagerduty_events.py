@@ -62,6 +62,8 @@ _LOG_ENTRY_TYPES: Final = {
     "resolve_log_entry": ("incident.resolved", "resolved"),
     "escalate_log_entry": ("incident.escalated", "triggered"),
 }
+# The event types polling the log entries can produce.
+LOG_ENTRY_EVENT_TYPES: Final = tuple(dict.fromkeys(kind for kind, _ in _LOG_ENTRY_TYPES.values()))
 # The event types that carry who the incident is assigned to now.
 _WITH_ASSIGNEES: Final = frozenset({"incident.triggered", "incident.escalated"})
 
