@@ -1674,3 +1674,83 @@ async def test_two_owners_racing_for_the_same_subscriptions_never_both_hold_one(
         assert set(results["a"]) | set(results["b"]) == set(names)
     owners = {row["subscription"]: row["owner"] for row in await store.subscription_owners()}
     assert owners == {name: "a" if name in results["a"] else "b" for name in names}
+
+
+async def test_register_with_a_stale_fence_writes_nothing_and_raises_fenced_out(store: Store) -> None:
+    await store.register(TICKETS)
+    [fence] = (await store.hold_subscriptions("a", ["tickets"], at(10), at(0))).values()
+    # "a" pauses past its lease; "b" takes the subscription over, under a changed config, and stores.
+    changed = SubscriptionKey("tickets", "demo", "ticket.created", {"queue": "billing"})
+    taken = await store.hold_subscriptions("b", ["tickets"], at(30), at(20))
+    assert await store.register(changed, fence=taken["tickets"]) is None
+    await store.ingest(changed, [incoming("E-2", changed)], "c2", fence=taken["tickets"])
+    before = await store.subscriptions()
+    # "a"'s late register, under its old config, would drop "b"'s cursor: it writes nothing.
+    with pytest.raises(FencedOut, match=r"subscription tickets is now driven by another process"):
+        await store.register(TICKETS, fence=fence)
+    assert await store.subscriptions() == before
+    assert await store.cursor("tickets") == "c2"
+    # The current fence registers as an unfenced call does: a changed key drops the cursor.
+    assert await store.register(changed, fence=taken["tickets"]) == "c2"
+    assert await store.register(TICKETS, fence=taken["tickets"]) is None
+    assert await store.cursor("tickets") is None
+    # A fence for a subscription nobody holds adds no row.
+    with pytest.raises(FencedOut):
+        await store.register(ALERTS, fence=1)
+    assert [row["subscription"] for row in await store.subscriptions()] == ["tickets"]
+
+
+async def test_webhook_subscribed_with_a_stale_fence_writes_nothing_and_raises_fenced_out(
+    store: Store,
+) -> None:
+    await store.register(TICKETS)
+    await store.prepare_webhook(TICKETS, URL, "s1")
+    [fence] = (await store.hold_subscriptions("a", ["tickets"], at(10), at(0))).values()
+    first = await store.webhook_subscribed(
+        "tickets",
+        webhook_id="wh-1",
+        sent_secret="s1",
+        refresh_before=at(3600),
+        delivery_status=None,
+        previous_until=at(600),
+        fence=fence,
+    )
+    assert first is not None and first.refreshes == 1
+    # A retired id the late write would bring back to life (it clears a retired row's id).
+    await store.prepare_webhook(OTHER, URL + "/feed", "f1")
+    await store.webhook_subscribed(
+        "feed",
+        webhook_id="wh-old",
+        sent_secret="f1",
+        refresh_before=None,
+        delivery_status=None,
+        previous_until=at(600),
+    )
+    await store.retire_webhook("feed", "removed", unsubscribed=False)
+    # "a" pauses past its lease; "b" takes over and subscribes with a rotated secret.
+    taken = await store.hold_subscriptions("b", ["tickets"], at(30), at(20))
+    await store.request_rotation(["tickets"], secrets("s2"))
+    current = await store.webhook_subscribed(
+        "tickets",
+        webhook_id="wh-2",
+        sent_secret="s2",
+        refresh_before=at(7200),
+        delivery_status={"active": True},
+        previous_until=at(900),
+        fence=taken["tickets"],
+    )
+    assert current is not None and current.refreshes == 2
+    # "a"'s subscribe answer arrives late: nothing of it is written.
+    with pytest.raises(FencedOut, match=r"subscription tickets is now driven by another process"):
+        await store.webhook_subscribed(
+            "tickets",
+            webhook_id="wh-old",
+            sent_secret="s1",
+            refresh_before=at(3600),
+            delivery_status=None,
+            previous_until=at(1200),
+            fence=fence,
+        )
+    assert await store.webhook("tickets") == current
+    assert [r.webhook_id for r in await store.to_unsubscribe()] == ["wh-old"]
+    assert await store.retired_webhook_ids() == {"wh-old"}

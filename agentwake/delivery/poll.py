@@ -116,7 +116,7 @@ class PollLoop:
         """Poll until cancelled. SubscriptionEnded and ConnectionLost propagate to the caller."""
         sub = self.subscription
         key = subscription_key(sub)
-        cursor = await self.store.register(key)
+        cursor = await self.store.register(key, fence=self.fence)
         await self.store.set_state(sub.name, status="active", mode="poll")
         resuming = cursor is not None
         logger.info(

@@ -208,7 +208,7 @@ class PushLoop:
         """Stream until cancelled. SubscriptionEnded and ConnectionLost propagate to the caller."""
         sub = self.subscription
         key = subscription_key(sub)
-        cursor = await self.store.register(key)
+        cursor = await self.store.register(key, fence=self.fence)
         await self.store.set_state(sub.name, status="active", mode="push")
         logger.info(
             "subscription %s: streaming %s on %s from %s",

@@ -246,7 +246,7 @@ class WebhookLoop:
         """Subscribe and refresh until cancelled. SubscriptionEnded and ConnectionLost propagate."""
         sub = self.subscription
         key = subscription_key(sub)
-        cursor = await self.store.register(key)
+        cursor = await self.store.register(key, fence=self.fence)
         url = self.config.callback_url(sub.name)
         record = await self.store.prepare_webhook(key, url, signing.generate_secret())
         self._bind(key, record)
@@ -385,6 +385,7 @@ class WebhookLoop:
             refresh_before=result.refresh_before,
             delivery_status=status.model_dump(by_alias=True, exclude_none=True) if status else None,
             previous_until=iso(self.clock() + timedelta(seconds=self.config.rotation_grace_s)),
+            fence=self.fence,
         )
         if updated is None:  # a terminated envelope retired it while this refresh was in flight
             raise self._terminated()

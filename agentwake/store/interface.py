@@ -13,7 +13,8 @@ Guarantees a backend keeps:
   its event in one transaction (an event is done iff a run completed).
 - ``flow_gate`` checks and marks flow control atomically, so it holds across workers.
 - ``hold_subscriptions`` gives each subscription to one owner at a time (a lease with an
-  expiry); a fenced ``ingest`` of a former owner writes nothing (``FencedOut``).
+  expiry); a fenced ``ingest``, ``register`` or ``webhook_subscribed`` of a former owner writes
+  nothing (``FencedOut``).
 """
 
 from __future__ import annotations
@@ -54,11 +55,13 @@ class Store(Protocol):
 
     # ---- subscriptions and their cursors (delivery) ----------------------------------------
 
-    async def register(self, key: SubscriptionKey) -> str | None:
+    async def register(self, key: SubscriptionKey, *, fence: int | None = None) -> str | None:
         """Record a configured subscription; its stored cursor, or None.
 
         A changed server, event or arguments means the cursor belongs to another
-        subscription: it is dropped.
+        subscription: it is dropped. With a ``fence`` (a delivery loop's), checked as ``ingest``
+        checks it: a stale one writes nothing and raises ``FencedOut``. None: unfenced (one process
+        per store, the service's start, the cli).
         """
         ...
 
@@ -156,8 +159,11 @@ class Store(Protocol):
         refresh_before: str | None,
         delivery_status: dict[str, Any] | None,
         previous_until: str,
+        fence: int | None = None,
     ) -> WebhookRecord | None:
-        """Record a successful subscribe or refresh; None if the subscription was retired meanwhile."""
+        """Record a successful subscribe or refresh; None if the subscription was retired meanwhile.
+        With a ``fence`` (the webhook loop's), checked as ``ingest`` checks it: a stale one writes
+        nothing and raises ``FencedOut``."""
         ...
 
     async def request_rotation(

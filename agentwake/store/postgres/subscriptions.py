@@ -10,6 +10,7 @@ import psycopg
 
 from agentwake.clock import now_iso
 from agentwake.store.postgres.base import PostgresBase
+from agentwake.store.postgres.owners import check_fence
 from agentwake.store.records import SubscriptionKey
 from agentwake.store.sqlite.base import redacted
 from agentwake.store.sqlite.subscriptions import RECENT_ERRORS
@@ -18,14 +19,16 @@ logger = logging.getLogger(__name__)
 
 
 class Subscriptions(PostgresBase):
-    async def register(self, key: SubscriptionKey) -> str | None:
+    async def register(self, key: SubscriptionKey, *, fence: int | None = None) -> str | None:
         """Record a configured subscription; returns its persisted cursor.
 
         If the server, event or arguments changed since the cursor was stored, that
         cursor belongs to a different subscription and is dropped.
+        With a ``fence``, nothing is written unless it is the subscription's (FencedOut).
         """
         now = now_iso()
         async with self.transaction() as conn:
+            await check_fence(conn, key.name, fence)
             # A service starting twice at once: the second waits here and finds the first's row.
             inserted = await conn.execute(
                 "INSERT INTO subscriptions (name, server, event, arguments, created_at, updated_at)"

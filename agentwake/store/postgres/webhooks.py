@@ -13,6 +13,7 @@ import psycopg
 from agentwake.clock import now_iso
 from agentwake.jsontext import encode_json
 from agentwake.store.postgres.base import PostgresBase
+from agentwake.store.postgres.owners import check_fence
 from agentwake.store.records import RetiredWebhook, SubscriptionKey, WebhookRecord, canonical_arguments
 
 _WEBHOOK_COLUMNS: Final = (
@@ -116,15 +117,18 @@ class Webhooks(PostgresBase):
         refresh_before: str | None,
         delivery_status: dict[str, Any] | None,
         previous_until: str,
+        fence: int | None = None,
     ) -> WebhookRecord | None:
         """Record a successful subscribe or refresh; None if the subscription was retired meanwhile.
 
         If it carried a new secret (a rotation), that secret becomes current and the
         old one is kept as previous until ``previous_until``; a newer pending secret
         (rotated again meanwhile) stays pending for the next refresh.
+        With a ``fence``, nothing is written unless it is the subscription's (FencedOut).
         """
         now = now_iso()
         async with self.transaction() as conn:
+            await check_fence(conn, name, fence)
             await conn.execute(
                 "UPDATE webhooks SET"
                 " previous_secret = CASE WHEN secret = %(sent)s THEN previous_secret ELSE secret END,"

@@ -9,6 +9,7 @@ from typing import Final
 from agentwake.clock import now_iso
 from agentwake.store.records import SubscriptionKey
 from agentwake.store.sqlite.base import SqliteBase, redacted
+from agentwake.store.sqlite.owners import check_fence
 
 logger = logging.getLogger(__name__)
 
@@ -17,14 +18,16 @@ RECENT_ERRORS: Final = 5
 
 
 class Subscriptions(SqliteBase):
-    def register(self, key: SubscriptionKey) -> str | None:
+    def register(self, key: SubscriptionKey, *, fence: int | None = None) -> str | None:
         """Record a configured subscription; returns its persisted cursor.
 
         If the server, event or arguments changed since the cursor was stored, that
         cursor belongs to a different subscription and is dropped.
+        With a ``fence``, nothing is written unless it is the subscription's (FencedOut).
         """
         now = now_iso()
         with self.transaction():
+            check_fence(self.conn, key.name, fence)
             row = self.conn.execute(
                 "SELECT server, event, arguments, cursor FROM subscriptions WHERE name = ?", [key.name]
             ).fetchone()

@@ -11,6 +11,7 @@ from agentwake.clock import now_iso
 from agentwake.jsontext import encode_json
 from agentwake.store.records import RetiredWebhook, SubscriptionKey, WebhookRecord, canonical_arguments
 from agentwake.store.sqlite.base import SqliteBase
+from agentwake.store.sqlite.owners import check_fence
 
 
 class Webhooks(SqliteBase):
@@ -83,15 +84,18 @@ class Webhooks(SqliteBase):
         refresh_before: str | None,
         delivery_status: dict[str, Any] | None,
         previous_until: str,
+        fence: int | None = None,
     ) -> WebhookRecord | None:
         """Record a successful subscribe or refresh; None if the subscription was retired meanwhile.
 
         If it carried a new secret (a rotation), that secret becomes current and the
         old one is kept as previous until ``previous_until``; a newer pending secret
         (rotated again meanwhile) stays pending for the next refresh.
+        With a ``fence``, nothing is written unless it is the subscription's (FencedOut).
         """
         now = now_iso()
         with self.transaction():
+            check_fence(self.conn, name, fence)
             self.conn.execute(
                 "UPDATE webhooks SET"
                 " previous_secret = CASE WHEN secret = :sent THEN previous_secret ELSE secret END,"
