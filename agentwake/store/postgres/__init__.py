@@ -18,8 +18,8 @@ bad url) fails at once.
 
 Every session of the pool gets server-side timeouts derived from ``[store] lease_s``
 (``SessionTimeouts``, see ``base``): a process frozen inside a transaction is cut off by the server
-within a third of the lease, its locks released, and another process waits that long at most for a
-lock; so one frozen process cannot stall the others' lease rounds and claims.
+within a sixth of the lease, its locks released, and another process waits for a lock a third of it
+at most; so one frozen process cannot stall the others' lease rounds and claims.
 ``PostgresReader`` is the synchronous reader of the views, for the CLI's quick commands.
 
 psycopg is imported only here: ``agentwake.store`` imports this package only for a configured url.

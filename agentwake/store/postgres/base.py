@@ -12,11 +12,15 @@ queue behind it. So every session of the store's pool is opened with (``SessionT
 the pool's ``configure`` callback):
 
 * ``idle_in_transaction_session_timeout``: a transaction idle that long is ended by the server
-  (rolled back, its locks released, its connection closed); a third of ``[store] lease_s``, so a
-  frozen holder is cut off well before the lease it may hold lapses;
+  (rolled back, its locks released, its connection closed): a sixth of ``[store] lease_s`` (at
+  least 1 s), half a lease round, so a frozen holder is cut off well before the lease it may hold
+  lapses, and another process's round that waited for it still ends within its round;
 * ``lock_timeout``: a statement waits that long at most for a lock another session holds, then
-  fails (nothing written; the caller tries again: a lease round at the next round);
-* ``statement_timeout``: no one statement runs longer.
+  fails (nothing written; the caller tries again: a lease round at the next round): twice the
+  idle cut-off, so a waiter behind a frozen holder gets its lock once the holder is cut off, with
+  no error, and gives up only behind a session busy that long (a statement stuck, a session of
+  another program left open in a transaction);
+* ``statement_timeout``: no one statement runs longer (30 s, or the lease if longer).
 
 Each of the store's transactions is a few short statements with nothing but the database awaited in
 between, so none of these cuts a healthy one. The store's own long operations are not bounded: the
@@ -82,10 +86,13 @@ _RETRYABLE: Final = (psycopg.errors.DeadlockDetected, psycopg.errors.Serializati
 # ---- timeouts (see the module docstring) -------------------------------------------------------------
 
 # A lease is renewed this many times over its length (agentwake.ownership ROUNDS_PER_LEASE): a frozen
-# holder's transaction is cut off, and a waiter gives up, within one round.
+# holder's transaction is cut off within half a round, so a round that waited for it ends in its round.
 ROUNDS_PER_LEASE: Final = 3
+IDLE_SHARE: Final = 1 / (2 * ROUNDS_PER_LEASE)
 # But never sooner than this: a busy process's event loop may pause a transaction for a moment.
 MIN_TIMEOUT_S: Final = 1.0
+# A lock is waited for this many times the idle cut-off: a frozen holder is cut off first.
+LOCK_WAIT_FACTOR: Final = 2
 # No one statement of the store runs longer (nor than a lease, if longer).
 STATEMENT_TIMEOUT_S: Final = 30.0
 # The settings, as set on each session; 0 is "no limit".
@@ -103,10 +110,10 @@ class SessionTimeouts:
 
     @classmethod
     def for_lease(cls, lease_s: float) -> SessionTimeouts:
-        """A third of the lease (at least ``MIN_TIMEOUT_S``) idle in a transaction or waiting for a
-        lock, ``STATEMENT_TIMEOUT_S`` (or the lease, if longer) for a statement."""
-        share = max(lease_s / ROUNDS_PER_LEASE, MIN_TIMEOUT_S)
-        return cls(share, share, max(STATEMENT_TIMEOUT_S, lease_s))
+        """A sixth of the lease (at least ``MIN_TIMEOUT_S``) idle in a transaction, twice that
+        waiting for a lock, ``STATEMENT_TIMEOUT_S`` (or the lease, if longer) for a statement."""
+        idle = max(lease_s * IDLE_SHARE, MIN_TIMEOUT_S)
+        return cls(idle, idle * LOCK_WAIT_FACTOR, max(STATEMENT_TIMEOUT_S, lease_s))
 
     def values(self) -> list[str]:
         """The three settings' values, in ms, in ``_SETTINGS`` order."""
