@@ -58,6 +58,14 @@ pytestmark = pytest.mark.slow
             {"baseline_parse_us", "bind_us", "check_us", "schema_us", "check_over_parse"},
         ),
         (
+            "bench/scale_out.py",
+            [
+                *("--events", "2", "--processes", "2", "--concurrency", "1", "--llm-ms", "10"),
+                *("--deliveries", "20", "--senders", "2", "--subscriptions", "4", "--items", "5"),
+            ],
+            {"one", "many", "throughput_ratio", "sqlite", "postgresql", "spread_one", "spread_many"},
+        ),
+        (
             "bench/soak.py",
             ["--subscriptions", "20", "--seconds", "2", "--rate", "0", "--no-agent"],
             {"soak", "baseline", "rss_ratio", "pass_rss", "pass_cpu"},
