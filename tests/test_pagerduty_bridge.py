@@ -49,8 +49,19 @@ FIXTURES = Path(__file__).parent / "fixtures" / "pagerduty"
 RESULT = TypeAdapter(dict[str, Any])
 
 
+# PagerDuty's own published payloads (see its PROVENANCE.md), read in place, never copied here.
+UPSTREAM = Path(__file__).resolve().parents[2] / "shared" / "upstream-payloads" / "pagerduty"
+
+
 def fixture(relative: str) -> Any:
     return json.loads((FIXTURES / relative).read_text(encoding="utf-8"))
+
+
+def upstream_payload(event_type: str) -> dict[str, Any]:
+    """PagerDuty's documented example V3 delivery of ``event_type`` (developer-docs), as published."""
+    examples = json.loads((UPSTREAM / "developer-docs-v3-overview.json").read_text(encoding="utf-8"))
+    body: dict[str, Any] = json.loads(examples["webhook_examples"][event_type]["raw"])
+    return body
 
 
 def headers(body: bytes, signature: str | None, webhook_id: str | None = None) -> dict[str, str]:
@@ -178,8 +189,7 @@ def test_every_fixture_maps_to_a_valid_event_and_both_ingress_paths_agree_on_ids
         assert mapped is not None
         validator = Draft202012Validator(pagerduty_events.PAYLOAD_SCHEMAS[mapped.type])
         assert not [e.message for e in validator.iter_errors(mapped.data)], mapped
-    for name in ("incident.annotated", "pagey.ping"):
-        assert pagerduty_events.from_webhook(fixture(f"webhooks/{name}.json")) is None
+    assert pagerduty_events.from_webhook(fixture("webhooks/pagey.ping.json")) is None
     assert [entry["type"] for entry in entries if pagerduty_events.from_log_entry(entry) is None] == [
         "annotate_log_entry"
     ]
@@ -210,6 +220,12 @@ def test_every_fixture_maps_to_a_valid_event_and_both_ingress_paths_agree_on_ids
         "actor": "Grace Hopper",
         "actorType": "user",
         "occurredAt": "2024-05-02T09:46:42.108Z",
+        "incidentKey": "3f0c9e1b6e8d4a0f9a1b2c3d4e5f6a7b",
+        "createdAt": "2024-05-02T09:14:07.000Z",
+        "escalationPolicy": {"id": "PEP0L1C", "name": "Checkout On-Call"},
+        "teams": ["Payments"],
+        "assignees": ["Grace Hopper"],
+        "client": {"name": "PagerDuty Mobile", "url": None},
     }
     escalated = webhooks["incident.escalated"]
     assert escalated is not None
@@ -305,10 +321,11 @@ async def test_replays_and_retries_are_duplicates_and_stale_unreadable_and_unemi
         assert status == 400 and "stale" in answer["error"], answer
         status, answer = await bridge.hook.deliver(fixture("webhooks/pagey.ping.json"))
         assert (status, answer) == (200, {"status": "pong"})
-        annotated = fixture("webhooks/incident.annotated.json")
-        status, answer = await bridge.hook.deliver(annotated)
+        # An event type the bridge does not emit (PagerDuty's documented service.updated example).
+        unemitted = upstream_payload("service.updated")
+        status, answer = await bridge.hook.deliver(unemitted)
         assert (status, answer["status"]) == (202, "ignored")
-        status, answer = await bridge.hook.deliver(annotated)
+        status, answer = await bridge.hook.deliver(unemitted)
         assert (status, answer["status"]) == (200, "duplicate")
         for junk in (b"{not json", b"[]", b'{"event": {"event_type": "incident.triggered"}}'):
             status, answer = await bridge.hook.post(junk, headers(junk, sign(junk, SECRET)))

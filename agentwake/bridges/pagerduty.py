@@ -81,8 +81,10 @@ from agentwake.text import peer
 logger = logging.getLogger("agentwake.bridge.pagerduty")
 
 DESCRIPTION: Final = (
-    "PagerDuty as MCP events: incidents triggered, acknowledged, escalated and resolved, from PagerDuty's"
-    " V3 webhooks or REST API polling, with tools to read, acknowledge, annotate, escalate and list incidents."
+    "PagerDuty as MCP events: incidents triggered, acknowledged, escalated and resolved (V3 webhooks or"
+    " REST API polling); reprioritized, reassigned, delegated, reopened, unacknowledged, annotated, given a"
+    " responder or a status update (webhooks); with tools to read, acknowledge, annotate, escalate and list"
+    " incidents."
 )
 SIGNATURE_HEADER: Final = "X-PagerDuty-Signature"
 SIGNATURE_VERSION: Final = "v1"

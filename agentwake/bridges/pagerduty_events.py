@@ -10,6 +10,16 @@ event name, eventId) wakes the agent once, whichever way arrived first:
     incident.resolved       incident.resolved:<incident id>:<when, to the second>
     incident.escalated      incident.escalated:<incident id>:<when, to the second>
 
+Webhooks alone (the overview log entries the poller reads do not show them) bring
+``incident.unacknowledged``, ``reopened``, ``priority_updated``, ``reassigned`` and ``delegated``
+(ids as above: the type, the incident, the time), whose ``data`` is the whole incident as for the
+four above, and three whose ``data`` is an object of its own naming the incident by reference
+(so their payload has no number, status, urgency, priority or service):
+
+    incident.annotated                 incident.annotated:<incident id>:<note id>
+    incident.status_update_published   incident.status_update_published:<incident id>:<update id>
+    incident.responder.added           incident.responder.added:<incident id>:<user id>:<when>
+
 An incident is triggered once, so its id is enough. It may be acknowledged, escalated and
 (after a reopen) resolved several times, and neither ingress path has an id for the change
 that the other knows (a webhook's ``event.id`` is not a log entry's id), so the time stands
@@ -49,12 +59,37 @@ SAME_CHANGE_WITHIN: Final = timedelta(seconds=10)
 EVENT_TYPES: dict[str, str] = {
     "incident.triggered": "An incident was triggered (opened) on a PagerDuty service.",
     "incident.acknowledged": "An incident was acknowledged.",
+    "incident.unacknowledged": "An incident's acknowledgement lapsed (its timeout) or was undone: it is triggered again.",
     "incident.resolved": "An incident was resolved.",
+    "incident.reopened": "A resolved incident was reopened: it is triggered again.",
     "incident.escalated": (
         "An incident was escalated to another level of its escalation policy, by someone or by its"
         " acknowledgement timeout."
     ),
+    "incident.priority_updated": "An incident's priority was set or changed (to P1, say).",
+    "incident.reassigned": "An incident was reassigned to other users.",
+    "incident.delegated": "An incident was delegated (reassigned) to another escalation policy.",
+    "incident.annotated": "A note was added to an incident.",
+    "incident.responder.added": "A responder was asked to help with an incident.",
+    "incident.status_update_published": "A status update was published for an incident's stakeholders.",
 }
+# The event types whose webhook ``data`` is the whole incident; the others' is an object of their own
+# (a note, a responder request, a status update) that names the incident by a reference only.
+_INCIDENT_TYPES: Final = frozenset(
+    {
+        "incident.triggered",
+        "incident.acknowledged",
+        "incident.unacknowledged",
+        "incident.resolved",
+        "incident.reopened",
+        "incident.escalated",
+        "incident.priority_updated",
+        "incident.reassigned",
+        "incident.delegated",
+    }
+)
+MAX_TEAMS: Final = 20
+NOTE_CHARS: Final = 4096
 # What each log entry type (GET /log_entries) is as an event, and the status it leaves the incident in.
 _LOG_ENTRY_TYPES: Final = {
     "trigger_log_entry": ("incident.triggered", "triggered"),
@@ -64,8 +99,6 @@ _LOG_ENTRY_TYPES: Final = {
 }
 # The event types polling the log entries can produce.
 LOG_ENTRY_EVENT_TYPES: Final = tuple(dict.fromkeys(kind for kind, _ in _LOG_ENTRY_TYPES.values()))
-# The event types that carry who the incident is assigned to now.
-_WITH_ASSIGNEES: Final = frozenset({"incident.triggered", "incident.escalated"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,18 +173,105 @@ def _common() -> dict[str, dict[str, Any]]:
     }
 
 
-def _schema(kind: str) -> dict[str, Any]:
+def _reference_schema(what: str, *, nullable: bool = False) -> dict[str, Any]:
+    return {
+        "type": ["object", "null"] if nullable else "object",
+        "properties": {
+            "id": text_schema(f"The {what}'s PagerDuty id.", ID_CHARS),
+            "name": text_schema(f"The {what}'s name.", NAME_CHARS),
+        },
+        "required": ["id", "name"],
+        "additionalProperties": False,
+    }
+
+
+def _names_schema(description: str, limit: int) -> dict[str, Any]:
+    return {
+        "type": "array",
+        "items": {"type": "string", "maxLength": NAME_CHARS},
+        "maxItems": limit,
+        "description": description,
+    }
+
+
+def _incident_schema() -> dict[str, dict[str, Any]]:
     properties = _common()
-    if kind in _WITH_ASSIGNEES:
-        properties["assignees"] = {
-            "type": "array",
-            "items": {"type": "string", "maxLength": NAME_CHARS},
-            "maxItems": MAX_ASSIGNEES,
-            "description": (
-                "The names of the users the incident is assigned to after the change ([] for none);"
-                " polled, as the log entry lists them, else as the incident is assigned when polled."
+    properties.update(
+        {
+            "incidentKey": text_schema(
+                "The incident's key (the de-duplication key its alerts share), or null.",
+                NAME_CHARS,
+                nullable=True,
             ),
+            "createdAt": {
+                "type": "string",
+                "format": "date-time",
+                "description": "When the incident was created, ISO 8601 in UTC.",
+            },
+            "escalationPolicy": _reference_schema("escalation policy", nullable=True)
+            | {"description": "The escalation policy the incident follows, or null when not told."},
+            "teams": _names_schema(f"The names of the incident's teams (at most {MAX_TEAMS}).", MAX_TEAMS),
+            "assignees": _names_schema(
+                "The names of the users the incident is assigned to after the change ([] for none, as when"
+                f" resolved; at most {MAX_ASSIGNEES}); polled, as the log entry lists them, else as the"
+                " incident is assigned when polled.",
+                MAX_ASSIGNEES,
+            ),
+            "client": {
+                "type": ["object", "null"],
+                "properties": {
+                    "name": text_schema("The client's name (Datadog, PagerDuty Mobile...).", NAME_CHARS),
+                    "url": text_schema(
+                        "Its link (the monitor, the alert), or null.", URL_CHARS, nullable=True
+                    ),
+                },
+                "required": ["name", "url"],
+                "additionalProperties": False,
+                "description": (
+                    "The client through which the change came: for a trigger, the monitoring tool that sent"
+                    " it, with its link. Null when not told (a polled incident, most changes made in"
+                    " PagerDuty itself)."
+                ),
+            },
         }
+    )
+    return properties
+
+
+def _reference_common() -> dict[str, dict[str, Any]]:
+    common = _common()
+    properties = {key: common[key] for key in ("incidentId", "url", "actor", "actorType", "occurredAt")}
+    properties["title"] = text_schema(
+        "The incident's title as the event names it, or null when it does not.", TITLE_CHARS, nullable=True
+    )
+    return properties
+
+
+def _schema(kind: str) -> dict[str, Any]:
+    if kind in _INCIDENT_TYPES:
+        return closed_schema(_incident_schema())
+    properties = _reference_common()
+    if kind == "incident.annotated":
+        properties["noteId"] = text_schema("The note's PagerDuty id.", ID_CHARS)
+        properties["note"] = text_schema(f"The note's text (its first {NOTE_CHARS} characters).", NOTE_CHARS)
+    elif kind == "incident.status_update_published":
+        properties["statusUpdateId"] = text_schema("The status update's PagerDuty id.", ID_CHARS)
+        properties["message"] = text_schema(
+            f"The status update's text (its first {NOTE_CHARS} characters).", NOTE_CHARS
+        )
+    elif kind == "incident.responder.added":
+        properties["responder"] = _reference_schema("responder (a user)") | {
+            "description": "Who was asked to respond."
+        }
+        properties["escalationPolicy"] = _reference_schema("escalation policy", nullable=True) | {
+            "description": "The escalation policy asked to respond, or null when a user was asked."
+        }
+        properties["state"] = text_schema(
+            'The request\'s state: "pending", "joined" or "declined".', NAME_CHARS, nullable=True
+        )
+        properties["message"] = text_schema(
+            "The requester's message to the responder, or null.", NOTE_CHARS, nullable=True
+        )
     return closed_schema(properties)
 
 
@@ -209,12 +329,6 @@ def _id_time(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _event_id(kind: str, incident_id: str, occurred_at: datetime) -> str:
-    if kind == "incident.triggered":
-        return f"{kind}:{incident_id}"
-    return f"{kind}:{incident_id}:{_id_time(occurred_at)}"
-
-
 def _priority(incident: _Object) -> str | None:
     priority = incident.optional_object("priority")
     return None if priority is None else priority.text("summary", NAME_CHARS)
@@ -237,8 +351,49 @@ def _assignees(incident: _Object) -> list[str]:
     return _names([assignment.object("assignee") for assignment in assignments])
 
 
+def _reference(value: _Object | None) -> dict[str, str] | None:
+    if value is None:
+        return None
+    return {"id": value.text("id", ID_CHARS), "name": value.text("summary", NAME_CHARS)}
+
+
+def _client(name: str | None, url: str | None) -> dict[str, str | None] | None:
+    return None if name is None else {"name": name, "url": url}
+
+
+def _webhook_client(event: _Object) -> dict[str, str | None] | None:
+    """A V3 webhook's ``event.client``: the monitoring tool or app through which the change came."""
+    client = event.optional_object("client")
+    if client is None:
+        return None
+    return _client(client.optional_text("name", NAME_CHARS), client.optional_text("url", URL_CHARS))
+
+
+def _entry_client(entry: _Object) -> dict[str, str | None] | None:
+    """A log entry's ``channel.client`` and ``channel.client_url``, as the Events API's sender set them."""
+    channel = entry.optional_object("channel")
+    if channel is None:
+        return None
+    return _client(
+        channel.optional_text("client", NAME_CHARS), channel.optional_text("client_url", URL_CHARS)
+    )
+
+
+def _time_id(kind: str, incident_id: str, occurred_at: datetime) -> tuple[str, str | None]:
+    """An id holding the time, and its prefix for the same change seen by the other ingress path."""
+    if kind == "incident.triggered":
+        return f"{kind}:{incident_id}", None
+    return f"{kind}:{incident_id}:{_id_time(occurred_at)}", f"{kind}:{incident_id}:"
+
+
 def _event(
-    kind: str, incident: _Object, status: str, occurred_at: datetime, actor: _Actor, assignees: list[str]
+    kind: str,
+    incident: _Object,
+    status: str,
+    occurred_at: datetime,
+    actor: _Actor,
+    assignees: list[str],
+    client: dict[str, str | None] | None,
 ) -> Mapped:
     incident_id = incident.text("id", ID_CHARS)
     data: dict[str, Any] = {
@@ -254,13 +409,51 @@ def _event(
         "actor": actor.name,
         "actorType": actor.type,
         "occurredAt": iso(occurred_at),
+        "incidentKey": incident.optional_text("incident_key", NAME_CHARS),
+        "createdAt": iso(incident.moment("created_at")),
+        "escalationPolicy": _reference(incident.optional_object("escalation_policy")),
+        "teams": _names(incident.objects("teams", MAX_TEAMS)),
+        "assignees": assignees,
+        "client": client,
     }
-    if kind in _WITH_ASSIGNEES:
-        data["assignees"] = assignees
-    event_id = _event_id(kind, incident_id, occurred_at)
-    if kind == "incident.triggered":
+    event_id, prefix = _time_id(kind, incident_id, occurred_at)
+    if prefix is None:
         return Mapped(kind, event_id, occurred_at, data, actor.id)
-    return Mapped(kind, event_id, occurred_at, data, actor.id, f"{kind}:{incident_id}:", SAME_CHANGE_WITHIN)
+    return Mapped(kind, event_id, occurred_at, data, actor.id, prefix, SAME_CHANGE_WITHIN)
+
+
+def _referencing(kind: str, event: _Object, body: _Object) -> Mapped:
+    """An event whose ``data`` is an object of its own naming the incident by ``data.incident``."""
+    incident = body.object("incident")
+    incident_id = incident.text("id", ID_CHARS)
+    occurred_at = event.moment("occurred_at")
+    actor = _Actor.read(event.optional_object("agent"))
+    data: dict[str, Any] = {
+        "incidentId": incident_id,
+        "title": incident.optional_text("summary", TITLE_CHARS),
+        "url": incident.text("html_url", URL_CHARS),
+        "actor": actor.name,
+        "actorType": actor.type,
+        "occurredAt": iso(occurred_at),
+    }
+    if kind == "incident.annotated":
+        # A note has an id of its own: two notes in one second are two events.
+        data["noteId"] = body.text("id", ID_CHARS)
+        data["note"] = body.text("content", NOTE_CHARS)
+        return Mapped(kind, f"{kind}:{incident_id}:{data['noteId']}", occurred_at, data, actor.id)
+    if kind == "incident.status_update_published":
+        data["statusUpdateId"] = body.text("id", ID_CHARS)
+        data["message"] = body.text("message", NOTE_CHARS)
+        return Mapped(kind, f"{kind}:{incident_id}:{data['statusUpdateId']}", occurred_at, data, actor.id)
+    # incident.responder.added: one request per responder and time.
+    responder = _reference(body.object("user"))
+    assert responder is not None
+    data["responder"] = responder
+    data["escalationPolicy"] = _reference(body.optional_object("escalation_policy"))
+    data["state"] = body.optional_text("state", NAME_CHARS)
+    data["message"] = body.optional_text("message", NOTE_CHARS)
+    event_id = f"{kind}:{incident_id}:{responder['id']}:{_id_time(occurred_at)}"
+    return Mapped(kind, event_id, occurred_at, data, actor.id)
 
 
 # ---- the entry points ----------------------------------------------------------------
@@ -277,7 +470,9 @@ def from_webhook(payload: dict[str, Any]) -> Mapped | None:
     event = _Object.of(payload, "").object("event")
     kind = event.text("event_type", NAME_CHARS)
     if kind not in EVENT_TYPES:
-        return None  # pagey.ping, incident.annotated, service.updated...
+        return None  # pagey.ping, service.updated, incident.conference_bridge.updated...
+    if kind not in _INCIDENT_TYPES:
+        return _referencing(kind, event, event.object("data"))
     incident = event.object("data")
     return _event(
         kind,
@@ -285,7 +480,8 @@ def from_webhook(payload: dict[str, Any]) -> Mapped | None:
         incident.text("status", NAME_CHARS),
         event.moment("occurred_at"),
         _Actor.read(event.optional_object("agent")),
-        _assignees(incident) if kind in _WITH_ASSIGNEES else [],
+        _assignees(incident),
+        _webhook_client(event),
     )
 
 
@@ -299,6 +495,7 @@ def from_incident(item: dict[str, Any]) -> Mapped:
         incident.moment("created_at"),
         _Actor(),
         _assignees(incident),
+        None,
     )
 
 
@@ -311,13 +508,13 @@ def from_log_entry(item: dict[str, Any]) -> Mapped | None:
         return None  # notify, annotate, assign, snooze...
     kind, status = emitted
     incident = entry.object("incident")
-    assignees: list[str] = []
-    if kind in _WITH_ASSIGNEES:
-        # Whom the change assigned, as the entry lists them; else whom the incident has now.
-        listed = "assignees" in entry.raw
-        assignees = _names(entry.objects("assignees", MAX_ASSIGNEES)) if listed else _assignees(incident)
+    # Whom the change assigned, as the entry lists them; else whom the incident has now.
+    listed = "assignees" in entry.raw
+    assignees = _names(entry.objects("assignees", MAX_ASSIGNEES)) if listed else _assignees(incident)
+    if status == "resolved":
+        assignees = []
     actor = _Actor.read(entry.optional_object("agent"))
-    return _event(kind, incident, status, entry.moment("created_at"), actor, assignees)
+    return _event(kind, incident, status, entry.moment("created_at"), actor, assignees, _entry_client(entry))
 
 
 # ---- the subscription filter ---------------------------------------------------------
