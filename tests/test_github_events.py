@@ -94,6 +94,22 @@ def test_event_types_and_payload_schemas_name_the_same_types_in_order() -> None:
         "pull_request.review_requested",
         "check_run.completed",
         "workflow_run.completed",
+        "issues.reopened",
+        "issues.closed",
+        "issues.labeled",
+        "issues.assigned",
+        "issues.edited",
+        "issues.transferred",
+        "issue_comment.edited",
+        "pull_request.reopened",
+        "pull_request.closed",
+        "pull_request.synchronize",
+        "pull_request.ready_for_review",
+        "pull_request_review.submitted",
+        "pull_request_review_comment.created",
+        "check_suite.completed",
+        "workflow_job.completed",
+        "status.failed",
     ]
     assert list(PAYLOAD_SCHEMAS) == list(EVENT_TYPES)
     assert all(description.strip() for description in EVENT_TYPES.values())
@@ -124,7 +140,8 @@ def test_the_arguments_schema_allows_repository_and_label_only() -> None:
 
 def test_every_event_of_every_fixture_validates_against_its_schema() -> None:
     found = every_mapped()
-    assert {m.type for m in found} == set(EVENT_TYPES)
+    # The types these fixtures hold; tests/test_github_triage_events.py maps GitHub's own examples of the rest.
+    assert {m.type for m in found} == set(list(EVENT_TYPES)[:6]) | {"issues.closed"}
     for mapped in found:
         assert_valid(mapped)
         assert mapped.occurred_at.utcoffset() is not None
@@ -147,9 +164,12 @@ def test_issues_opened() -> None:
             "title": "Config loader crashes on a UTF-8 BOM",
             "author": "mona-lisa",
             "authorType": "User",
+            "authorAssociation": "MEMBER",
+            "state": "open",
+            "assignees": [],
+            "milestone": None,
             "bodyExcerpt": body,
             "bodyTruncated": False,
-            "state": "open",
             "repository": REPOSITORY,
             "url": f"{WEB}/issues/42",
             "actor": "mona-lisa",
@@ -171,12 +191,19 @@ def test_issue_comment_created_on_an_issue() -> None:
             "number": 42,
             "issueTitle": "Config loader crashes on a UTF-8 BOM",
             "isPullRequest": False,
+            "issueState": "open",
+            "issueAuthor": "mona-lisa",
+            "issueAuthorType": "User",
+            "issueAuthorAssociation": "MEMBER",
+            "assignees": [],
+            "milestone": None,
+            "issueUrl": f"{WEB}/issues/42",
             "commentId": 2090317784,
             "author": "octocat",
             "authorType": "User",
+            "authorAssociation": "MEMBER",
             "bodyExcerpt": body,
             "bodyTruncated": False,
-            "issueUrl": f"{WEB}/issues/42",
             "repository": REPOSITORY,
             "url": f"{WEB}/issues/42#issuecomment-2090317784",
             "actor": "octocat",
@@ -212,9 +239,19 @@ def test_pull_request_opened() -> None:
             "title": "Accept a UTF-8 BOM at the start of the config file",
             "author": "mona-lisa",
             "authorType": "User",
+            "authorAssociation": "MEMBER",
+            "state": "open",
+            "assignees": [],
+            "milestone": None,
             "draft": False,
             "baseRef": "main",
+            "baseSha": "4be0c6d2a1f9e8b7c6d5e4f3a2b1c0d9e8f7a6b5",
             "headRef": "fix/bom-config",
+            "headSha": "9f1c3b2e7d4a5068b1e2c3d4f5a6b7c8d9e0f1a2",
+            "headIsFork": False,
+            "additions": 24,
+            "deletions": 2,
+            "changedFiles": 3,
             "bodyExcerpt": body,
             "bodyTruncated": False,
             "repository": REPOSITORY,
@@ -237,6 +274,19 @@ def test_pull_request_review_requested_from_a_user() -> None:
             "title": "Accept a UTF-8 BOM at the start of the config file",
             "author": "mona-lisa",
             "authorType": "User",
+            "authorAssociation": "MEMBER",
+            "state": "open",
+            "assignees": [],
+            "milestone": None,
+            "draft": False,
+            "baseRef": "main",
+            "baseSha": "4be0c6d2a1f9e8b7c6d5e4f3a2b1c0d9e8f7a6b5",
+            "headRef": "fix/bom-config",
+            "headSha": "9f1c3b2e7d4a5068b1e2c3d4f5a6b7c8d9e0f1a2",
+            "headIsFork": False,
+            "additions": 24,
+            "deletions": 2,
+            "changedFiles": 3,
             "requestedReviewer": "octocat",
             "requestedTeam": None,
             "repository": REPOSITORY,
@@ -285,9 +335,13 @@ def test_check_run_completed_with_a_failure() -> None:
             "checkRunId": 24518337213,
             "name": "test (3.11)",
             "conclusion": "failure",
+            "headBranch": "fix/bom-config",
             "headSha": "9f1c3b2e7d4a5068b1e2c3d4f5a6b7c8d9e0f1a2",
             "app": "github-actions",
             "pullRequests": [43],
+            "outputTitle": None,
+            "outputSummary": "Process completed with exit code 1.",
+            "detailsUrl": f"{WEB}/actions/runs/9120577123/job/24518337213",
             "repository": REPOSITORY,
             "url": f"{WEB}/actions/runs/9120577123/job/24518337213",
             "actor": "github-actions[bot]",
@@ -354,11 +408,10 @@ def test_no_other_conclusion_is_emitted(conclusion: str | None) -> None:
 @pytest.mark.parametrize(
     ("name", "action"),
     [
-        ("issues.opened", "closed"),
-        ("issues.opened", "labeled"),
-        ("issue_comment.created.issue", "edited"),
+        ("issues.opened", "unlabeled"),
+        ("issues.opened", "locked"),
         ("issue_comment.created.issue", "deleted"),
-        ("pull_request.opened", "synchronize"),
+        ("pull_request.opened", "converted_to_draft"),
         ("pull_request.review_requested.user", "review_request_removed"),
         ("check_run.completed.failure", "created"),
         ("workflow_run.completed.failure", "requested"),
@@ -429,7 +482,7 @@ def test_events_api_items_we_do_not_emit_map_to_nothing() -> None:
         for item in repo_events()
         if mapped[item["id"]] is None
     }
-    assert skipped == {"CreateEvent/", "PushEvent/", "IssuesEvent/closed", "WatchEvent/started"}
+    assert skipped == {"CreateEvent/", "PushEvent/", "WatchEvent/started"}
 
 
 def test_the_issues_list_and_the_webhook_give_one_issue_the_same_event() -> None:

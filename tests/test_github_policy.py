@@ -297,7 +297,7 @@ def test_the_example_config_loads_with_its_defaults() -> None:
     assert args["--api-base"] == "https://api.github.com"
     assert args["--allow-tool"] == "close_issue"
     assert server.env == ENV  # secrets reach the bridge by its environment, never its arguments
-    assert sorted(s.event for s in cfg.subscriptions) == sorted(EVENT_TYPES)
+    assert {s.event for s in cfg.subscriptions} <= set(EVENT_TYPES)
     for sub in cfg.subscriptions:
         jsonschema.validate(sub.arguments, ARGUMENTS_SCHEMA)
         assert sub.arguments == {"repository": "acme/demo"}

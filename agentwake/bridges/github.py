@@ -87,6 +87,18 @@ EVENTS_FEED_TYPES: Final = (
     "issue_comment.created",
     "pull_request.opened",
     "pull_request.review_requested",
+    "issues.reopened",
+    "issues.closed",
+    "issues.labeled",
+    "issues.assigned",
+    "issues.edited",
+    "issues.transferred",
+    "issue_comment.edited",
+    "pull_request.reopened",
+    "pull_request.closed",
+    "pull_request.synchronize",
+    "pull_request.ready_for_review",
+    "pull_request_review_comment.created",
 )
 ISSUES_FEED_TYPES: Final = ("issues.opened",)
 RUNS_FEED_TYPES: Final = ("workflow_run.completed",)
