@@ -438,3 +438,111 @@ def test_send_webhooks_built_in_samples_are_events_the_bridge_maps(kind: str, ev
     assert mapped is not None and mapped.type == event
     assert mapped.data["repository"] == "acme/demo" and mapped.data["actorType"] == "Bot"
     assert 7 in (mapped.data.get("number"), *mapped.data.get("pullRequests", []))
+
+
+# ---- who wrote it: GitHub's own examples (/work/shared/upstream-payloads), author_association set ----
+
+UPSTREAM = REPO.parent / "shared" / "upstream-payloads" / "github" / "octokit-webhooks"
+LABEL_ONLY = ["github__get_issue", "github__search_issues", "github__add_labels"]
+LABEL_PULL_ONLY = ["github__get_issue", "github__add_labels"]
+
+
+def upstream(event: str, example: str, holder: str, association: str) -> Sample:
+    """GitHub's example delivery, its ``holder`` object written by someone of this association."""
+    payload = json.loads((UPSTREAM / event / f"{example}.payload.json").read_text(encoding="utf-8"))
+    payload[holder]["author_association"] = association
+    mapped = from_webhook(event, payload)
+    assert mapped is not None and mapped.data["authorAssociation"] == association
+    return Sample(mapped.type, mapped.event_id, mapped.data)
+
+
+ASSOCIATION_CASES: list[tuple[str, Sample, str, str, list[str]]] = [
+    *[
+        (
+            f"an issue by {who}",
+            upstream("issues", "opened", "issue", who),
+            "github-triage-issues",
+            "run",
+            TRIAGE,
+        )
+        for who in ("OWNER", "MEMBER", "COLLABORATOR")
+    ],
+    *[
+        (
+            f"an issue by {who}",
+            upstream("issues", "opened", "issue", who),
+            "github-label-outsider-issues",
+            "run",
+            LABEL_ONLY,
+        )
+        for who in ("NONE", "FIRST_TIME_CONTRIBUTOR", "FIRST_TIMER", "CONTRIBUTOR")
+    ],
+    (
+        "a comment by a member",
+        upstream("issue_comment", "created", "comment", "MEMBER"),
+        "github-answer-comments",
+        "run",
+        ANSWER,
+    ),
+    *[
+        (
+            f"a comment by {who}",
+            upstream("issue_comment", "created", "comment", who),
+            "github-hold-outsider-comments",
+            "hold",
+            ANSWER,
+        )
+        for who in ("NONE", "FIRST_TIME_CONTRIBUTOR", "FIRST_TIMER")
+    ],
+    (
+        "a pull request by a collaborator",
+        upstream("pull_request", "opened", "pull_request", "COLLABORATOR"),
+        "github-route-pull-requests",
+        "run",
+        ROUTE,
+    ),
+    *[
+        (
+            f"a pull request by {who}",
+            upstream("pull_request", "opened", "pull_request", who),
+            "github-label-outsider-pull-requests",
+            "run",
+            LABEL_PULL_ONLY,
+        )
+        for who in ("NONE", "FIRST_TIME_CONTRIBUTOR", "FIRST_TIMER")
+    ],
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("sample", "rule", "verdict", "tools"),
+    [case[1:] for case in ASSOCIATION_CASES],
+    ids=[case[0] for case in ASSOCIATION_CASES],
+)
+async def test_outsiders_events_are_held_or_only_labelled_and_members_run(
+    example: tuple[AgentwakeConfig, Policy, PromptRenderer],
+    sample: Sample,
+    rule: str,
+    verdict: str,
+    tools: list[str],
+) -> None:
+    cfg, policy, _ = example
+    outcome = await decided(cfg, policy, sample)
+    assert (outcome.rule, outcome.verdict) == (rule, verdict), outcome.why
+    assert list(outcome.run.tools) == tools
+    writes = {"github__comment", "github__assign", "github__request_reviewers", "github__close_issue"}
+    if sample.data["authorAssociation"] not in ("OWNER", "MEMBER", "COLLABORATOR") and verdict == "run":
+        assert not writes & set(outcome.run.tools)  # an outsider's text may lead to labels only
+
+
+def test_policy_test_shows_an_outsiders_issue_only_labelled(tmp_path: Path) -> None:
+    sample = upstream("issues", "opened", "issue", "FIRST_TIME_CONTRIBUTOR")
+    event = tmp_path / "event.json"
+    event.write_text(json.dumps({"name": sample.name, "data": sample.data}))
+    args = ["policy", "test", str(event), "-c", str(CONFIG), "--subscription", "github-issues", "--offline"]
+    tested = CliRunner().invoke(app, args, env=ENV)
+    assert tested.exit_code == 0, tested.output
+    out = " ".join(tested.output.split())
+    assert "verdict: run" in out and "rule: github-label-outsider-issues (github-triage.toml:" in out
+    assert f"allowlist: {', '.join(LABEL_ONLY)}" in out
