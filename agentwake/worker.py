@@ -21,7 +21,7 @@ from agentwake.backoff import backoff_s
 from agentwake.clock import iso, utc_now
 from agentwake.config import OFFLINE_MODEL, OFFLINE_NOTICE, AgentConfig, AgentwakeConfig
 from agentwake.decide import Outcome, Slots, StoreSlots, decide
-from agentwake.errors import AgentwakeError
+from agentwake.errors import AgentwakeError, StoreError
 from agentwake.logs import event_fields
 from agentwake.policy import Policy
 from agentwake.store import InboxEvent, RunKind, Settlement, Store
@@ -158,6 +158,8 @@ class Worker:
     held: dict[int, tuple[str, int]] = field(default_factory=dict, init=False)
     # The same events: how each one's handling is stopped (a lost lease, a newer claim of it).
     _handling: dict[int, _Handling] = field(default_factory=dict, init=False)
+    # A claim failed on the store and none has worked since (said once, not at every retry).
+    _claims_failing: bool = field(default=False, init=False)
     paused: str | None = field(default=None, init=False)
     breaker: ModelBreaker = field(init=False)
     _claiming: bool = field(default=True, init=False)
@@ -276,7 +278,12 @@ class Worker:
             ]
             if not leases:
                 continue
-            for row in await self.store.renew_leases(leases, self._lease_until()):
+            try:
+                lost = await self.store.renew_leases(leases, self._lease_until())
+            except StoreError as exc:  # the next renewal tries again, well within the lease
+                logger.warning("could not renew the leases of %d event(s): %s", len(leases), exc)
+                continue
+            for row in lost:
                 held = self.held.get(row)
                 # Not one whose run ended, nor one this process claimed again, while the renewal was under way.
                 if held is None or (row, held[1]) not in leases:
@@ -358,6 +365,27 @@ class Worker:
                 await self._run_agent(self.agent, task_status)
             tg.cancel_scope.cancel()
 
+    async def _claim_or_none(self, limit: int) -> list[InboxEvent]:
+        """``_claim``, but a store that fails for now (a PostgreSQL lock timeout behind a frozen peer, a
+        database restarting, a locked SQLite file) costs a wait and a retry, not the service; said once
+        while it keeps failing, and once when it works again."""
+        try:
+            batch = await self._claim(limit)
+        except StoreError as exc:
+            self._claim_failed(exc)
+            return []
+        if self._claims_failing:
+            logger.info("claiming events works again")
+            self._claims_failing = False
+        return batch
+
+    def _claim_failed(self, exc: StoreError) -> None:
+        if not self._claims_failing:
+            logger.warning("could not claim events (tried again shortly): %s", exc)
+        else:
+            logger.debug("could not claim events: %s", exc)
+        self._claims_failing = True
+
     async def _idle(self) -> None:
         with anyio.move_on_after(IDLE_RECHECK_S):
             await self._wake.wait()
@@ -366,7 +394,7 @@ class Worker:
     async def _decide_batches(self) -> None:
         """No agent: claim a batch, decide each, settle them together."""
         while self._claiming:
-            batch = await self._claim(CLAIM_BATCH)
+            batch = await self._claim_or_none(CLAIM_BATCH)
             if not batch:
                 await self._idle()
                 continue
@@ -401,12 +429,17 @@ class Worker:
                     await self._slot_freed.wait()
                     self._slot_freed = anyio.Event()
                     continue
-                allowed, why = await self._usage_allowance(free)
-                await self._set_paused(why)
+                try:
+                    allowed, why = await self._usage_allowance(free)
+                    await self._set_paused(why)
+                except StoreError as exc:
+                    self._claim_failed(exc)
+                    await self._idle()
+                    continue
                 if allowed <= 0:
                     await self._idle()
                     continue
-                batch = await self._claim(allowed)
+                batch = await self._claim_or_none(allowed)
                 if not batch:
                     await self._idle()
                     continue

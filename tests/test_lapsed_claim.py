@@ -306,7 +306,10 @@ async def test_a_lost_lease_stops_the_run_before_its_llm_answers(scene: Scene, s
     scene.fake.script(hold())
     async with anyio.create_task_group() as tg:
         # A process whose clock runs an hour behind: each lease it takes or renews has already lapsed.
-        worker, counting = await running_worker(tg, scene, Clock(timedelta(hours=-1)), lease_s=0.3)
+        # One run at a time: it must not claim its own lapsed event again before the other process does.
+        worker, counting = await running_worker(
+            tg, scene, Clock(timedelta(hours=-1)), lease_s=0.3, concurrency=1
+        )
         await scene.fake.wait_for_requests(1)
         [again] = await second_store.claim(1, iso(utc_now()), lease_until=from_now(60))
         assert (again.id, again.attempts) == (row, 2)
