@@ -101,7 +101,10 @@ async def test_an_issue_cannot_steer_the_agent_to_another_repository_or_issue(tm
         async with agentwake_run(config, **env) as service:
             hook = Hook(webhook_url(service, await service.wait_for("webhooks on http://")))
             await bootstrapped(store, ["issues"], service)
-            issue = github.open_issue("acme/demo", title="Export button does nothing", body=ISSUE_BODY)
+            # Opened by the repository's owner: an outsider's issue could only be labelled (github-triage.toml).
+            issue = github.open_issue(
+                "acme/demo", title="Export button does nothing", body=ISSUE_BODY, user="acme"
+            )
             status, answer = await hook.deliver(
                 "issues", github.webhook_issue_opened("acme/demo", issue["number"])
             )
