@@ -179,8 +179,10 @@ def write_config(
     balancer_port: int,
     cert: Path,
     connect_timeout_s: float = 10,
+    drive: list[str] | None = None,
 ) -> Path:
-    """One config for every process; each one's receiver port comes from RECEIVER_PORT."""
+    """One config for every process; each one's receiver port comes from RECEIVER_PORT. ``drive``:
+    ``[store] drive`` (pinned processes, no balancing)."""
     tools = json.dumps([str(REPO / "tests" / "chaos_tools_server.py")])
     subscriptions = "".join(
         f'\n[[subscriptions]]\nname = "{name}"\nserver = "{"hooks" if name == WEBHOOK else "desk"}"\n'
@@ -190,7 +192,9 @@ def write_config(
     )
     config = tmp / "agentwake.toml"
     config.write_text(
-        f'[store]\nurl = "{url}"\nlease_s = {LEASE_S}\n\n'
+        f'[store]\nurl = "{url}"\nlease_s = {LEASE_S}\n'
+        + (f"drive = {json.dumps(drive)}\n" if drive is not None else "")
+        + "\n"
         '[log]\nlevel = "INFO"\nformat = "json"\n\n'
         '[policy]\ndir = "no-policies"\n\n'
         "[service]\nstop_timeout_s = 10\n\n"
@@ -731,8 +735,17 @@ async def test_a_webhook_subscribe_is_verified_whichever_process_the_load_balanc
             gate = GatedProxy(hooks.port)
             await tg.start(gate.serve)
             await tg.start(balancer.serve)
+            # Pinned (both to every subscription): the process found holding the webhook subscription
+            # keeps it, rather than handing it to the other as balancing would.
             config = write_config(
-                tmp_path, postgres_url, fake.url, gate.url, balancer.port, cert, connect_timeout_s=120
+                tmp_path,
+                postgres_url,
+                fake.url,
+                gate.url,
+                balancer.port,
+                cert,
+                connect_timeout_s=120,
+                drive=["*"],
             )
             await start_from_zero(config, postgres_url)
             cluster = Cluster(tg, config, lambda slot: {**KEY, "RECEIVER_PORT": str(ports[slot])})
