@@ -1317,6 +1317,21 @@ async def test_a_tool_call_is_journaled_only_while_its_run_holds_a_current_lease
     assert journaled == [("c1", "sent"), ("c4", "sent")]
 
 
+async def test_a_run_fenced_out_by_a_newer_claim_with_the_same_count_journals_nothing(store: Store) -> None:
+    """A release lowers the count of claims, so the next claim has the stale run's number again; the
+    claim ended the stale run (interrupted) in its own transaction, and that fences it out."""
+    await add(store, TICKETS, "E-1")
+    [first] = await store.claim(1, T0, lease_until=at(60))
+    stale = await agent_run(store, first)
+    await store.release(first.id, T0)
+    [again] = await store.claim(1, T0, lease_until=at(60))
+    assert again.attempts == first.attempts, "the same count: the number alone cannot tell the claims apart"
+    with pytest.raises(LeaseLost, match="this run was ended"):
+        await store.journal_tool_call(stale, call("c1", "sent"), "key-1", now=at(1))
+    current = await agent_run(store, again)
+    assert isinstance(await store.journal_tool_call(current, call("c2", "sent"), "key-2", now=at(1)), int)
+
+
 async def test_a_replay_journals_its_calls_whatever_its_events_claim(store: Store) -> None:
     [event] = await claimed(store, TICKETS, "E-1")
     run = await agent_run(store, event)

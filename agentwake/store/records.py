@@ -353,7 +353,14 @@ def journal_of_event(calls: Sequence[JournaledCall]) -> dict[str, JournaledCall]
 
 
 def claim_lost(
-    *, kind: str, state: str, attempts: int, lease_until: str | None, attempt: int, now: str | None
+    *,
+    kind: str,
+    state: str,
+    attempts: int,
+    lease_until: str | None,
+    attempt: int,
+    now: str | None,
+    run_status: str = "running",
 ) -> str | None:
     """Why a run no longer holds its event (None while it does), as the journal's fence decides.
 
@@ -362,6 +369,10 @@ def claim_lost(
     ``renew_leases`` decide), and, judged at ``now`` (the caller's clock, as claims are), the lease
     has not lapsed: from then on another process may claim the event at any moment. A claim made
     without a lease never lapses. Only agent runs hold their event; a replay holds nothing.
+
+    The run itself must still be running: a claim of its event ends (interrupts) a run left running
+    in the same transaction, so a newer claim fences it out even where the count of claims came back to
+    the same number (a release or ``retry`` lowers it).
     """
     if kind != "agent":
         return None
@@ -369,6 +380,8 @@ def claim_lost(
         return f"its event is {state} now"
     if attempts != attempt:
         return f"its event was claimed again (claim {attempts}; this run's is {attempt})"
+    if run_status != "running":
+        return f"this run was ended ({run_status}): its event was claimed again"
     if now is not None and lease_until is not None and lease_until < now:
         return f"its lease lapsed at {lease_until}"
     return None

@@ -198,7 +198,7 @@ class ActionLog(PostgresBase):
         """
         async with self.transaction() as conn:
             cur = await conn.execute(
-                "SELECT r.kind, r.attempt, e.state, e.attempts, e.lease_until FROM runs r"
+                "SELECT r.kind, r.attempt, e.state, e.attempts, e.lease_until, r.status FROM runs r"
                 " JOIN events e ON e.id = r.event_row WHERE r.id = %s FOR UPDATE OF e",
                 [run_id],
             )
@@ -206,7 +206,13 @@ class ActionLog(PostgresBase):
             if held is None:
                 raise StoreError(f"no run {run_id} to journal a tool call of")
             lost = claim_lost(
-                kind=held[0], attempt=held[1], state=held[2], attempts=held[3], lease_until=held[4], now=now
+                kind=held[0],
+                attempt=held[1],
+                state=held[2],
+                attempts=held[3],
+                lease_until=held[4],
+                now=now,
+                run_status=held[5],
             )
             if lost is not None:
                 raise LeaseLost(run_id, lost)
