@@ -1,5 +1,8 @@
 """GitHub's webhooks and REST API items as the GitHub bridge's MCP events. Pure: no I/O.
 
+Some 1,100 lines, on purpose: one table of every event type's mapping and JSON Schema, side by side
+for both ingresses, so a field is added in one place (split by upstream family if it grows further).
+
 The bridge learns of one upstream occurrence by a webhook delivery or by polling the REST
 API (a repository's events feed, its issues list, its workflow runs). Either way maps here
 to the same event with the same ``event_id``, so agentwake's dedup (server, event name,
