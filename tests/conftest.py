@@ -21,6 +21,24 @@ from agentwake.store import Store
 from agentwake.store.sqlite import SqliteStore
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def _upstream_payloads() -> Path:
+    """The upstreams' own published payloads (read in place, never copied into the repo): beside the
+    checkout (``../shared``), or where ``AGENTWAKE_UPSTREAM_PAYLOADS`` or the workplace keeps them, so a
+    clone elsewhere (``git clone . /tmp/x``) finds them too."""
+    candidates = [
+        os.environ.get("AGENTWAKE_UPSTREAM_PAYLOADS"),
+        REPO.parent / "shared" / "upstream-payloads",
+        "/work/shared/upstream-payloads",
+    ]
+    for candidate in candidates:
+        if candidate and Path(candidate).is_dir():
+            return Path(candidate)
+    return REPO.parent / "shared" / "upstream-payloads"
+
+
+UPSTREAM_PAYLOADS = _upstream_payloads()
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 # The throwaway PostgreSQL server's fixtures (postgres_server, postgres_url), for every test module:

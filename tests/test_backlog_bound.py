@@ -154,6 +154,9 @@ async def test_a_poll_subscription_past_its_bound_stops_polling_and_goes_on_with
         loop = PollLoop(sub, conn, store, backlog=backlog, quiet_write_s=0)
         tg.start_soon(loop.run)
         await until(lambda: backlog.held("feed"), "the subscription was held back")
+        # Once it counts again, the loop has stored the page it had in hand and waits for room.
+        counted = backlog.counted
+        await until(lambda: backlog.counted > counted, "a count while held back")
         held_at = count(store, "feed")
         # At the bound, past it by a page (or two: the next page is fetched while one commits).
         assert limit <= held_at <= limit + 2 * sub.max_events, held_at
@@ -209,6 +212,8 @@ async def test_a_push_stream_past_its_bound_is_closed_and_reopened_from_its_curs
         await until(
             lambda: any(line.startswith("cancel") for line in push_log(tmp_path)), "the stream closed"
         )
+        counted = backlog.counted
+        await until(lambda: backlog.counted > counted, "a count while held back")
         held_at = count(store, "feed")
         assert limit <= held_at < items, held_at
         streams, counted = loop.streams, backlog.counted

@@ -25,7 +25,7 @@ import anyio
 import jsonschema
 import pytest
 from aiohttp import web
-from conftest import REPO
+from conftest import REPO, UPSTREAM_PAYLOADS
 from typer.testing import CliRunner
 
 from agentwake.agent.fence import Fence
@@ -442,7 +442,7 @@ def test_send_webhooks_built_in_samples_are_events_the_bridge_maps(kind: str, ev
 
 # ---- who wrote it: GitHub's own examples (/work/shared/upstream-payloads), author_association set ----
 
-UPSTREAM = REPO.parent / "shared" / "upstream-payloads" / "github" / "octokit-webhooks"
+UPSTREAM = UPSTREAM_PAYLOADS / "github" / "octokit-webhooks"
 LABEL_ONLY = ["github__get_issue", "github__search_issues", "github__add_labels"]
 LABEL_PULL_ONLY = ["github__get_issue", "github__add_labels"]
 

@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import pytest
-from conftest import REPO
+from conftest import REPO, UPSTREAM_PAYLOADS
 from fake_github import FakeGitHub
 from jsonschema import Draft202012Validator
 from test_github_bridge import TOKEN, in_process
@@ -25,7 +25,7 @@ from agentwake.bridges.github_events import PAYLOAD_SCHEMAS, from_issue, from_re
 
 pytestmark = pytest.mark.anyio
 
-UPSTREAM = REPO.parent / "shared" / "upstream-payloads" / "github" / "octokit-webhooks"
+UPSTREAM = UPSTREAM_PAYLOADS / "github" / "octokit-webhooks"
 FIXTURES = REPO / "tests" / "fixtures" / "github"
 SPREAD = timedelta(minutes=10)
 _TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")

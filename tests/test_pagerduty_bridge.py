@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 import anyio
 import pytest
-from conftest import free_port
+from conftest import UPSTREAM_PAYLOADS, free_port
 from fake_pagerduty import FakePagerDuty, sign
 from jsonschema import Draft202012Validator
 from mcp import Client
@@ -50,7 +50,7 @@ RESULT = TypeAdapter(dict[str, Any])
 
 
 # PagerDuty's own published payloads (see its PROVENANCE.md), read in place, never copied here.
-UPSTREAM = Path(__file__).resolve().parents[2] / "shared" / "upstream-payloads" / "pagerduty"
+UPSTREAM = UPSTREAM_PAYLOADS / "pagerduty"
 
 
 def fixture(relative: str) -> Any:
