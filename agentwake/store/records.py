@@ -352,6 +352,27 @@ def journal_of_event(calls: Sequence[JournaledCall]) -> dict[str, JournaledCall]
     return merged
 
 
+# What the journal's fence reads of a run and its event, in this order, on both backends.
+CLAIM_HELD_SQL: Final = (
+    "SELECT r.kind, r.attempt, e.state, e.attempts, e.lease_until, r.status FROM runs r"
+    " JOIN events e ON e.id = r.event_row WHERE r.id = "
+)
+
+
+def claim_lost_row(row: Sequence[Any], now: str | None) -> str | None:
+    """``claim_lost`` of a row read with ``CLAIM_HELD_SQL``."""
+    kind, attempt, state, attempts, lease_until, run_status = row
+    return claim_lost(
+        kind=kind,
+        attempt=attempt,
+        state=state,
+        attempts=attempts,
+        lease_until=lease_until,
+        now=now,
+        run_status=run_status,
+    )
+
+
 def claim_lost(
     *,
     kind: str,

@@ -13,6 +13,7 @@ from agentwake.errors import LeaseLost, StoreError
 from agentwake.jsontext import encode_json
 from agentwake.store.postgres.base import PostgresBase
 from agentwake.store.records import (
+    CLAIM_HELD_SQL,
     EventVerdict,
     JournaledCall,
     ResumePoint,
@@ -21,7 +22,7 @@ from agentwake.store.records import (
     RunStatus,
     ToolCallRecord,
     ToolCallStatus,
-    claim_lost,
+    claim_lost_row,
     journal_of_event,
 )
 
@@ -198,22 +199,13 @@ class ActionLog(PostgresBase):
         """
         async with self.transaction() as conn:
             cur = await conn.execute(
-                "SELECT r.kind, r.attempt, e.state, e.attempts, e.lease_until, r.status FROM runs r"
-                " JOIN events e ON e.id = r.event_row WHERE r.id = %s FOR UPDATE OF e",
+                CLAIM_HELD_SQL + "%s FOR UPDATE OF e",
                 [run_id],
             )
             held = await cur.fetchone()
             if held is None:
                 raise StoreError(f"no run {run_id} to journal a tool call of")
-            lost = claim_lost(
-                kind=held[0],
-                attempt=held[1],
-                state=held[2],
-                attempts=held[3],
-                lease_until=held[4],
-                now=now,
-                run_status=held[5],
-            )
+            lost = claim_lost_row(held, now)
             if lost is not None:
                 raise LeaseLost(run_id, lost)
             cur = await conn.execute(

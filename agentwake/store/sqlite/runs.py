@@ -11,6 +11,7 @@ from agentwake.clock import now_iso
 from agentwake.errors import LeaseLost, StoreError
 from agentwake.jsontext import encode_json
 from agentwake.store.records import (
+    CLAIM_HELD_SQL,
     EventVerdict,
     JournaledCall,
     ResumePoint,
@@ -19,7 +20,7 @@ from agentwake.store.records import (
     RunStatus,
     ToolCallRecord,
     ToolCallStatus,
-    claim_lost,
+    claim_lost_row,
     journal_of_event,
 )
 from agentwake.store.sqlite.base import SqliteBase
@@ -176,21 +177,12 @@ class ActionLog(SqliteBase):
         """
         with self.transaction():
             held = self.conn.execute(
-                "SELECT r.kind, r.attempt, e.state, e.attempts, e.lease_until, r.status FROM runs r"
-                " JOIN events e ON e.id = r.event_row WHERE r.id = ?",
+                CLAIM_HELD_SQL + "?",
                 [run_id],
             ).fetchone()
             if held is None:
                 raise StoreError(f"no run {run_id} to journal a tool call of")
-            lost = claim_lost(
-                kind=held[0],
-                attempt=held[1],
-                state=held[2],
-                attempts=held[3],
-                lease_until=held[4],
-                now=now,
-                run_status=held[5],
-            )
+            lost = claim_lost_row(held, now)
             if lost is not None:
                 raise LeaseLost(run_id, lost)
             cur = self.conn.execute(
