@@ -11,7 +11,7 @@ repository's own policies folder it is still refused every call aimed at another
   refused; the summary reaches the configured channel with its mentions and link markup escaped.
 
 Everything is real and on loopback: the bridges are stdio servers ``agentwake run`` starts, the
-upstreams are tests/fake_github.py, fake_pagerduty.py and fake_slack.py, webhooks are signed as the
+upstreams are agentwake/fakes/github.py, pagerduty.py and slack.py, webhooks are signed as the
 upstreams sign them.
 """
 
@@ -25,12 +25,13 @@ from typing import Any
 import pytest
 from _support import agentwake_run, bootstrapped, bridge_server_toml, read_db, until_rows, write_bridge_config
 from conftest import REPO
-from fake_github import FakeGitHub
 from fake_llm import FakeLLM, Reply, text, tool_calls
-from fake_pagerduty import FakePagerDuty, post_webhook, sign
-from fake_slack import FakeSlack
 from test_cross_upstream_e2e import configured_channel
 from test_github_e2e import Hook, webhook_url
+
+from agentwake.fakes.github import FakeGitHub
+from agentwake.fakes.pagerduty import FakePagerDuty, post_webhook, sign
+from agentwake.fakes.slack import FakeSlack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

@@ -16,11 +16,11 @@ import pytest
 import test_github_bridge as github_tests
 import test_pagerduty_bridge as pagerduty_tests
 import test_slack_bridge as slack_tests
-from fake_github import FakeGitHub
-from fake_pagerduty import FakePagerDuty, sign
-from fake_slack import FakeSlack, signature
 
 from agentwake.cli.common import run_async
+from agentwake.fakes.github import FakeGitHub
+from agentwake.fakes.pagerduty import FakePagerDuty, sign
+from agentwake.fakes.slack import FakeSlack, signature
 
 pytestmark = pytest.mark.anyio
 

@@ -2,7 +2,7 @@
 address, and only when told ``--no-auth``; its state dir is owner-only.
 
 The command-line refusals are checked for every bridge in process (CliRunner); the rest runs real
-``agentwake bridge github`` processes against tests/fake_github.py, over real HTTP on loopback.
+``agentwake bridge github`` processes against agentwake/fakes/github.py, over real HTTP on loopback.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ import httpx
 import pytest
 from _support import RunningService
 from conftest import REPO
-from fake_github import FakeGitHub
 from typer.testing import CliRunner
 
 from agentwake.bridges.framework import http_auth_problem, is_loopback, owner_only_dir
 from agentwake.cli import app
 from agentwake.config import ServerConfig
+from agentwake.fakes.github import FakeGitHub
 from agentwake.mcp import ServerConnection
 
 pytestmark = pytest.mark.anyio

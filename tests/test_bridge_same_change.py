@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 import test_github_bridge as github_tests
 import test_pagerduty_bridge as pagerduty_tests
-from fake_github import FakeGitHub
-from fake_pagerduty import FakePagerDuty
 
 from agentwake.bridges.log import EventLog, NewEvent
+from agentwake.fakes.github import FakeGitHub
+from agentwake.fakes.pagerduty import FakePagerDuty
 
 pytestmark = pytest.mark.anyio
 

@@ -7,7 +7,7 @@ summary is posted on the fake Slack, to the channel set in prompts/triage.settin
 
 Everything is real and on loopback: both bridges are stdio servers ``agentwake run`` starts (the Slack
 one on Socket Mode, for its mentions); the delivery is signed as PagerDuty signs it; the LLM is
-tests/fake_llm.py, PagerDuty tests/fake_pagerduty.py and Slack tests/fake_slack.py. A low-urgency
+tests/fake_llm.py, PagerDuty agentwake/fakes/pagerduty.py and Slack agentwake/fakes/slack.py. A low-urgency
 incident without priority comes by the same path and is only logged.
 """
 
@@ -22,8 +22,9 @@ import pytest
 from _support import agentwake_run, bridge_server_toml, read_db, until_rows, write_bridge_config
 from conftest import REPO
 from fake_llm import FakeLLM, Reply, text, tool_calls
-from fake_pagerduty import FakePagerDuty, post_webhook, sign
-from fake_slack import FakeSlack
+
+from agentwake.fakes.pagerduty import FakePagerDuty, post_webhook, sign
+from agentwake.fakes.slack import FakeSlack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

@@ -10,9 +10,9 @@ import anyio
 import pytest
 from aiohttp import web
 from conftest import free_port
-from fake_github import FakeGitHub
 
 from agentwake.bridges.github_api import API_VERSION, GitHubAPI, GitHubError, RateLimited
+from agentwake.fakes.github import FakeGitHub
 
 pytestmark = pytest.mark.anyio
 

@@ -3,7 +3,7 @@ cursors, filters, events/list, the poller, the tools, the command line and MCP a
 
 Most checks run the bridge in process: a ``BridgeServer`` with its real aiohttp webhook listener on
 loopback, the SDK's in-memory ``mcp.Client`` for MCP, a real SQLite log in tmp_path, and
-tests/fake_github.py as GitHub. Two real ``agentwake bridge github`` processes cover what needs a
+agentwake/fakes/github.py as GitHub. Two real ``agentwake bridge github`` processes cover what needs a
 process boundary: a SIGKILL right after a 202, the restart on the same state dir, bearer auth over
 ``--http`` and the ``stdio`` principal.
 """
@@ -28,14 +28,12 @@ from urllib.parse import urlencode
 
 import aiohttp
 import anyio
-import fake_github
 import httpx
 import pytest
 import trustme
 from _support import RunningService
 from _webhook_server_support import Receiver
 from conftest import REPO
-from fake_github import FakeGitHub
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 from pydantic import TypeAdapter
@@ -48,6 +46,8 @@ from agentwake.bridges.github import GitHubBridge, GitHubSettings
 from agentwake.bridges.log import NewEvent
 from agentwake.cli import app
 from agentwake.config import ServerConfig
+from agentwake.fakes import github as fake_github
+from agentwake.fakes.github import FakeGitHub
 from agentwake.mcp import ServerConnection, _EventsRequest, _Params
 
 pytestmark = pytest.mark.anyio

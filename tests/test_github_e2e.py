@@ -5,7 +5,7 @@ reach the fake GitHub API.
 Everything is real and on loopback: the bridge is the stdio server ``agentwake run`` starts, the
 deliveries are signed as GitHub signs them (HMAC-SHA256 of the raw body with the webhook secret),
 MCP webhook delivery goes over TLS (trustme) to agentwake's receiver, the LLM is tests/fake_llm.py
-and GitHub is tests/fake_github.py. One ``agentwake run`` covers the three delivery modes: each
+and GitHub is agentwake/fakes/github.py. One ``agentwake run`` covers the three delivery modes: each
 subscription filters one repository, so each delivery mode carries its own issue.
 """
 
@@ -35,8 +35,9 @@ from _support import (
     write_bridge_config,
 )
 from conftest import free_port
-from fake_github import FakeGitHub
 from fake_llm import FakeLLM, Reply, text, tool_calls
+
+from agentwake.fakes.github import FakeGitHub
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

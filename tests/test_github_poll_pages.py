@@ -1,7 +1,7 @@
 """The GitHub poller reads a changed feed back to the last item it saw, page after page, and records a gap
 when the feed's history does not reach that far (issue 31, "Nothing lost, nothing twice").
 
-The bridge runs in process (tests/test_github_bridge.py's ``in_process``) against tests/fake_github.py,
+The bridge runs in process (tests/test_github_bridge.py's ``in_process``) against agentwake/fakes/github.py,
 which paginates as GitHub does (``per_page``, ``page``, a ``Link`` header with absolute URLs, the events
 feed cut at its newest 300 events). Each test drives the poll rounds itself (``poll_repo``), so a round
 happens exactly when the test says, with no sleep.
@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _fake_http import serve
 from aiohttp import web
-from fake_github import FakeGitHub
 from test_github_bridge import TOKEN, InProcess, in_process
 
 from agentwake.bridges.github import GitHubBridge, ReadBack, read_back
 from agentwake.bridges.github_api import GitHubAPI, Page
+from agentwake.fakes._http import serve
+from agentwake.fakes.github import FakeGitHub
 
 pytestmark = pytest.mark.anyio
 

@@ -17,11 +17,11 @@ from urllib.parse import parse_qs
 
 import pytest
 from conftest import REPO, UPSTREAM_PAYLOADS
-from fake_github import FakeGitHub
 from jsonschema import Draft202012Validator
 from test_github_bridge import TOKEN, in_process
 
 from agentwake.bridges.github_events import PAYLOAD_SCHEMAS, from_issue, from_repo_event
+from agentwake.fakes.github import FakeGitHub
 
 pytestmark = pytest.mark.anyio
 

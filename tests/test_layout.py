@@ -15,7 +15,8 @@ The store comes before delivery here although an event reaches it after: deliver
 through the store's interface, so it must know it, and the store knows nothing of delivery.
 The server toolkit (agentwake.server) is a separate branch on the foundations only, and the
 demo server built on it (agentwake.demo, the agentwake-demo program) belongs to that branch, as
-do the bridges (agentwake.bridges), which only the cli may import, to start them.
+do the bridges (agentwake.bridges), which only the cli may import, to start them. So do the fake
+upstreams (agentwake.fakes), which the cli serves for an offline playground.
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ SERVER = "agentwake.server"
 DEMO = "agentwake.demo"
 # Bridges are MCP servers built on the server toolkit; `agentwake bridge NAME` (the cli) starts them.
 BRIDGES = "agentwake.bridges"
+# Fake GitHub, Slack and PagerDuty APIs: the tests drive them, `agentwake fake NAME` serves them.
+FAKES = "agentwake.fakes"
 LONG_MODULE_LINES = 700
 
 
@@ -84,7 +87,7 @@ def module_name(path: Path) -> str:
 
 
 def stage_of(module: str) -> str | None:
-    if any(module == branch or module.startswith(branch + ".") for branch in (SERVER, DEMO, BRIDGES)):
+    if any(module == branch or module.startswith(branch + ".") for branch in (SERVER, DEMO, BRIDGES, FAKES)):
         return "server"
     for stage, prefixes in STAGES:
         if any(module == p or module.startswith(p + ".") for p in prefixes):
@@ -93,7 +96,7 @@ def stage_of(module: str) -> str | None:
 
 
 def is_bridge(module: str) -> bool:
-    return module == BRIDGES or module.startswith(BRIDGES + ".")
+    return any(module == branch or module.startswith(branch + ".") for branch in (BRIDGES, FAKES))
 
 
 def imports(path: Path) -> set[str]:

@@ -3,7 +3,7 @@ payloads, V3 webhook ingress, the filters, the tools, the poller, the REST clien
 command line.
 
 Everything runs in process: a ``BridgeServer`` with its real aiohttp webhook listener on loopback, the
-SDK's in-memory ``mcp.Client`` for MCP, a real SQLite log in tmp_path, and tests/fake_pagerduty.py as
+SDK's in-memory ``mcp.Client`` for MCP, a real SQLite log in tmp_path, and agentwake/fakes/pagerduty.py as
 PagerDuty. What the framework does for every bridge (log bounds, cursors, events/list, restarts, MCP
 auth) is tested with the GitHub bridge and not again here.
 """
@@ -25,7 +25,6 @@ import aiohttp
 import anyio
 import pytest
 from conftest import UPSTREAM_PAYLOADS, free_port
-from fake_pagerduty import FakePagerDuty, sign
 from jsonschema import Draft202012Validator
 from mcp import Client
 from mcp.shared.exceptions import MCPError
@@ -38,6 +37,7 @@ from agentwake.bridges.framework import BridgeOptions, BridgeServer
 from agentwake.bridges.pagerduty import TOOLS, PagerDutyBridge, PagerDutySettings
 from agentwake.bridges.pagerduty_api import PagerDutyAPI, PagerDutyError, RateLimited
 from agentwake.cli import app
+from agentwake.fakes.pagerduty import FakePagerDuty, sign
 from agentwake.mcp import _EventsRequest, _Params
 
 pytestmark = pytest.mark.anyio

@@ -4,7 +4,7 @@ fake PagerDuty API.
 
 Everything is real and on loopback: the bridge is the stdio server ``agentwake run`` starts, with both
 ingress paths on; the deliveries are signed as PagerDuty signs them (``v1=`` + HMAC-SHA256 of the raw
-body); the LLM is tests/fake_llm.py and PagerDuty is tests/fake_pagerduty.py. One incident comes by
+body); the LLM is tests/fake_llm.py and PagerDuty is agentwake/fakes/pagerduty.py. One incident comes by
 webhook (with a forged, a stale, a replayed and a retried delivery around it), one by polling, and a
 low-urgency one is filtered out by the subscription.
 """
@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 from _support import agentwake_run, bridge_server_toml, until_rows, write_bridge_config
 from fake_llm import FakeLLM, Reply, text, tool_calls
-from fake_pagerduty import FakePagerDuty, post_webhook, sign
+
+from agentwake.fakes.pagerduty import FakePagerDuty, post_webhook, sign
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

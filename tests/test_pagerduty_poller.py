@@ -3,7 +3,7 @@ PagerDuty's ``offset``/``limit`` pagination (while ``more``) back to its cursor,
 records a gap its readers see as ``truncated`` when the window holds more than it reads, and stops
 paging when the rate limit's quota is spent.
 
-In process against tests/fake_pagerduty.py, with the harness of test_pagerduty_bridge.py.
+In process against agentwake/fakes/pagerduty.py, with the harness of test_pagerduty_bridge.py.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_pagerduty import FakePagerDuty
 from test_pagerduty_bridge import KEY, RESULT, InProcess, in_process
 
 from agentwake.bridges import pagerduty
+from agentwake.fakes.pagerduty import FakePagerDuty
 from agentwake.mcp import _EventsRequest, _Params
 
 pytestmark = pytest.mark.anyio

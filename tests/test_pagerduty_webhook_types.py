@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_pagerduty import FakePagerDuty, webhook_time
 from jsonschema import Draft202012Validator
 from test_pagerduty_bridge import KEY, UPSTREAM, in_process, upstream_payload
 
 from agentwake.bridges import pagerduty_events
+from agentwake.fakes.pagerduty import FakePagerDuty, webhook_time
 
 pytestmark = pytest.mark.anyio
 

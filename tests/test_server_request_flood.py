@@ -28,12 +28,12 @@ from typing import Any
 
 import anyio
 import pytest
-from _fake_http import serve
 from aiohttp import web
 from mcp import Client, StdioServerParameters
 from test_hostile import Rig, running
 
 from agentwake.config import LimitsConfig, ServerConfig
+from agentwake.fakes._http import serve
 from agentwake.mcp import ServerConnection
 from agentwake.ratelimit import BURST_FACTOR, ServerRequestLimit, TokenBucket
 from agentwake.stdio import StdioLimits, bounded_stdio_client

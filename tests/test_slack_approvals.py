@@ -1,7 +1,7 @@
 """Approvals in Slack: held events posted with Approve and Deny buttons, answered through agentwake.
 
 In process: the real operator endpoint over a real SQLite store holding held events
-(tests/test_approvals_api.py), tests/fake_slack.py as Slack's Web API, and a Slack bridge
+(tests/test_approvals_api.py), agentwake/fakes/slack.py as Slack's Web API, and a Slack bridge
 with its aiohttp listener on loopback receiving signed clicks as Slack sends them.
 """
 
@@ -19,7 +19,6 @@ from typing import Any
 import aiohttp
 import anyio
 import pytest
-from fake_slack import HUMAN, FakeSlack, Recorded, signature
 from test_approvals_api import SLACK_TOKEN, TITLE, TOKEN, Held, held_endpoint
 from typer.testing import CliRunner
 
@@ -27,6 +26,7 @@ from agentwake.bridges.framework import BridgeOptions, BridgeServer
 from agentwake.bridges.slack import SlackBridge, SlackSettings
 from agentwake.bridges.slack_approvals import APPROVE, DENY, ApprovalSettings
 from agentwake.cli import app
+from agentwake.fakes.slack import HUMAN, FakeSlack, Recorded, signature
 
 pytestmark = pytest.mark.anyio
 

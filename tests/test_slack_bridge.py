@@ -4,7 +4,7 @@ and the command line.
 
 Everything runs in process: a ``BridgeServer`` with its real aiohttp listener on loopback, the SDK's
 in-memory ``mcp.Client`` for MCP, a real SQLite log in tmp_path, slack-sdk's real Socket Mode client, and
-tests/fake_slack.py as Slack (its Web API, its Socket Mode WebSocket, its signed Events API requests).
+agentwake/fakes/slack.py as Slack (its Web API, its Socket Mode WebSocket, its signed Events API requests).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from typing import Any
 
 import anyio
 import pytest
-from fake_slack import BOT_ID, BOT_USER, CHANNEL, HUMAN, FakeSlack, signature
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 from pydantic import TypeAdapter
@@ -32,6 +31,7 @@ from agentwake.bridges import slack_events
 from agentwake.bridges.framework import BridgeOptions, BridgeServer
 from agentwake.bridges.slack import SlackBridge, SlackSettings, scrub
 from agentwake.cli import app
+from agentwake.fakes.slack import BOT_ID, BOT_USER, CHANNEL, HUMAN, FakeSlack, signature
 from agentwake.mcp import _EventsRequest, _Params
 
 pytestmark = pytest.mark.anyio

@@ -4,7 +4,7 @@ the fake Slack Web API, and the agent's own posts coming back from Slack without
 
 Everything is real and on loopback: the bridge is the stdio server ``agentwake run`` starts, with both
 ingress paths on (``--listen`` and ``--socket-mode``); requests are signed as Slack signs them; the
-Socket Mode client is slack-sdk's; the LLM is tests/fake_llm.py and Slack is tests/fake_slack.py, which
+Socket Mode client is slack-sdk's; the LLM is tests/fake_llm.py and Slack is agentwake/fakes/slack.py, which
 sends the bot's own writes back as events, as Slack does.
 """
 
@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 from _support import agentwake_run, bootstrapped, bridge_server_toml, read_db, settled, write_bridge_config
 from fake_llm import FakeLLM, Reply, text, tool_calls
-from fake_slack import BOT_USER, CHANNEL, FakeSlack
+
+from agentwake.fakes.slack import BOT_USER, CHANNEL, FakeSlack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

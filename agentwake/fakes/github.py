@@ -15,6 +15,9 @@ Writes through the API behave as on GitHub: they change the issue and add the ma
 event to the feed (a comment posted by the bridge shows up as an ``IssueCommentEvent``
 whose actor is ``viewer_login``, as the bridge's own would on GitHub).
 
+It is one module of over 700 lines because it is one API's fake: splitting it by endpoint
+would scatter the shared state every endpoint reads.
+
 Tests drive it directly::
 
     async with FakeGitHub() as gh:
@@ -22,7 +25,7 @@ Tests drive it directly::
         ...  # point the code under test at gh.url, token "test-token"
         seen = await gh.wait_for("POST", "/repos/octo/repo/issues/1/labels")
 
-``python tests/fake_github.py --port N [--repo owner/name]`` serves it until interrupted,
+``python -m agentwake.fakes.github --port N [--repo owner/name]`` serves it until interrupted,
 printing its URL on stdout (``POST /repos/{owner}/{repo}/issues`` opens issues, as on GitHub).
 """
 
@@ -45,8 +48,9 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import quote, unquote, urlencode
 
-from _fake_http import Headers, RecordingFake, until_stopped
 from aiohttp import web
+
+from agentwake.fakes._http import Headers, RecordingFake, until_stopped
 
 HTML_BASE = "https://github.com"
 DOCS = "https://docs.github.com/rest"

@@ -12,6 +12,9 @@ the incident and adds the matching log entry, whose agent is the key's user (a u
 or the ``From`` user (an account-level key, ``account_key=True``, for which ``GET /users/me``
 is a 400 as on PagerDuty).
 
+It is one module of over 700 lines because the REST fake and the webhooks it sends share one
+account's state.
+
 ``webhook(...)`` builds the V3 webhook body of an incident as it is now, and ``sign(...)`` its
 ``X-PagerDuty-Signature``. Tests drive it directly::
 
@@ -20,7 +23,7 @@ is a 400 as on PagerDuty).
         ...  # point the code under test at pd.url, key "test-key", From pd.bot["email"]
         seen = await pd.wait_for("PUT", f"/incidents/{incident['id']}")
 
-``python tests/fake_pagerduty.py [--port N] [--webhook URL]`` serves it until interrupted,
+``python -m agentwake.fakes.pagerduty [--port N] [--webhook URL]`` serves it until interrupted,
 printing its URL on stdout. ``POST /incidents`` (with a ``From`` header) triggers an incident
 as on PagerDuty; with ``--webhook`` every change is also delivered there as a signed V3
 webhook, with the secret in ``$PAGERDUTY_WEBHOOK_SECRET``.
@@ -45,8 +48,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
-from _fake_http import Headers, RecordingFake, until_stopped
 from aiohttp import web
+
+from agentwake.fakes._http import Headers, RecordingFake, until_stopped
 
 WEB = "https://acme.pagerduty.com"
 API = "https://api.pagerduty.com"

@@ -1,4 +1,4 @@
-"""What the fake upstreams (tests/fake_*.py) share: serving an aiohttp app on loopback, and for the
+"""What the fake upstreams (agentwake/fakes) share: serving an aiohttp app on loopback, and for the
 REST fakes, recording each request and waiting for one.
 
 Standard library, anyio and aiohttp only: the fakes also run as programs, outside pytest.

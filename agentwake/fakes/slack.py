@@ -19,7 +19,9 @@ the bot, ``app_mention``). With ``echo = True`` the bot's own writes come back a
 as on Slack (its post as a ``message`` with its ``bot_id``, its reaction as ``reaction_added``),
 over Socket Mode when a client is connected, else to ``events_url``: the bridge must drop them.
 
-``python tests/fake_slack.py [--port 8790] [--events-url URL]`` serves it until interrupted,
+It is one module of over 700 lines because its three parts share one workspace's state.
+
+``python -m agentwake.fakes.slack [--port 8790] [--events-url URL]`` serves it until interrupted,
 printing its API base on stdout; ``POST /_fake/say {"channel", "text"}`` then has a human speak,
 and every write the bot makes is printed.
 """
@@ -42,8 +44,9 @@ from typing import Any, Self
 
 import aiohttp
 import anyio
-from _fake_http import serve, until_stopped
 from aiohttp import web
+
+from agentwake.fakes._http import serve, until_stopped
 
 TEAM = "T0FAKE"
 APP_ID = "A0FAKE"
@@ -191,7 +194,7 @@ class FakeSlack:
             raise TimeoutError(f"no {what} within {limit_s} s (last seen: {seen})") from None
         return found
 
-    # ASYNC109: these helpers take a timeout argument, as tests/fake_github.py's do.
+    # ASYNC109: these helpers take a timeout argument, as agentwake/fakes/github.py's do.
     async def wait_for(self, method: str, *, count: int = 1, timeout: float = 60) -> Recorded:  # noqa: ASYNC109
         """The ``count``-th Web API call of ``method``, waiting for it if it has not come yet."""
 
