@@ -1,6 +1,6 @@
 """GitHub's webhooks and REST API items as the GitHub bridge's MCP events. Pure: no I/O.
 
-Some 1,100 lines, on purpose: one table of every event type's mapping and JSON Schema, side by side
+Some 950 lines, on purpose: one table of every event type's mapping and JSON Schema, side by side
 for both ingresses, so a field is added in one place (split by upstream family if it grows further).
 
 The bridge learns of one upstream occurrence by a webhook delivery or by polling the REST
@@ -35,20 +35,33 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, Final
 
 from agentwake.bridges import _payload
-from agentwake.bridges._payload import boolean_schema, closed_schema, integer_schema, text_schema
+from agentwake.bridges._payload import boolean_schema, integer_schema, text_schema
+from agentwake.bridges.github_payload import ASSOCIATIONS as ASSOCIATIONS
+from agentwake.bridges.github_payload import EXCERPT_CHARS as EXCERPT_CHARS
+from agentwake.bridges.github_payload import MAX_LABELS as MAX_LABELS
+from agentwake.bridges.github_payload import NAME_CHARS as NAME_CHARS
+from agentwake.bridges.github_payload import TITLE_CHARS as TITLE_CHARS
+from agentwake.bridges.github_payload import URL_CHARS as URL_CHARS
+from agentwake.bridges.github_payload import Account as _Account
+from agentwake.bridges.github_payload import Mapped as Mapped
+from agentwake.bridges.github_payload import Origin as _Origin
+from agentwake.bridges.github_payload import Payload as _Object
+from agentwake.bridges.github_payload import Unmapped as Unmapped
+from agentwake.bridges.github_payload import author_of as _author
+from agentwake.bridges.github_payload import author_schema as _author_schema
+from agentwake.bridges.github_payload import body_excerpt as _excerpt
+from agentwake.bridges.github_payload import body_schema as _body_schema
+from agentwake.bridges.github_payload import event_schema as _schema
+from agentwake.bridges.github_payload import id_time as _id_time
+from agentwake.bridges.github_payload import is_bot as is_bot
+from agentwake.bridges.github_payload import label_names as _labels
+from agentwake.bridges.github_payload import nullable_integer as _nullable_integer
 from agentwake.clock import iso
 
-EXCERPT_CHARS: Final = 1000
-TITLE_CHARS: Final = 512
-NAME_CHARS: Final = 256
-URL_CHARS: Final = 2048
-# GitHub allows 100 labels on an issue; the caps keep a hostile payload's lists small too.
-MAX_LABELS: Final = 100
 MAX_PULL_REQUESTS: Final = 100
 # GitHub allows 10 assignees on an issue or pull request.
 MAX_ASSIGNEES: Final = 10
@@ -112,23 +125,6 @@ _REPO_EVENT_TYPES: Final = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Mapped:
-    """One MCP event: its type, an id stable across webhook and polling, when it happened, its payload."""
-
-    type: str
-    event_id: str
-    occurred_at: datetime
-    data: dict[str, Any]
-    # Where the id holds a time: the id less the time, and how far apart two sightings may be.
-    same_prefix: str | None = None
-    same_within: timedelta = timedelta(0)
-
-
-class Unmapped(_payload.Unmapped):
-    """A payload of a type we emit with a missing or ill-typed field; the message names the field."""
-
-
 # ---- payload schemas -----------------------------------------------------------------
 
 
@@ -138,65 +134,6 @@ def _numbers(description: str) -> dict[str, Any]:
         "items": {"type": "integer"},
         "maxItems": MAX_PULL_REQUESTS,
         "description": description,
-    }
-
-
-def _common() -> dict[str, dict[str, Any]]:
-    return {
-        "repository": text_schema('The repository, "owner/name".', NAME_CHARS),
-        "url": text_schema("The web page of what happened (its html_url).", URL_CHARS),
-        "actor": text_schema("The login of who caused the event.", NAME_CHARS),
-        "actorType": text_schema(
-            'The account type of the actor: "User", "Bot", "Organization"...', NAME_CHARS
-        ),
-        "occurredAt": {
-            "type": "string",
-            "format": "date-time",
-            "description": "When it happened on GitHub, ISO 8601 in UTC.",
-        },
-        "labels": {
-            "type": "array",
-            "items": {"type": "string", "maxLength": NAME_CHARS},
-            "maxItems": MAX_LABELS,
-            "description": "The label names of the issue or pull request; [] where there are none.",
-        },
-    }
-
-
-def _schema(fields: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    properties = {**fields, **_common()}
-    return closed_schema(properties)
-
-
-ASSOCIATIONS: Final = (
-    "OWNER, MEMBER, COLLABORATOR, CONTRIBUTOR, FIRST_TIME_CONTRIBUTOR, FIRST_TIMER, MANNEQUIN or NONE"
-)
-
-
-def _nullable_integer(description: str) -> dict[str, Any]:
-    return {"type": ["integer", "null"], "description": description}
-
-
-def _author_schema(whose: str) -> dict[str, dict[str, Any]]:
-    return {
-        "author": text_schema(f"The login of the {whose} author.", NAME_CHARS),
-        "authorType": text_schema(f'The account type of the {whose} author: "User", "Bot"...', NAME_CHARS),
-        "authorAssociation": text_schema(
-            f"The {whose} author's relation to the repository ({ASSOCIATIONS}), as GitHub says"
-            " (author_association); null where GitHub did not say.",
-            NAME_CHARS,
-            nullable=True,
-        ),
-    }
-
-
-def _body_schema(whose: str) -> dict[str, dict[str, Any]]:
-    return {
-        "bodyExcerpt": text_schema(
-            f"The first {EXCERPT_CHARS} characters of the {whose} body, as written; '' when empty.",
-            EXCERPT_CHARS,
-        ),
-        "bodyTruncated": boolean_schema("Whether the body is longer than the excerpt."),
     }
 
 
@@ -494,46 +431,6 @@ ARGUMENTS_SCHEMA: dict[str, Any] = {
 # ---- reading a payload ---------------------------------------------------------------
 
 
-class _Object(_payload.Fields):
-    __slots__ = ()
-    error = Unmapped
-
-
-@dataclass(frozen=True, slots=True)
-class _Account:
-    login: str
-    type: str
-
-    @classmethod
-    def read(cls, user: _Object) -> _Account:
-        login = user.text("login", NAME_CHARS)
-        return cls(login, user.optional_text("type", NAME_CHARS) or _type_of_login(login))
-
-    @classmethod
-    def of_login(cls, login: str) -> _Account:
-        return cls(login, _type_of_login(login))
-
-
-def is_bot(login: str, user_type: str | None) -> bool:
-    """Whether an account is a bot: GitHub says so, or its login is an app's ``name[bot]``."""
-    return user_type == "Bot" or login.lower().endswith("[bot]")
-
-
-def _type_of_login(login: str) -> str:
-    # Where GitHub gives no account type (the events API's actor), the login tells apps apart.
-    return "Bot" if is_bot(login, None) else "User"
-
-
-def _author(holder: _Object, prefix: str = "author") -> dict[str, str | None]:
-    """Who wrote ``holder`` (its ``user``), their account type and their relation to the repository."""
-    author = _Account.read(holder.object("user"))
-    return {
-        prefix: author.login,
-        f"{prefix}Type": author.type,
-        f"{prefix}Association": holder.optional_text("author_association", NAME_CHARS),
-    }
-
-
 def _assignees(holder: _Object) -> list[str]:
     return [assignee.text("login", NAME_CHARS) for assignee in holder.objects("assignees", MAX_ASSIGNEES)]
 
@@ -601,26 +498,6 @@ def _issue_of_comment(issue: _Object) -> dict[str, Any]:
     }
 
 
-def _excerpt(holder: _Object) -> dict[str, Any]:
-    """The body's first EXCERPT_CHARS characters, and whether it had more; no body is ''."""
-    body = holder.raw.get("body")
-    if body is None:
-        body = ""
-    if not isinstance(body, str):
-        raise Unmapped(f"{holder.name('body')}: must be a string or null, not {_payload.kind(body)}")
-    return {"bodyExcerpt": body[:EXCERPT_CHARS], "bodyTruncated": len(body) > EXCERPT_CHARS}
-
-
-def _labels(holder: _Object) -> list[str]:
-    names = []
-    for label, path in holder.items("labels", MAX_LABELS):
-        if isinstance(label, str):
-            names.append(_payload.bounded(label, NAME_CHARS))
-        else:
-            names.append(_Object.of(label, path).text("name", NAME_CHARS))
-    return names
-
-
 def _pull_request_numbers(run: _Object) -> list[int]:
     pulls = run.items("pull_requests", MAX_PULL_REQUESTS)
     return [_Object.of(pull, path).integer("number") for pull, path in pulls]
@@ -637,39 +514,7 @@ def _failing(run: _Object) -> str | None:
     return conclusion if conclusion in FAILING_CONCLUSIONS else None
 
 
-def _id_time(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 # ---- one mapper per event type -------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Origin:
-    """Where an event happened and who caused it, as its delivery (webhook or REST item) says."""
-
-    repository: str
-    actor: _Account
-
-    def event(
-        self,
-        kind: str,
-        event_id: str,
-        occurred_at: datetime,
-        url: str,
-        labels: list[str],
-        fields: dict[str, Any],
-    ) -> Mapped:
-        data = {
-            **fields,
-            "repository": self.repository,
-            "url": url,
-            "actor": self.actor.login,
-            "actorType": self.actor.type,
-            "occurredAt": iso(occurred_at),
-            "labels": labels,
-        }
-        return Mapped(kind, f"{kind}:{event_id}", occurred_at, data)
 
 
 def _issue_opened(issue: _Object, origin: _Origin) -> Mapped:
