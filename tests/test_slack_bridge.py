@@ -123,6 +123,10 @@ def test_fixture_bodies_map_to_small_typed_events_with_occurrence_ids() -> None:
         "textTruncated": False,
         "ts": "1718290800.000200",
         "threadTs": "1718290800.000200",
+        "subtype": None,
+        "files": [],
+        "isReply": False,
+        "parentUser": None,
         "occurredAt": "2024-06-13T15:00:00.000Z",
         "isBot": False,
     }
@@ -130,6 +134,7 @@ def test_fixture_bodies_map_to_small_typed_events_with_occurrence_ids() -> None:
     assert reply is not None and reply.type == "message.channels"
     assert reply.event_id == "message.channels:C0LAN2Q65:1718290920.000500"
     assert (reply.data["threadTs"], reply.data["isBot"]) == ("1718290800.000200", False)
+    assert reply.data["isReply"] and reply.data["subtype"] is None
     reaction = slack_events.from_callback(fixture("reaction_added"))
     assert reaction is not None
     assert (
@@ -149,8 +154,15 @@ def test_fixture_bodies_map_to_small_typed_events_with_occurrence_ids() -> None:
     assert own is not None and own.own
     other = slack_events.from_callback(fixture("message_from_another_app"))
     assert other is not None and not other.own and other.data["isBot"] and other.data["user"] is None
-    assert slack_events.from_callback(fixture("message_changed")) is None
-    for mapped in (mention, reply, reaction, own, other):
+    edit = slack_events.from_callback(fixture("message_changed"))
+    assert edit is not None and edit.type == "message.changed"
+    assert edit.event_id == "message.changed:C0LAN2Q65:1718290920.000500:1718290990.000600"
+    assert (edit.data["text"], edit.data["ts"], edit.data["user"]) == (
+        "Same thing on eu-central since 02:10.",
+        "1718290920.000500",
+        "U061F7AUR",
+    )
+    for mapped in (mention, reply, reaction, own, other, edit):
         schema = slack_events.PAYLOAD_SCHEMAS[mapped.type]
         assert set(mapped.data) == set(schema["required"])
 
@@ -196,6 +208,10 @@ async def test_a_signed_mention_is_accepted_once_and_replays_and_retries_are_dup
                 "textTruncated": False,
                 "ts": message["ts"],
                 "threadTs": message["ts"],
+                "subtype": None,
+                "files": [],
+                "isReply": False,
+                "parentUser": None,
                 "occurredAt": bridge.logged("app_mention")[0]["occurredAt"],
                 "isBot": False,
             }
