@@ -12,7 +12,7 @@ The JSON form, for a log shipper (journald, Loki, an ELK pipeline)::
      "message": "agent: event T-1 (tickets) run 7 started...", "subscription": "tickets",
      "server": "demo", "event_id": "T-1", "run_id": 7}
 
-``subscription``, ``server``, ``event_id`` and ``run_id`` are there when the log call passed them
+``subscription``, ``server``, ``event_id``, ``run_id`` and ``rule`` are there when the log call passed them
 (``extra=event_fields(...)``), ``exc`` when it carried an exception. Text that reaches stderr
 without going through logging (a stdio server's stderr, copied line by line; a warning; an
 ``error:`` line) is wrapped into the same form by ``StderrToLog``, so every line parses.
@@ -30,7 +30,7 @@ from typing import Final, TextIO
 from agentwake.redaction import redact
 
 # The structured fields a record may carry (as ``extra=``), in the order a JSON line shows them.
-FIELDS: Final = ("subscription", "server", "event_id", "run_id")
+FIELDS: Final = ("subscription", "server", "event_id", "run_id", "rule")
 # The logger stray stderr text is attributed to in the JSON form.
 STDERR_LOGGER: Final = "agentwake.stderr"
 PREFIX_LEVELS: Final = (("error: ", logging.ERROR), ("warning: ", logging.WARNING))
@@ -47,9 +47,16 @@ def event_fields(
     server: str | None = None,
     event_id: str | None = None,
     run_id: int | None = None,
+    rule: str | None = None,
 ) -> dict[str, object]:
     """``extra=`` for a log call about one event or run: the fields given, Nones left out."""
-    given = {"subscription": subscription, "server": server, "event_id": event_id, "run_id": run_id}
+    given = {
+        "subscription": subscription,
+        "server": server,
+        "event_id": event_id,
+        "run_id": run_id,
+        "rule": rule,
+    }
     return {key: value for key, value in given.items() if value is not None}
 
 

@@ -56,6 +56,7 @@ import anyio.abc
 
 from agentwake.clock import iso, utc_now
 from agentwake.errors import StoreError
+from agentwake.logs import event_fields
 from agentwake.store import Store
 from agentwake.store.sqlite.owners import ALIVE, UNREACHABLE, UNREACHED, is_process_row
 
@@ -551,9 +552,18 @@ class LeaseManager:
             slot = self._slot(name)
             fence = held.get(name)
             if fence is not None and slot.fence is None:
-                logger.info("subscription %s: this process drives it now (fence %d)", name, fence)
+                logger.info(
+                    "subscription %s: this process drives it now (fence %d)",
+                    name,
+                    fence,
+                    extra=event_fields(subscription=name),
+                )
             elif fence is None and slot.fence is not None:
-                logger.info("subscription %s: its lease is lost; this process stops driving it", name)
+                logger.info(
+                    "subscription %s: its lease is lost; this process stops driving it",
+                    name,
+                    extra=event_fields(subscription=name),
+                )
             slot.set(fence)
 
     async def release(self) -> None:

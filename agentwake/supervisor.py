@@ -44,6 +44,7 @@ from agentwake.errors import (
     SubscriptionEnded,
     TransientEventsError,
 )
+from agentwake.logs import event_fields
 from agentwake.mcp import ServerConnection
 from agentwake.ownership import Ownership, ownership_for
 from agentwake.store import Store
@@ -341,7 +342,12 @@ class Supervisor:
         if record is not None and record.webhook_id is not None:
             self.routes.retire(record.webhook_id)
         if record is not None and not unsubscribed:
-            logger.info("subscription %s: webhook subscription retired (%s); unsubscribing it", name, reason)
+            logger.info(
+                "subscription %s: webhook subscription retired (%s); unsubscribing it",
+                name,
+                reason,
+                extra=event_fields(subscription=name),
+            )
 
     async def _on_terminated(self, name: str, error: dict[str, object]) -> None:
         """A ``terminated`` envelope: the server dropped the subscription; it ends here too."""
@@ -382,6 +388,7 @@ class Supervisor:
                     "subscription %s: events/unsubscribe failed, retrying later: %s",
                     retired.subscription,
                     exc,
+                    extra=event_fields(subscription=retired.subscription),
                 )
                 await self.store.record_error(
                     retired.subscription, f"events/unsubscribe failed, retrying at the next connection: {exc}"
@@ -398,6 +405,7 @@ class Supervisor:
                         retired.subscription,
                         exc,
                         lapse,
+                        extra=event_fields(subscription=retired.subscription),
                     )
                     await self._note_lingering(
                         retired.subscription, f"events/unsubscribe refused by the server: {exc}; {lapse}"
@@ -408,6 +416,7 @@ class Supervisor:
                     retired.subscription,
                     server,
                     retired.url,
+                    extra=event_fields(subscription=retired.subscription),
                 )
                 if not any(s.name == retired.subscription for s in self.config.subscriptions):
                     await self.store.set_state(retired.subscription, status="unsubscribed")
@@ -616,7 +625,11 @@ class Supervisor:
                 for plan in plans:
                     sub = plan.subscription
                     if self._invalid_reasons.pop(sub.name, None) is not None:
-                        logger.info("subscription %s: the server's event types now let it run", sub.name)
+                        logger.info(
+                            "subscription %s: the server's event types now let it run",
+                            sub.name,
+                            extra=event_fields(subscription=sub.name, server=sub.server),
+                        )
                     loop: PollLoop | PushLoop | WebhookLoop
                     if plan.mode == "webhook":
                         assert self.config.webhook is not None
@@ -747,7 +760,12 @@ class Supervisor:
                 delay = backoff_s(failures, initial_s=self.reconnect_initial_s, max_s=self.restart_max_s)
                 reason = f"{type(exc).__name__}: {exc}"
                 if failures == 1:
-                    logger.exception("subscription %s failed; restarting it in %.1fs", sub.name, delay)
+                    logger.exception(
+                        "subscription %s failed; restarting it in %.1fs",
+                        sub.name,
+                        delay,
+                        extra=event_fields(subscription=sub.name, server=sub.server),
+                    )
                 else:
                     logger.error(
                         "subscription %s failed again (%d times): %s; restarting it in %.1fs",
@@ -755,6 +773,7 @@ class Supervisor:
                         failures,
                         peer(reason),
                         delay,
+                        extra=event_fields(subscription=sub.name, server=sub.server),
                     )
                 await self.store.set_state(sub.name, status="failed", error=reason)
                 self.owners.loop_failed(sub.name)  # failing too long: another process may try it
@@ -763,7 +782,12 @@ class Supervisor:
     async def _end(self, sub: SubscriptionConfig, reason: str) -> None:
         if sub.name in self._ended:
             return
-        logger.error("subscription %s stopped: %s", sub.name, reason)
+        logger.error(
+            "subscription %s stopped: %s",
+            sub.name,
+            reason,
+            extra=event_fields(subscription=sub.name, server=sub.server),
+        )
         self._ended.add(sub.name)
         await self.store.set_state(sub.name, status="ended", error=reason)
         ended, self._ends = self._ends, anyio.Event()
@@ -772,7 +796,12 @@ class Supervisor:
     async def _invalid(self, sub: SubscriptionConfig, reason: str) -> None:
         """The server's event list does not let ``sub`` run (no such event, no common mode, bad arguments)."""
         if self._invalid_reasons.get(sub.name) != reason:
-            logger.error("subscription %s cannot run: %s", sub.name, reason)
+            logger.error(
+                "subscription %s cannot run: %s",
+                sub.name,
+                reason,
+                extra=event_fields(subscription=sub.name, server=sub.server),
+            )
         self._invalid_reasons[sub.name] = reason
         await self.store.set_state(sub.name, status="invalid", error=reason)
         ends, self._ends = self._ends, anyio.Event()

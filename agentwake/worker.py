@@ -114,16 +114,17 @@ class Agent(Protocol):
     ) -> object: ...
 
 
-def log_event(event: InboxEvent) -> None:
-    """What "log" does with an event: one line in the service's log."""
+def log_event(event: InboxEvent, rule: str | None) -> None:
+    """What "log" does with an event: one line in the service's log, naming the rule that chose it."""
     logger.info(
-        "event %s %s from %s (subscription %s): %s",
+        "event %s %s from %s (subscription %s) logged by %s: %s",
         event.name,
         event.event_id,
         event.server,
         event.subscription,
+        f"rule {rule}" if rule else "the policy's default",
         _preview(event.data),
-        extra=_fields(event),
+        extra={**_fields(event), **event_fields(rule=rule)},
     )
 
 
@@ -150,7 +151,7 @@ class Worker:
     agent: Agent | None = None
     pool: ConnectionPool | None = None
     clock: Callable[[], datetime] = utc_now
-    on_log: Callable[[InboxEvent], None] = log_event
+    on_log: Callable[[InboxEvent, str | None], None] = log_event
     # Rules' max_concurrent slots, counted by the store over every process that shares it.
     slots: Slots = field(init=False)
     active: int = field(default=0, init=False)
@@ -544,11 +545,11 @@ class Worker:
                     event.event_id,
                     outcome.rule,
                     outcome.why,
-                    extra=_fields(event),
+                    extra={**_fields(event), **event_fields(rule=outcome.rule)},
                 )
                 settled.append(Settlement(event.id, outcome.record, "ignored"))
             elif outcome.verdict == "log":
-                self.on_log(event)
+                self.on_log(event, outcome.rule)
                 settled.append(Settlement(event.id, outcome.record, "done"))
             elif outcome.verdict == "hold":
                 logger.warning(
@@ -557,7 +558,7 @@ class Worker:
                     outcome.rule,
                     outcome.why,
                     event.event_id,
-                    extra=_fields(event),
+                    extra={**_fields(event), **event_fields(rule=outcome.rule)},
                 )
                 settled.append(Settlement(event.id, outcome.record, "held"))
             elif outcome.verdict == "delay":

@@ -47,6 +47,7 @@ from agentwake.store import (
     EventVerdict,
     IncomingEvent,
     RunProgress,
+    Settlement,
     SubscriptionKey,
     ToolCallRecord,
     open_store,
@@ -770,3 +771,46 @@ def test_the_agent_commands_need_a_store(tmp_path: Path) -> None:
         assert result.exit_code == 1, args
         assert "run 'agentwake run' first" in flat(result.output)
     assert not os.path.exists(tmp_path / "aw.db")
+
+
+def test_show_prints_the_decision_the_denial_and_the_approval_note_of_events_without_a_run(
+    tmp_path: Path,
+) -> None:
+    """The text view says what `--json` says for events no run has touched: the rule and why, a
+    person's denial with its note, and an approval's note; not just "no agent run yet"."""
+    config = write_config(tmp_path, "http://127.0.0.1:9/v1", agent=False)
+    store = SqliteCore.open(tmp_path / "aw.db")
+    key = SubscriptionKey("tickets", "demo", "ticket.created", {})
+    store.register(key)
+    ids = ("T-1", "T-2", "T-3", "T-4")
+    store.ingest(key, [IncomingEvent(i, "ticket.created", TIMESTAMP, {"n": i}) for i in ids], "1")
+    rows = {event.event_id: event.id for event in store.claim(4)}
+    hold = {"action": "approve", "rule": "hold-suspicious", "why": "injection score 0.9"}
+    store.settle(
+        [
+            Settlement(rows["T-1"], {"action": "ignore", "rule": "ignore-bots", "why": "a bot"}, "ignored"),
+            Settlement(rows["T-2"], {"action": "log", "rule": "log-noise", "why": "noise"}, "done"),
+            Settlement(rows["T-3"], hold, "held"),
+            Settlement(rows["T-4"], hold, "held"),
+        ]
+    )
+    store.answer(rows["T-3"], approve=False, note="spam, not a customer")
+    store.answer(rows["T-4"], approve=True, note="only add a comment")
+    store.close()
+
+    def shown(event_id: str) -> str:
+        result = invoke("show", event_id, "-c", str(config))
+        assert result.exit_code == 0, result.output
+        return flat(result.output)
+
+    ignored = shown("T-1")
+    assert "decision: ignore by rule ignore-bots: a bot" in ignored
+    assert "no agent run: the rule ignores the event" in ignored
+    assert "decision: log by rule log-noise: noise" in shown("T-2")
+    denied = shown("T-3")
+    assert "decision: hold for approval by rule hold-suspicious: injection score 0.9" in denied
+    assert "denied by " in denied and "note: spam, not a customer" in denied
+    assert "no agent run: a person denied it" in denied
+    approved = shown("T-4")
+    assert "note: only add a comment" in approved and "approved at " in approved
+    assert "no agent run yet" in approved

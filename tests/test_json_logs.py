@@ -175,6 +175,10 @@ def test_a_refusal_to_start_is_a_json_line_at_error_level(tmp_path: Path) -> Non
 @pytest.mark.slow
 @pytest.mark.anyio
 async def test_agentwake_run_with_json_logs_writes_only_json_lines(tmp_path: Path) -> None:
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "log.toml").write_text(
+        '[[rules]]\nname = "log-tickets"\naction = "log"\nmatch.event = "ticket.created"\n'
+    )
     config = tmp_path / "agentwake.toml"
     config.write_text(
         f"""
@@ -183,6 +187,9 @@ path = "aw.db"
 
 [log]
 format = "json"
+
+[policy]
+dir = "policies"
 
 {demo_server_toml(tmp_path / "demo.db", DEMO_RATE="20")}
 [[subscriptions]]
@@ -198,3 +205,10 @@ event = "ticket.created"
     shown = [json.loads(line) for line in service.lines if line]
     assert shown[-1]["message"].startswith("agentwake stopped")
     assert {"time", "level", "logger", "message"} <= set(shown[0])
+    # Every line about the subscription carries it as a field, for a log shipper to filter on.
+    about = [line for line in shown if "subscription tickets" in line["message"]]
+    assert len(about) >= 2
+    assert [line for line in about if line.get("subscription") != "tickets"] == []
+    # The line of a logged event names the rule that chose "log", in its text and as a field.
+    logged = [line for line in shown if "logged by rule log-tickets" in line["message"]]
+    assert logged and all(line["rule"] == "log-tickets" for line in logged)

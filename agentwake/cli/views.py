@@ -460,10 +460,8 @@ def show(
     )
     out.print_json(json.dumps(event["data"], ensure_ascii=False))
     decision = event.get("decision") or {}
-    if event["state"] == "held":
-        out.print(
-            f"held by rule {decision.get('rule')}: {decision.get('why')}", markup=False, highlight=False
-        )
+    if decision:
+        out.print(decision_line(event["state"], decision), markup=False, highlight=False)
     authority = decision.get("authority")
     if event["state"] == "held" and isinstance(authority, list):
         out.print("If approved, the agent may:", highlight=False)
@@ -478,10 +476,38 @@ def show(
             markup=False,
             highlight=False,
         )
+    if event.get("approved_at"):
+        note = event.get("approval_note")
+        out.print(
+            f"approved at {event['approved_at']}" + (f"; note: {note}" if note else ""),
+            markup=False,
+            highlight=False,
+        )
     if not event["runs"]:
-        out.print("no agent run yet")
+        out.print(NO_RUN_BECAUSE.get(event["state"], "no agent run yet"), highlight=False)
     for run in event["runs"]:
         print_run(run)
+
+
+# Why an event in a settled state has no run, for `show`; other states may still get one.
+NO_RUN_BECAUSE = {
+    "ignored": "no agent run: the rule ignores the event",
+    "held": "no agent run yet: waiting for a person's approval",
+    "denied": "no agent run: a person denied it",
+    "rejected": "no agent run: the event was rejected before a decision",
+    "dead": "no agent run: the event gave up (see error)",
+    "batched": "no agent run of its own: it went into a batch",
+}
+
+
+def decision_line(state: str, decision: dict[str, Any]) -> str:
+    """The decision taken on an event, as one line naming its rule and why."""
+    action = decision.get("action") or ("approve" if state in ("held", "denied") else "decided")
+    action = "hold for approval" if action == "approve" else action
+    rule = decision.get("rule")
+    line = f"decision: {action}" + (f" by rule {rule}" if rule else " (no rule matched)")
+    why = decision.get("why")
+    return line + (f": {why}" if why else "")
 
 
 def print_run(run: dict[str, Any]) -> None:

@@ -24,6 +24,7 @@ from typing import Final
 import anyio
 
 from agentwake import metrics
+from agentwake.logs import event_fields
 from agentwake.store import Store
 
 logger = logging.getLogger(__name__)
@@ -102,7 +103,9 @@ class Backlog:
     async def _hold(self, subscription: str, count: int) -> None:
         self._held[subscription] = _Held(count, self.clock())
         reason = self._reason(subscription)
-        logger.warning("subscription %s: %s", subscription, reason)
+        logger.warning(
+            "subscription %s: %s", subscription, reason, extra=event_fields(subscription=subscription)
+        )
         metrics.observe_held_back(subscription, True)
         await self.store.set_state(subscription, status=HELD_BACK, error=reason)
 
@@ -126,7 +129,12 @@ class Backlog:
             held.count, held.checked_at = count, self.clock()
             return False
         del self._held[subscription]
-        logger.info("subscription %s: %d events wait undecided; delivery goes on", subscription, count)
+        logger.info(
+            "subscription %s: %d events wait undecided; delivery goes on",
+            subscription,
+            count,
+            extra=event_fields(subscription=subscription),
+        )
         metrics.observe_held_back(subscription, False)
         await self.store.set_state(subscription, status="active")
         return True

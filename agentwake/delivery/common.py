@@ -13,6 +13,7 @@ import anyio
 
 from agentwake.config import SubscriptionConfig
 from agentwake.errors import StoreError
+from agentwake.logs import event_fields
 from agentwake.store import HeldBatch, IncomingEvent, Store, SubscriptionKey
 from agentwake.text import peer
 
@@ -307,4 +308,9 @@ class DeferredWrites:
                 await store.ingest(key, events, cursor, fence=fence)
                 self.known.remember(key.server, events)
             except StoreError as exc:
-                logger.debug("subscription %s: the cursor held back was not saved: %s", key.name, exc)
+                logger.debug(
+                    "subscription %s: the cursor held back was not saved: %s",
+                    key.name,
+                    exc,
+                    extra=event_fields(subscription=key.name, server=key.server),
+                )

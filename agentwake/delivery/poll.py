@@ -44,6 +44,7 @@ from agentwake.delivery.common import (
     subscription_key,
 )
 from agentwake.errors import TransientEventsError
+from agentwake.logs import event_fields
 from agentwake.mcp import ServerConnection
 from agentwake.store import Store, SubscriptionKey
 from agentwake.text import peer
@@ -125,6 +126,7 @@ class PollLoop:
             sub.event,
             sub.server,
             f"cursor {peer(cursor, CURSOR_SHOWN)}" if resuming else "now (bootstrap)",
+            extra=event_fields(subscription=sub.name, server=sub.server),
         )
         task_status.started()
         self._writes.reset()
@@ -246,9 +248,19 @@ class PollLoop:
                 " stored as a 'rejected' summary, with a gap",
             )
         if ingest.duplicates:
-            logger.info("subscription %s: %d duplicate event(s) ignored", sub.name, ingest.duplicates)
+            logger.info(
+                "subscription %s: %d duplicate event(s) ignored",
+                sub.name,
+                ingest.duplicates,
+                extra=event_fields(subscription=sub.name, server=sub.server),
+            )
         if ingest.inserted:
-            logger.debug("subscription %s: %d new event(s)", sub.name, ingest.inserted)
+            logger.debug(
+                "subscription %s: %d new event(s)",
+                sub.name,
+                ingest.inserted,
+                extra=event_fields(subscription=sub.name, server=sub.server),
+            )
             self.on_new_events(ingest.inserted)
         self._report_progress(ingest.inserted + ingest.duplicates, page.has_more)
 
@@ -262,12 +274,14 @@ class PollLoop:
                     "subscription %s: draining backlog, %d events so far",
                     self.subscription.name,
                     self._drained,
+                    extra=event_fields(subscription=self.subscription.name, server=self.subscription.server),
                 )
         elif self._drained:
             logger.info(
                 "subscription %s: caught up after draining %d events",
                 self.subscription.name,
                 self._drained + received,
+                extra=event_fields(subscription=self.subscription.name, server=self.subscription.server),
             )
             self._drained = 0
 
@@ -300,7 +314,13 @@ class PollLoop:
             failures += 1
             exc = state.outcome.exception() if state.outcome else None
             delay = state.next_action.sleep if state.next_action else 0.0
-            logger.warning("subscription %s: %s; retrying in %.1fs", sub.name, exc, delay)
+            logger.warning(
+                "subscription %s: %s; retrying in %.1fs",
+                sub.name,
+                exc,
+                delay,
+                extra=event_fields(subscription=sub.name, server=sub.server),
+            )
             self._writes.quiet.failed()
             if failures >= STALLED_AFTER_FAILURES:
                 await self.store.set_state(sub.name, status="stalled", error=str(exc))

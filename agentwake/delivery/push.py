@@ -47,6 +47,7 @@ from agentwake.delivery.common import (
     subscription_key,
 )
 from agentwake.errors import DeliveryError, SubscriptionEnded, TransientEventsError
+from agentwake.logs import event_fields
 from agentwake.mcp import ServerConnection
 from agentwake.store import IncomingEvent, RejectedEvent, Store, SubscriptionKey
 from agentwake.streams import LOST_NOTIFICATION, StreamItem, StreamRoute
@@ -216,6 +217,7 @@ class PushLoop:
             sub.event,
             sub.server,
             f"cursor {peer(cursor, CURSOR_SHOWN)}" if cursor is not None else "now",
+            extra=event_fields(subscription=sub.name, server=sub.server),
         )
         task_status.started()
         resuming = cursor is not None
@@ -227,7 +229,11 @@ class PushLoop:
                     await self.backlog.wait_for_room(sub.name)
                 await self._one_stream(key, cursor, resuming=resuming)
                 failures = 0
-                logger.info("subscription %s: the server closed the stream; opening it again", sub.name)
+                logger.info(
+                    "subscription %s: the server closed the stream; opening it again",
+                    sub.name,
+                    extra=event_fields(subscription=sub.name, server=sub.server),
+                )
             except StreamHeldBack:
                 # Not the server's fault: open it again, without backoff, once there is room.
                 failures, at_once = 0, True
@@ -381,6 +387,7 @@ class PushLoop:
                             sub.name,
                             peer(stored, CURSOR_SHOWN),
                             shown_cursor(params.get("cursor")),
+                            extra=event_fields(subscription=sub.name, server=sub.server),
                         )
                     if usable_cursor(params.get("cursor")):
                         pending.cursor = params["cursor"]
@@ -451,13 +458,21 @@ class PushLoop:
             self.backlog.stored(sub.name, result.inserted)
         if result.duplicates:
             logger.info(
-                "subscription %s: %d duplicate event(s) ignored", self.subscription.name, result.duplicates
+                "subscription %s: %d duplicate event(s) ignored",
+                self.subscription.name,
+                result.duplicates,
+                extra=event_fields(subscription=self.subscription.name, server=self.subscription.server),
             )
         if result.inserted:
             self.on_new_events(result.inserted)
         before, self.received = self.received, self.received + len(pending.events)
         if self.received // PROGRESS_EVERY > before // PROGRESS_EVERY:
-            logger.info("subscription %s: streamed %d events so far", self.subscription.name, self.received)
+            logger.info(
+                "subscription %s: streamed %d events so far",
+                self.subscription.name,
+                self.received,
+                extra=event_fields(subscription=self.subscription.name, server=self.subscription.server),
+            )
         stored = cursor if cursor is not None else stored
         self.on_stored(stored)
         return stored

@@ -81,6 +81,7 @@ from agentwake.delivery.connections import (
 from agentwake.delivery.routes import Route, WebhookRoutes
 from agentwake.errors import ConfigError, StoreError
 from agentwake.faults import crash_point
+from agentwake.logs import event_fields
 from agentwake.store import IncomingEvent, IngestResult, Store, WebhookDelivery
 
 logger = logging.getLogger(__name__)
@@ -566,7 +567,12 @@ class Receiver:
         if not isinstance(challenge, str) or not challenge or len(challenge) > MAX_HEADER_VALUE:
             return self._reject(400, "verification without a challenge")
         self.counts["verifications"] += 1
-        logger.info("subscription %s: webhook endpoint verification answered (id %s)", name, webhook_id)
+        logger.info(
+            "subscription %s: webhook endpoint verification answered (id %s)",
+            name,
+            webhook_id,
+            extra=event_fields(subscription=name),
+        )
         return web.json_response({"challenge": challenge}, headers=SERVER_HEADER)
 
     def _remember_control(self, webhook_id: str, msg_id: str) -> None:
@@ -596,6 +602,7 @@ class Receiver:
                 "subscription %s: gap: the server skipped events (webhook gap); now at %s",
                 name,
                 shown_cursor(cursor),
+                extra=event_fields(subscription=name),
             )
             return _no_content()
         if kind == "terminated":
@@ -607,13 +614,20 @@ class Receiver:
                 try:
                     await self.on_terminated(name, error)
                 except Exception:  # e.g. the store is locked: the sender retries, and it ends then
-                    logger.exception("subscription %s: ending it on a terminated envelope failed", name)
+                    logger.exception(
+                        "subscription %s: ending it on a terminated envelope failed",
+                        name,
+                        extra=event_fields(subscription=name),
+                    )
                     return self._reject(503, "terminated envelope not handled")
             self._remember_control(route.webhook_id, msg_id)
             self.counts["terminated"] += 1
             return _no_content()
         logger.info(
-            "subscription %s: webhook control envelope of unknown type %r ignored", name, str(kind)[:40]
+            "subscription %s: webhook control envelope of unknown type %r ignored",
+            name,
+            str(kind)[:40],
+            extra=event_fields(subscription=name),
         )
         return _no_content()
 

@@ -40,6 +40,7 @@ from agentwake.delivery.common import (
 )
 from agentwake.delivery.routes import WebhookRoutes
 from agentwake.errors import EventsCallError, StoreError, SubscriptionEnded, TransientEventsError
+from agentwake.logs import event_fields
 from agentwake.mcp import ServerConnection
 from agentwake.store import Store, SubscriptionKey, WebhookRecord
 from agentwake.text import peer
@@ -258,6 +259,7 @@ class WebhookLoop:
             sub.server,
             url,
             f"cursor {peer(cursor, CURSOR_SHOWN)}" if cursor is not None else "now",
+            extra=event_fields(subscription=sub.name, server=sub.server),
         )
         task_status.started()
         ended = self.routes.ended(sub.name)
@@ -304,6 +306,7 @@ class WebhookLoop:
                 "subscription %s: the server's refreshBefore %r is not a time; refreshing on the TTL asked for",
                 self.subscription.name,
                 refresh_before[:60],
+                extra=event_fields(subscription=self.subscription.name, server=self.subscription.server),
             )
             return now
         if end <= now:
@@ -312,6 +315,7 @@ class WebhookLoop:
                 " refreshing on the TTL asked for",
                 self.subscription.name,
                 refresh_before,
+                extra=event_fields(subscription=self.subscription.name, server=self.subscription.server),
             )
         return end
 
@@ -411,19 +415,33 @@ class WebhookLoop:
                 "subscription %s: gap: the server starts delivery after our cursor (truncated); now at %s",
                 sub.name,
                 shown_cursor(result.cursor),
+                extra=event_fields(subscription=sub.name, server=sub.server),
             )
         expiry = "no expiry" if result.refresh_before is None else f"refresh before {result.refresh_before}"
         described = _describe_status(status)
         if self.subscribes == 1:
-            logger.info("subscription %s: webhook subscribed as %s (%s)", sub.name, result.id, expiry)
+            logger.info(
+                "subscription %s: webhook subscribed as %s (%s)",
+                sub.name,
+                result.id,
+                expiry,
+                extra=event_fields(subscription=sub.name, server=sub.server),
+            )
         elif rotating:
             logger.info(
                 "subscription %s: webhook secret rotated; the old one is accepted for %gs more",
                 sub.name,
                 self.config.rotation_grace_s,
+                extra=event_fields(subscription=sub.name, server=sub.server),
             )
         else:
-            logger.debug("subscription %s: webhook refreshed (%s; %s)", sub.name, expiry, described)
+            logger.debug(
+                "subscription %s: webhook refreshed (%s; %s)",
+                sub.name,
+                expiry,
+                described,
+                extra=event_fields(subscription=sub.name, server=sub.server),
+            )
         await self._note_status(status, result.truncated)
         return updated
 
@@ -441,6 +459,7 @@ class WebhookLoop:
                     " cursor%s",
                     sub.name,
                     " or are a gap (truncated)" if truncated else "",
+                    extra=event_fields(subscription=sub.name, server=sub.server),
                 )
             self._status = None
             metrics.observe_delivery_status(sub.name, None)

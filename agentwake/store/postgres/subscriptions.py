@@ -9,6 +9,7 @@ from typing import Any
 import psycopg
 
 from agentwake.clock import now_iso
+from agentwake.logs import event_fields
 from agentwake.store.postgres.base import PostgresBase
 from agentwake.store.postgres.owners import check_fence
 from agentwake.store.records import SubscriptionKey
@@ -47,6 +48,7 @@ class Subscriptions(PostgresBase):
                 logger.warning(
                     "subscription %s changed (server, event or arguments): its stored cursor is dropped",
                     key.name,
+                    extra=event_fields(subscription=key.name, server=key.server),
                 )
                 await conn.execute(
                     "UPDATE subscriptions SET server = %s, event = %s, arguments = %s, cursor = NULL,"

@@ -7,6 +7,7 @@ import logging
 from typing import Final
 
 from agentwake.clock import now_iso
+from agentwake.logs import event_fields
 from agentwake.store.records import SubscriptionKey
 from agentwake.store.sqlite.base import SqliteBase, redacted
 from agentwake.store.sqlite.owners import check_fence
@@ -42,6 +43,7 @@ class Subscriptions(SqliteBase):
                 logger.warning(
                     "subscription %s changed (server, event or arguments): its stored cursor is dropped",
                     key.name,
+                    extra=event_fields(subscription=key.name, server=key.server),
                 )
                 self.conn.execute(
                     "UPDATE subscriptions SET server = ?, event = ?, arguments = ?, cursor = NULL,"
