@@ -135,6 +135,9 @@ class BridgeOptions:
     events_webhook_ttl_ms: int = DEFAULT_EVENTS_WEBHOOK_TTL_MS
     events_webhook_allow: tuple[str, ...] = ()
     events_webhook_ca: Path | None = None
+    # False for a short look (agentwake check, policy test): the MCP server with its tools and event
+    # types, but no --listen, no polling (Socket Mode included) and no background work upstream.
+    ingress: bool = True
 
 
 def host_port(value: str, *, what: str) -> tuple[str, int]:
@@ -367,14 +370,18 @@ class BridgeServer:
     # ---- serving ---------------------------------------------------------------
 
     async def serve(self) -> None:
-        """Serve MCP (stdio or HTTP), the webhook listener and the poller until cancelled or stdin ends."""
+        """Serve MCP (stdio or HTTP), the webhook listener and the poller until cancelled or stdin ends;
+        without ``ingress``, MCP alone."""
         try:
             async with anyio.create_task_group() as tg, self.events.running():
-                tg.start_soon(self.bridge.background)
-                if self.options.listen:
-                    await self._start_webhook_listener(tg)
-                if self.options.poll:
-                    tg.start_soon(self._poll_forever)
+                if self.options.ingress:
+                    tg.start_soon(self.bridge.background)
+                    if self.options.listen:
+                        await self._start_webhook_listener(tg)
+                    if self.options.poll:
+                        tg.start_soon(self._poll_forever)
+                else:
+                    logger.info("no ingress (a short look): no webhook listener, no polling, no Socket Mode")
                 if self.options.http:
                     host, port = host_port(self.options.http, what="--http")
                     await self._serve_http(host, port)

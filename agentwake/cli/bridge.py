@@ -1,7 +1,9 @@
 """``agentwake bridge NAME``: run a bridge, an MCP Events server for an upstream without one.
 
 Options come from flags or from the environment variable each one names (AGENTWAKE_BRIDGE_*
-for every bridge, AGENTWAKE_GITHUB_* for GitHub's own). Secrets come only from the
+for every bridge, AGENTWAKE_GITHUB_* for GitHub's own). With AGENTWAKE_NO_INGRESS=1 in its
+environment (``agentwake check`` and the other short looks set it) a bridge serves its tools and
+event types only: no --listen, no --poll, no Socket Mode. Secrets come only from the
 environment, from variables the flags name (``--webhook-secret-env``, ``--token-env``,
 ``--mcp-token-env``), so they never show in a process listing or a config file.
 """
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from agentwake.cli.common import HELP_MARKUP, HelpGroup, app, fail, run_async
+from agentwake.cli.common import HELP_MARKUP, NO_INGRESS_ENV, HelpGroup, app, fail, run_async
 
 if TYPE_CHECKING:
     from agentwake.bridges.framework import Bridge, BridgeOptions
@@ -207,7 +209,13 @@ def bridge_options(
         events_webhook_ttl_ms=events_webhook_ttl_ms,
         events_webhook_allow=tuple(events_webhook_allow),
         events_webhook_ca=events_webhook_ca,
+        ingress=not no_ingress(),
     )
+
+
+def no_ingress() -> bool:
+    """Whether this bridge was started for a short look (agentwake check, events, policy test, replay)."""
+    return os.environ.get(NO_INGRESS_ENV, "") not in ("", "0")
 
 
 def serve_bridge(make_bridge: Callable[[], Bridge], warnings: list[str]) -> None:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.text import Text
 
-    from agentwake.config import AgentwakeConfig, StoreConfig
+    from agentwake.config import AgentwakeConfig, ServerConfig, StoreConfig
     from agentwake.configfile import StoreLocation
     from agentwake.policy import Policy
     from agentwake.store import Store, StoreReader
@@ -174,6 +174,27 @@ def load(path: Path, *, secrets: bool = True) -> AgentwakeConfig:
         return load_config(path, secrets=secrets)
     except ConfigError as exc:
         raise fail(exc, 2) from None
+
+
+# Set in the environment of the stdio servers a short look starts (check, events, policy check and
+# test, replay): a bridge then serves its tools and event types but no ingress. It does not bind
+# --listen (the running service's bridge has that port), open Socket Mode (Slack would hand it
+# events meant for the service) or poll.
+NO_INGRESS_ENV: Final = "AGENTWAKE_NO_INGRESS"
+
+
+def without_ingress(server: ServerConfig) -> ServerConfig:
+    """``server`` to start for a short look: a stdio server gets NO_INGRESS_ENV=1 in its environment
+    (an HTTP server runs on its own; nothing to tell it)."""
+    if server.transport != "stdio":
+        return server
+    return server.model_copy(update={"env": {**server.env, NO_INGRESS_ENV: "1"}})
+
+
+def short_look(cfg: AgentwakeConfig) -> AgentwakeConfig:
+    """``cfg`` with every server as ``without_ingress`` starts it."""
+    servers = {name: without_ingress(server) for name, server in cfg.servers.items()}
+    return cfg.model_copy(update={"servers": servers})
 
 
 def load_rules(cfg: AgentwakeConfig) -> Policy:

@@ -20,6 +20,7 @@ from agentwake.cli.common import (
     run_async,
     stdout,
     warn,
+    without_ingress,
 )
 from agentwake.errors import AgentwakeError, ConfigError
 
@@ -130,7 +131,7 @@ async def _args_against_servers(config: Path, policy: Policy) -> list[str]:
 
     for name in sorted(wanted & set(cfg.servers)):
         try:
-            async with ServerConnection(name, cfg.servers[name]) as conn:
+            async with ServerConnection(name, without_ingress(cfg.servers[name])) as conn:
                 try:
                     listed = await conn.list_tools()
                 except AgentwakeError:
@@ -199,7 +200,10 @@ def policy_test(
     """Show which rule matches a sample event and why, the exact sanitized prompt, and the tools allowed.
 
     No LLM is called and no tool runs. The configured servers are asked for their
-    tool lists (as a run would see them), unless --offline.
+    tool lists (as a run would see them), unless --offline. They are started with
+    AGENTWAKE_NO_INGRESS=1: a bridge (agentwake bridge) then binds no --listen port,
+    opens no Socket Mode connection and does not poll, so it runs beside a running
+    service.
     """
     from agentwake.clock import utc_now
     from agentwake.decide import NoHistory, decide
@@ -353,7 +357,7 @@ async def _plan_for_test(cfg: AgentwakeConfig, outcome: Outcome, offline: bool) 
         if not offline:
             for name, server in cfg.servers.items():
                 try:
-                    conn = await stack.enter_async_context(ServerConnection(name, server))
+                    conn = await stack.enter_async_context(ServerConnection(name, without_ingress(server)))
                 except AgentwakeError as exc:
                     unreachable.append(str(exc))
                     continue

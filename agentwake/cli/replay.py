@@ -17,6 +17,7 @@ from agentwake.cli.common import (
     load,
     load_rules,
     setup_logging,
+    short_look,
     stdout,
     warn,
     with_store,
@@ -64,7 +65,8 @@ def replay(
         from agentwake.agent.replay import replay as replay_event
 
         row = await find_event(store, event_id, server)
-        done = await replay_event(cfg, store, policy, row["id"], dry_run=dry_run, force=force)
+        # A short run: the bridges it starts take no events (agentwake.cli.common.NO_INGRESS_ENV).
+        done = await replay_event(short_look(cfg), store, policy, row["id"], dry_run=dry_run, force=force)
         detail = await store.event_detail(row["id"]) or {"runs": []}
         run = next(r for r in detail["runs"] if r["run_id"] == done.result.run_id)
         return done, run

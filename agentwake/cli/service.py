@@ -21,6 +21,7 @@ from agentwake.cli.common import (
     setup_logging,
     stdout,
     warn,
+    without_ingress,
 )
 from agentwake.errors import AgentwakeError, ConfigError, EventsUnsupported
 
@@ -121,6 +122,10 @@ def check(
     server has, a server cannot be reached or does not implement MCP Events, or
     a subscription cannot run. A subscription's tool glob that matches no tool
     is a warning.
+
+    Each stdio server is started with AGENTWAKE_NO_INGRESS=1: a bridge (agentwake
+    bridge) then lists its tools and event types without binding --listen, opening
+    Socket Mode or polling, so check runs beside a running service.
     """
     from agentwake.config import load_config
 
@@ -492,7 +497,7 @@ async def _check_servers(
             )
 
         try:
-            async with ServerConnection(server_name, server) as conn:
+            async with ServerConnection(server_name, without_ingress(server)) as conn:
                 # Its tools stay usable by the agent even when it offers no events.
                 tools = await _list_tools(conn, report) if cfg.agent is not None else {}
                 catalogs[server_name] = list(tools)
@@ -621,7 +626,11 @@ def events(
     config: ConfigOption = DEFAULT_CONFIG_PATH,
     as_json: JsonOption = False,
 ) -> None:
-    """List the event types each server offers: delivery modes and argument schemas."""
+    """List the event types each server offers: delivery modes and argument schemas.
+
+    Stdio servers are started with AGENTWAKE_NO_INGRESS=1, as by check: a bridge
+    takes no events meanwhile.
+    """
     cfg = load(config)
     setup_logging("WARNING")
     if server is not None and server not in cfg.servers:
@@ -672,7 +681,7 @@ async def _list_events(
 
     listing = []
     for name in names:
-        async with ServerConnection(name, cfg.servers[name]) as conn:
+        async with ServerConnection(name, without_ingress(cfg.servers[name])) as conn:
             if len(names) > 1 and not conn.advertises_events:
                 warn(
                     f"server {name!r} does not implement MCP Events (no events extension in its capabilities)"
