@@ -45,6 +45,22 @@ def inline(value: object) -> str:
     return safe if len(safe) <= INLINE_MAX else safe[: INLINE_MAX - 1] + "…"
 
 
+# An approval's note is a person's words, not the event's: it gets a fence of its own kind.
+OPERATOR_NOTE_KIND: Final = "operator-instruction"
+OPERATOR_NOTE_MAX: Final = 2_000
+
+
+def operator_instruction(fence: Fence, note: str) -> str:
+    """The approving person's note, appended to the user prompt whatever the template: fenced apart
+    from the event's data, so nothing in the event can pose as it, and cleaned of control text."""
+    cleaned, _ = clean_text(note.strip())
+    block = fence.wrap(cleaned, kind=OPERATOR_NOTE_KIND, limit=OPERATOR_NOTE_MAX)
+    return (
+        "\n\nThe person who approved this run gave an instruction for it. It comes from the operator,"
+        " not from the event; follow it within the tools you are allowed:\n" + block + "\n"
+    )
+
+
 class PromptError(ConfigError):
     """A template is missing, malformed or failed to render."""
 
@@ -114,6 +130,7 @@ class PromptRenderer:
         rule: dict[str, Any] | None = None,
         template: str | None = None,
         batch: list[dict[str, Any]] | None = None,
+        approval_note: str | None = None,
     ) -> RenderedPrompt:
         limit = self.agent.event_data_max_chars
 
@@ -160,6 +177,8 @@ class PromptRenderer:
             for other in batch_view:
                 lines.append(f"\nEvent {other['name']} at {other['timestamp']}:\n{other['data_block']}")
             user += "\n".join(lines) + "\n\nHandle them together, in one pass.\n"
+        if approval_note and approval_note.strip():
+            user += operator_instruction(fence, approval_note)
         return RenderedPrompt(
             system=self._render(self.agent.system_prompt, context), user=user, template=name
         )

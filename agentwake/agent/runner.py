@@ -252,6 +252,7 @@ class AgentRunner:
                     }
                     for other in batch
                 ],
+                approval_note=event.approval_note if event.approved else None,
             )
         except PromptError as exc:
             prompt_error = str(exc)

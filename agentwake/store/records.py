@@ -184,6 +184,8 @@ class InboxEvent:
     attempts: int
     decision: dict[str, Any] | None = None
     approved: bool = False
+    # The approving person's note: the run's prompt carries it as the operator's instruction.
+    approval_note: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

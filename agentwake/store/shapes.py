@@ -7,6 +7,8 @@ import json
 from collections.abc import Sequence
 from typing import Any, Final
 
+from agentwake.store.records import InboxEvent
+
 # A subscription's events waiting for a decision, counted no further than a bound (the claim index
 # serves it; the bound keeps a huge backlog from costing a full count). Parameters: name, bound.
 UNDECIDED_SQL: Final = (
@@ -21,6 +23,30 @@ SUBSCRIPTIONS_SQL: Final = (
     " w.last_refresh_at, w.pending_secret IS NOT NULL, w.previous_until, s.rejected, s.recent_errors"
     " FROM subscriptions s LEFT JOIN webhooks w ON w.subscription = s.name ORDER BY s.name"
 )
+
+# What a claim returns of an event (InboxEvent); both backends select these and shape rows with
+# inbox_event.
+CLAIMED_COLUMNS: Final = (
+    "id, server, subscription, name, event_id, timestamp, data, attempts, decision, approved_at,"
+    " approval_note"
+)
+
+
+def inbox_event(row: Sequence[Any]) -> InboxEvent:
+    """A row of CLAIMED_COLUMNS as the worker's InboxEvent."""
+    return InboxEvent(
+        row[0],
+        row[1],
+        row[2],
+        row[3],
+        row[4],
+        row[5],
+        json.loads(row[6]),
+        row[7],
+        json.loads(row[8]) if row[8] else None,
+        bool(row[9]),
+        row[10],
+    )
 
 
 ANSWER_COLUMNS: Final = (

@@ -23,11 +23,7 @@ from agentwake.store.postgres.base import PostgresBase, lock_key
 from agentwake.store.postgres.runs import agent_usage
 from agentwake.store.quotas import ClaimLimits, Quota, quota
 from agentwake.store.records import ABANDONED_RUN, Answerer, EventState, InboxEvent, Settlement
-from agentwake.store.shapes import answer_values
-
-CLAIMED_COLUMNS: Final = (
-    "id, server, subscription, name, event_id, timestamp, data, attempts, decision, approved_at"
-)
+from agentwake.store.shapes import CLAIMED_COLUMNS, answer_values, inbox_event
 
 # Held by every claim with limits (ClaimLimits), so each counts the claims committed before it.
 CLAIM_LIMITS_LOCK: Final = lock_key("claim-limits")
@@ -72,21 +68,6 @@ async def _quota(
     if limits.counts_usage:
         runs, spend = await agent_usage(conn, limits.hour_ago, limits.day_ago)
     return quota(limit, limits, handled=handled, runs_last_hour=runs, spend_last_day=spend, excluded=excluded)
-
-
-def inbox_event(row: Sequence[Any]) -> InboxEvent:
-    return InboxEvent(
-        row[0],
-        row[1],
-        row[2],
-        row[3],
-        row[4],
-        row[5],
-        json.loads(row[6]),
-        row[7],
-        json.loads(row[8]) if row[8] else None,
-        bool(row[9]),
-    )
 
 
 def score(record: dict[str, Any]) -> float | None:

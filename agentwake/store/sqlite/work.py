@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from typing import Any, Final
+from typing import Any
 
 from agentwake.clock import now_iso
 from agentwake.errors import StoreError
@@ -19,28 +19,9 @@ from agentwake.store.records import (
     InboxEvent,
     Settlement,
 )
-from agentwake.store.shapes import answer_values
+from agentwake.store.shapes import CLAIMED_COLUMNS, answer_values, inbox_event
 from agentwake.store.sqlite.base import SqliteBase
 from agentwake.store.sqlite.runs import agent_usage
-
-_CLAIMED_COLUMNS: Final = (
-    "id, server, subscription, name, event_id, timestamp, data, attempts, decision, approved_at"
-)
-
-
-def _inbox_event(row: Any) -> InboxEvent:
-    return InboxEvent(
-        row[0],
-        row[1],
-        row[2],
-        row[3],
-        row[4],
-        row[5],
-        json.loads(row[6]),
-        row[7],
-        json.loads(row[8]) if row[8] else None,
-        bool(row[9]),
-    )
 
 
 def _score(record: dict[str, Any]) -> float | None:
@@ -125,7 +106,7 @@ class WorkQueue(SqliteBase):
             rows = self.conn.execute(
                 "UPDATE events SET state = 'processing', attempts = attempts + 1, state_changed_at = ?,"
                 " lease_until = ? WHERE id IN (SELECT value FROM json_each(?))"
-                f" RETURNING {_CLAIMED_COLUMNS}",
+                f" RETURNING {CLAIMED_COLUMNS}",
                 [now, lease_until, encode_json(chosen)],
             ).fetchall()
             # A run left 'running' on a reclaimed event (its lease lapsed) was cut off with its process.
@@ -143,7 +124,7 @@ class WorkQueue(SqliteBase):
                 [(name,) for name in served],
             )
         rows.sort(key=lambda row: row[0])
-        return [_inbox_event(row) for row in rows]
+        return [inbox_event(row) for row in rows]
 
     def _quota(self, limit: int, now: str, limits: ClaimLimits | None, excluded: Sequence[str]) -> Quota:
         """What this claim may take under ``limits``, counted inside its transaction."""
@@ -312,12 +293,12 @@ class WorkQueue(SqliteBase):
     def event(self, event_row: int) -> InboxEvent:
         """One stored event, with its stored decision and approval, whatever its state."""
         row = self.conn.execute(
-            f"SELECT {_CLAIMED_COLUMNS} FROM events WHERE id = ?",
+            f"SELECT {CLAIMED_COLUMNS} FROM events WHERE id = ?",
             [event_row],
         ).fetchone()
         if row is None:
             raise StoreError(f"no stored event with row id {event_row}")
-        return _inbox_event(row)
+        return inbox_event(row)
 
     def answer(
         self,
