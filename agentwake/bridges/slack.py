@@ -12,9 +12,9 @@ Events API ingress (``--listen``, Slack's Request URL), in the order a request i
 4. an ``event_callback`` whose ``event_id`` was received before (a replay, or one of Slack's
    retries, which carry ``X-Slack-Retry-Num``) is answered 200 ``duplicate`` and stores
    nothing; a retry of a request that never got here is new, and is handled as the first;
-5. the body is mapped (``slack_events``); an event we do not emit, the app's own message or
-   reaction (the agent's reply must not wake it again) and, unless ``--keep-other-bots``,
-   another app's message are remembered and answered 200 ``ignored``; a body that cannot be
+5. the body is mapped (``slack_events``); an event we do not emit, the app's own message, edit,
+   deletion or reaction (the agent's reply must not wake it again) and, unless ``--keep-other-bots``,
+   another app's message, edit or deletion are remembered and answered 200 ``ignored``; a body that cannot be
    read is remembered and answered 200 ``unreadable`` (Slack would only retry it);
 6. the event is committed to the log, then answered 200 ``accepted``: well within Slack's 3 s,
    as nothing but a local SQLite commit stands between the request and the answer.
@@ -82,8 +82,9 @@ logger = logging.getLogger("agentwake.bridge.slack")
 sdk_logger = logging.getLogger("agentwake.bridge.slack.sdk")
 
 DESCRIPTION: Final = (
-    "Slack as MCP events: mentions of the app, channel messages and reactions from Slack's Events API"
-    " or Socket Mode, with tools to post, reply in threads, react, and read threads and users."
+    "Slack as MCP events: mentions of the app, messages of channels, private channels and DMs, their"
+    " edits and deletions, joins and reactions, from Slack's Events API or Socket Mode, with tools to"
+    " post, reply in threads, react, and read threads and users."
 )
 SLACK_API: Final = "https://slack.com/api/"
 SIGNATURE_HEADER: Final = "X-Slack-Signature"

@@ -13,16 +13,23 @@ It plays Slack's three parts the bridge talks to:
 * the Events API's sender: ``deliver`` POSTs an ``event_callback`` to a Request URL signed as Slack
   signs it (``X-Slack-Signature: v0=`` HMAC-SHA256 over ``v0:{timestamp}:{body}``).
 
-Channels, messages, threads and users live in memory. A human's message is ``say(...)``, which
-returns the ``event_callback`` bodies Slack would send for it (``message`` and, when it mentions
-the bot, ``app_mention``). With ``echo = True`` the bot's own writes come back as events too,
-as on Slack (its post as a ``message`` with its ``bot_id``, its reaction as ``reaction_added``),
-over Socket Mode when a client is connected, else to ``events_url``: the bridge must drop them.
+Channels, messages, threads and users live in memory. A conversation is a public channel, a
+private one (``group``), a DM with the app (``im``; ``DM`` is alice's) or a group DM (``mpim``),
+as ``add_channel`` says. A human's message is ``say(...)``, which returns the ``event_callback``
+bodies Slack would send for it (``message`` with the conversation's ``channel_type`` and, when it
+mentions the bot outside a DM, ``app_mention``), with files (``file_share``) or sent to the channel
+from a thread (``thread_broadcast``) if asked. ``edit``, ``delete`` and ``join`` return the
+bodies of an edit (``message_changed``), a deletion (``message_deleted``) and a
+``member_joined_channel``, shaped as Slack sends them. With ``echo = True`` the bot's own writes
+come back as events too, as on Slack (its post as a ``message`` with its ``bot_id``, its update
+as a ``message_changed``, its reaction as ``reaction_added``), over Socket Mode when a client is
+connected, else to ``events_url``: the bridge must drop them.
 
 It is one module of over 700 lines because its three parts share one workspace's state.
 
 ``python -m agentwake.fakes.slack [--port 8790] [--events-url URL]`` serves it until interrupted,
-printing its API base on stdout; ``POST /_fake/say {"channel", "text"}`` then has a human speak,
+printing its API base on stdout; ``POST /_fake/say {"channel", "text"}`` (and optionally
+"thread_ts", "user", "files") then has a human speak (a channel id starting with D is a DM),
 and every write the bot makes is printed.
 """
 
@@ -54,6 +61,10 @@ BOT_ID = "B0FAKE"
 BOT_USER = "U0BOT"
 HUMAN = "U0HUMAN"
 CHANNEL = "C0GENERAL"
+DM = "D0HUMAN"  # alice's DM with the app
+# Slack's channel_type of each kind of conversation, and the letter member_joined_channel uses.
+CHANNEL_KINDS = ("channel", "group", "im", "mpim")
+_JOIN_LETTER = {"channel": "C", "group": "G"}
 SIGNING_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
 BOT_TOKEN = "xoxb-1-fake-bot-token"
 APP_TOKEN = "xapp-1-A0FAKE-fake-app-token"
@@ -107,6 +118,7 @@ class _Connection:
 class _Channel:
     id: str
     name: str
+    kind: str = "channel"
     messages: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -149,6 +161,7 @@ class FakeSlack:
         self.add_user(HUMAN, "alice", real_name="Alice Example")
         self.add_user(BOT_USER, "agentwake", real_name="agentwake", is_bot=True)
         self.add_channel(CHANNEL, "general")
+        self.add_channel(DM, "alice", kind="im")
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -266,8 +279,11 @@ class FakeSlack:
         }
         return self.users[user_id]
 
-    def add_channel(self, channel_id: str, name: str) -> None:
-        self.channels.setdefault(channel_id, _Channel(channel_id, name))
+    def add_channel(self, channel_id: str, name: str, *, kind: str = "channel") -> None:
+        """A conversation the app is in: ``kind`` is Slack's channel_type (channel, group, im, mpim)."""
+        if kind not in CHANNEL_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(CHANNEL_KINDS)}")
+        self.channels.setdefault(channel_id, _Channel(channel_id, name, kind))
 
     def next_ts(self) -> str:
         """A fresh message timestamp, after every earlier one (Slack's ts is a message's id)."""
@@ -276,19 +292,142 @@ class FakeSlack:
         return f"{now:.6f}"
 
     def say(
-        self, channel: str, text: str, *, user: str = HUMAN, thread_ts: str | None = None
+        self,
+        channel: str,
+        text: str,
+        *,
+        user: str = HUMAN,
+        thread_ts: str | None = None,
+        files: Iterable[dict[str, Any]] = (),
+        broadcast: bool = False,
     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """A human's message; returns it and the event_callback bodies Slack would send for it."""
-        message = self._post(channel, text, {"user": user}, thread_ts)
+        """A human's message; returns it and the event_callback bodies Slack would send for it.
+
+        ``files`` are {name, filetype, mimetype, size} (sent as Slack's file objects, private URLs
+        and all); ``broadcast`` sends a thread reply to the channel too."""
+        author: dict[str, Any] = {"user": user}
+        shared = [self._file(spec, user) for spec in files]
+        if shared:
+            author.update(subtype="file_share", files=shared, upload=False, display_as_bot=False)
+        if broadcast:
+            if thread_ts is None:
+                raise ValueError("a broadcast is a thread reply: give its thread_ts")
+            author["subtype"] = "thread_broadcast"
+        message = self._post(channel, text, author, thread_ts)
+        if broadcast:
+            root = self._message(channel, str(thread_ts))
+            if root is not None:
+                message["root"] = {k: v for k, v in root.items() if k != "blocks"}
         return message, self.callbacks_for(channel, message)
 
     def callbacks_for(self, channel: str, message: dict[str, Any]) -> list[dict[str, Any]]:
+        kind = self.channels[channel].kind
         event = {**message, "channel": channel, "event_ts": message["ts"]}
-        bodies = [self.event_callback({**event, "channel_type": "channel"})]
-        if f"<@{BOT_USER}>" in message.get("text", "") and "bot_id" not in message:
+        bodies = [self.event_callback({**event, "channel_type": kind})]
+        # Slack sends no app_mention for a DM: every message there is to the app.
+        if f"<@{BOT_USER}>" in message.get("text", "") and "bot_id" not in message and kind != "im":
             mention = {k: v for k, v in event.items() if k not in ("reply_count", "replies")}
             bodies.insert(0, self.event_callback({**mention, "type": "app_mention"}))
         return bodies
+
+    def edit(self, channel: str, ts: str, text: str) -> dict[str, Any]:
+        """The event_callback of a message's author editing it to ``text`` (``message_changed``)."""
+        message = self._message(channel, ts)
+        if message is None:
+            raise KeyError(f"no message {ts} in {channel}")
+        previous = {k: v for k, v in message.items() if k not in ("reactions",)}
+        editor = message.get("user", BOT_USER)
+        message["text"] = text
+        message["edited"] = {"user": editor, "ts": self.next_ts()}
+        if "bot_id" not in message:
+            message["blocks"] = self._blocks(text)
+        return self._edited(channel, message, previous)
+
+    def delete(self, channel: str, ts: str) -> dict[str, Any]:
+        """The event_callback of a message's deletion (``message_deleted``); it is gone from the channel."""
+        state = self.channels[channel]
+        message = self._message(channel, ts)
+        if message is None:
+            raise KeyError(f"no message {ts} in {channel}")
+        state.messages.remove(message)
+        now = self.next_ts()
+        previous = {k: v for k, v in message.items() if k not in ("reactions", "blocks")}
+        return self.event_callback(
+            {
+                "type": "message",
+                "subtype": "message_deleted",
+                "previous_message": previous,
+                "channel": channel,
+                "hidden": True,
+                "deleted_ts": ts,
+                "event_ts": now,
+                "ts": now,
+                "channel_type": state.kind,
+            }
+        )
+
+    def join(self, channel: str, user: str = HUMAN, *, inviter: str | None = None) -> dict[str, Any]:
+        """The event_callback of ``user`` joining a channel, or being added to it by ``inviter``."""
+        kind = self.channels[channel].kind
+        if kind not in _JOIN_LETTER:
+            raise ValueError("only channels and private channels are joined")
+        event: dict[str, Any] = {
+            "type": "member_joined_channel",
+            "user": user,
+            "channel": channel,
+            "channel_type": _JOIN_LETTER[kind],
+            "team": TEAM,
+            "event_ts": self.next_ts(),
+        }
+        if inviter is not None:
+            event["inviter"] = inviter
+        return self.event_callback(event)
+
+    def _edited(self, channel: str, message: dict[str, Any], previous: dict[str, Any]) -> dict[str, Any]:
+        now = self.next_ts()
+        return self.event_callback(
+            {
+                "type": "message",
+                "subtype": "message_changed",
+                "message": {k: v for k, v in message.items() if k not in ("reactions",)},
+                "previous_message": previous,
+                "channel": channel,
+                "hidden": True,
+                "ts": now,
+                "event_ts": now,
+                "channel_type": self.channels[channel].kind,
+            }
+        )
+
+    def _file(self, spec: dict[str, Any], user: str) -> dict[str, Any]:
+        """A file object as a message event carries it: its URLs, previews and permalinks included."""
+        file_id = f"F{next(self._ids):08d}"
+        name = spec["name"]
+        created = int(time.time())
+        private = f"https://files.slack.com/files-pri/{TEAM}-{file_id}"
+        return {
+            "id": file_id,
+            "created": created,
+            "timestamp": created,
+            "name": name,
+            "title": name,
+            "mimetype": spec.get("mimetype", "application/octet-stream"),
+            "filetype": spec.get("filetype", "binary"),
+            "pretty_type": str(spec.get("filetype", "binary")).upper(),
+            "user": user,
+            "editable": False,
+            "size": spec.get("size", 0),
+            "mode": "hosted",
+            "is_external": False,
+            "is_public": False,
+            "url_private": f"{private}/{name}",
+            "url_private_download": f"{private}/download/{name}",
+            "thumb_64": f"https://files.slack.com/files-tmb/{TEAM}-{file_id}-0a1b2c/{name}_64.png",
+            "permalink": f"https://fake-workspace.slack.com/files/{user}/{file_id}/{name}",
+            "permalink_public": f"https://slack-files.com/{TEAM}-{file_id}-3e534e",
+            "preview": spec.get("preview", ""),
+            "has_rich_preview": False,
+        }
 
     def reaction_added(self, channel: str, ts: str, name: str, *, user: str = HUMAN) -> dict[str, Any]:
         """The event_callback of ``user`` reacting to a message."""
@@ -336,19 +475,23 @@ class FakeSlack:
         state = self.channels.get(channel)
         return next((m for m in state.messages if m["ts"] == ts), None) if state else None
 
+    @staticmethod
+    def _blocks(text: str) -> list[dict[str, Any]]:
+        return [
+            {
+                "type": "rich_text",
+                "block_id": uuid.uuid4().hex[:5],
+                "elements": [{"type": "rich_text_section", "elements": [{"type": "text", "text": text}]}],
+            }
+        ]
+
     def _post(self, channel: str, text: str, author: dict[str, Any], thread_ts: str | None) -> dict[str, Any]:
         message: dict[str, Any] = {
             "type": "message",
             "text": text,
             **author,
             "ts": self.next_ts(),
-            "blocks": [
-                {
-                    "type": "rich_text",
-                    "block_id": uuid.uuid4().hex[:5],
-                    "elements": [{"type": "rich_text_section", "elements": [{"type": "text", "text": text}]}],
-                }
-            ],
+            "blocks": self._blocks(text),
         }
         if "bot_id" not in author:
             message["client_msg_id"] = str(uuid.uuid4())
@@ -356,6 +499,8 @@ class FakeSlack:
             message["thread_ts"] = thread_ts
             parent = self._message(channel, thread_ts)
             if parent is not None:
+                if "user" in parent:
+                    message["parent_user_id"] = parent["user"]
                 parent.setdefault("thread_ts", thread_ts)
                 parent["reply_count"] = parent.get("reply_count", 0) + 1
         self.channels[channel].messages.append(message)
@@ -594,9 +739,11 @@ class FakeSlack:
             return {"ok": False, "error": "cant_update_message"}
         if not isinstance(text, str) or not text:
             return {"ok": False, "error": "no_text"}
+        previous = dict(message)
         message["text"] = text
         message["blocks"] = args["blocks"] if isinstance(args.get("blocks"), list) else []
         message["edited"] = {"user": BOT_USER, "ts": self.next_ts()}
+        self._echo([self._edited(channel, message, previous)])
         return {"ok": True, "channel": channel, "ts": message["ts"], "text": text}
 
     def _reactions_add(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -660,9 +807,13 @@ class FakeSlack:
     async def _say(self, request: web.Request) -> web.Response:
         asked = await request.json()
         channel = asked.get("channel", CHANNEL)
-        self.add_channel(channel, channel.lower())
+        self.add_channel(channel, channel.lower(), kind="im" if channel.startswith("D") else "channel")
         message, bodies = self.say(
-            channel, asked["text"], user=asked.get("user", HUMAN), thread_ts=asked.get("thread_ts")
+            channel,
+            asked["text"],
+            user=asked.get("user", HUMAN),
+            thread_ts=asked.get("thread_ts"),
+            files=asked.get("files", ()),
         )
         for body in bodies:
             await self.emit(body)
