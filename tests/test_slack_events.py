@@ -68,7 +68,7 @@ def upstream(label: str, *, app_user: str | None = None) -> dict[str, Any]:
     fresh["event_time"] = int(body["event_time"] + shift)
     fresh["event_id"] = f"Ev{label.replace('.', '_').upper()}{time.monotonic_ns()}"[:64]
     if app_user is not None:
-        for entry in fresh["authorizations"]:
+        for entry in fresh.get("authorizations", []):
             entry["user_id"] = app_user
     return fresh
 
