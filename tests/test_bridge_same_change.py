@@ -70,12 +70,24 @@ def workflow_run_failed(github: FakeGitHub) -> tuple[str, dict[str, Any]]:
     return "workflow_run", github.webhook_workflow_run_completed(REPO, run["id"])
 
 
+def release_published(github: FakeGitHub) -> tuple[str, dict[str, Any]]:
+    release = github.publish_release(REPO, tag="v1.2.0", name="1.2.0", body="Fixes the crash")
+    return "release", github.webhook_release_published(REPO, release["id"])
+
+
+def discussion_created(github: FakeGitHub) -> tuple[str, dict[str, Any]]:
+    discussion = github.start_discussion(REPO, title="How do I configure it?", category="Q&A")
+    return "discussion", github.webhook_discussion_created(REPO, discussion["number"])
+
+
 GITHUB_CHANGES: dict[str, GitHubChange] = {
     "issues.opened": issue_opened,
     "issue_comment.created": comment_created,
     "pull_request.opened": pull_request_opened,
     "pull_request.review_requested": review_requested,
     "workflow_run.completed": workflow_run_failed,
+    "release.published": release_published,
+    "discussion.created": discussion_created,
 }
 
 

@@ -508,6 +508,7 @@ async def test_tools_reach_github_and_bad_arguments_reach_nothing(tmp_path: Path
             "assign",
             "request_reviewers",
             "search_issues",
+            "reopen_issue",
         }
         issue = github.open_issue("acme/x", title="crash on start", labels=["needs info/triage", "bug"])
         pull = github.open_issue("acme/x", title="fix the crash", pull_request=True)

@@ -29,6 +29,7 @@ from agentwake.bridges.github_events import (
 FIXTURES = Path(__file__).parent / "fixtures" / "github"
 REPOSITORY = "octo-org/hello-world"
 WEB = f"https://github.com/{REPOSITORY}"
+ALERTS = ("dependabot_alert", "code_scanning_alert", "secret_scanning_alert")
 WEBHOOKS = sorted(path.name for path in (FIXTURES / "webhooks").glob("*.json"))
 
 
@@ -110,6 +111,10 @@ def test_event_types_and_payload_schemas_name_the_same_types_in_order() -> None:
         "check_suite.completed",
         "workflow_job.completed",
         "status.failed",
+        "release.published",
+        "discussion.created",
+        "discussion_comment.created",
+        *(f"{kind}.{action}" for kind in ALERTS for action in ("created", "reopened")),
     ]
     assert list(PAYLOAD_SCHEMAS) == list(EVENT_TYPES)
     assert all(description.strip() for description in EVENT_TYPES.values())

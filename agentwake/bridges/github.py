@@ -19,7 +19,7 @@ Webhook ingress (``--listen``), in the order GitHub's deliveries are checked:
 7. the event is committed to the log, then the delivery is answered 202 ``accepted``.
 
 Poll ingress (``--poll --repo OWNER/NAME``): per repository, the events API (issue
-comments, pull requests), the issues API (new issues) and the Actions runs API (failed
+comments, pull requests, releases, discussions), the issues API (new issues) and the Actions runs API (failed
 workflow runs), each a conditional GET with the ETag of the last answer (a 304 costs
 GitHub no rate limit). ``X-Poll-Interval`` and the rate-limit headers set the pace. What
 was there before the first poll is not emitted; events ids are the webhook's, so both
@@ -31,9 +31,10 @@ next) the missed stretch is recorded in the log as a gap, which its readers see 
 ``truncated``.
 
 Tools call the REST API (``github_api``) with the token named by ``--token-env``;
-``close_issue`` is registered only with ``--allow-tool close_issue``. ``comment`` posts its
-``@login`` and ``@org/team`` mentions as plain text (agentwake.bridges.mentions) unless called
-with ``allow_mentions``, which the policy pins to false unless its rule allows it.
+``close_issue`` and ``create_issue`` are registered only with ``--allow-tool`` naming them.
+``comment`` and ``create_issue`` post their ``@login`` and ``@org/team`` mentions as plain text
+(agentwake.bridges.mentions) unless called with ``allow_mentions``, which the policy pins to false
+unless its rule allows it.
 """
 
 from __future__ import annotations
@@ -71,8 +72,9 @@ from agentwake.clock import iso, parse_iso
 logger = logging.getLogger("agentwake.bridge.github")
 
 DESCRIPTION: Final = (
-    "GitHub as MCP events: issues, comments, pull requests and failed CI from GitHub webhooks or"
-    " API polling, with tools to read, label, comment, assign, request reviews and search."
+    "GitHub as MCP events: issues, comments, pull requests, failed CI, releases, discussions and"
+    " security alerts from GitHub webhooks or API polling, with tools to read, label, comment, assign,"
+    " request reviews, search, and open, close and reopen issues."
 )
 SIGNATURE_HEADER: Final = "X-Hub-Signature-256"
 DEFAULT_MAX_DELIVERY_AGE: Final = timedelta(hours=24)
@@ -99,13 +101,16 @@ EVENTS_FEED_TYPES: Final = (
     "pull_request.synchronize",
     "pull_request.ready_for_review",
     "pull_request_review_comment.created",
+    "release.published",
+    "discussion.created",
 )
 ISSUES_FEED_TYPES: Final = ("issues.opened",)
 RUNS_FEED_TYPES: Final = ("workflow_run.completed",)
 OWN_LOGIN_RETRY_S: Final = 60.0
 # Short: a webhook waits for it when it was not learnt at start, and GitHub gives a delivery 10 s.
 OWN_LOGIN_TIMEOUT_S: Final = 5.0
-OPTIONAL_TOOLS: Final = ("close_issue",)
+# Off unless --allow-tool names them: closing hides an issue, and opening one writes where people read.
+OPTIONAL_TOOLS: Final = ("close_issue", "create_issue")
 TOOLS: Final = (
     "get_issue",
     "add_labels",
@@ -114,7 +119,9 @@ TOOLS: Final = (
     "assign",
     "request_reviewers",
     "search_issues",
+    "reopen_issue",
     "close_issue",
+    "create_issue",
 )
 
 Repository = Annotated[
@@ -483,16 +490,69 @@ class GitHubBridge(Bridge):
             result: dict[str, Any] = await call(api.search_issues(query, per_page=per_page))
             return result
 
+        @mcp.tool()
+        async def reopen_issue(repository: Repository, number: Number) -> dict[str, Any]:
+            """Reopen a closed issue; returns the issue."""
+            result: dict[str, Any] = await call(api.reopen_issue(repository, number))
+            return result
+
         if "close_issue" in self.settings.allowed_tools:
 
             @mcp.tool()
             async def close_issue(
                 repository: Repository,
                 number: Number,
-                reason: Annotated[str, Field(pattern="^(completed|not_planned)$")] = "completed",
+                reason: Annotated[str, Field(pattern="^(completed|not_planned|duplicate)$")] = "completed",
+                duplicate_of: Annotated[
+                    int | None,
+                    Field(
+                        ge=1,
+                        description="With reason duplicate: the number of the original issue, which the"
+                        ' bridge names in a comment "Duplicate of #N" (GitHub links the two from it).',
+                    ),
+                ] = None,
             ) -> dict[str, Any]:
-                """Close an issue as completed or not_planned (e.g. a duplicate)."""
+                """Close an issue as completed, not_planned or duplicate (of duplicate_of)."""
+                if duplicate_of is not None:
+                    if reason != "duplicate":
+                        raise ToolError("duplicate_of goes with reason duplicate")
+                    if duplicate_of == number:
+                        raise ToolError("an issue is not a duplicate of itself")
+                    # GitHub's REST API takes no link to the original; this comment is GitHub's own way.
+                    await call(api.comment(repository, number, f"Duplicate of #{duplicate_of}"))
                 result: dict[str, Any] = await call(api.close_issue(repository, number, reason=reason))
+                return result
+
+        if "create_issue" in self.settings.allowed_tools:
+
+            @mcp.tool()
+            async def create_issue(
+                repository: Repository,
+                title: Annotated[str, Field(min_length=1, max_length=256)],
+                body: Annotated[
+                    str,
+                    Field(
+                        max_length=65_536,
+                        description="The issue, in GitHub Markdown. Unless allow_mentions, its @login and"
+                        " @org/team mentions are posted as plain text that notifies no one.",
+                    ),
+                ] = "",
+                labels: Annotated[
+                    list[Annotated[str, Field(min_length=1, max_length=50)]], Field(max_length=20)
+                ] = [],  # noqa: B006
+                allow_mentions: Annotated[
+                    bool,
+                    Field(
+                        description="Post the body as given, so its mentions notify. Only honoured when the"
+                        " policy rule allows it (allow_mentions = true); otherwise it is set to false.",
+                    ),
+                ] = False,
+            ) -> dict[str, Any]:
+                """Open an issue (Markdown), with labels; returns the issue."""
+                text = body if allow_mentions else mentions.github_markdown(body)
+                result: dict[str, Any] = await call(
+                    api.create_issue(repository, title, text, labels=list(labels))
+                )
                 return result
 
 

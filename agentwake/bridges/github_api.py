@@ -41,7 +41,8 @@ MEDIA_TYPE: Final = "application/vnd.github+json"
 MESSAGE_CHARS: Final = _http.MESSAGE_CHARS
 # GitHub's guidance for a secondary rate limit that says nothing about when: wait a minute.
 DEFAULT_RETRY_S: Final = 60.0
-CLOSE_REASONS: Final = frozenset({"completed", "not_planned"})
+# GitHub's close reasons; "duplicate" is accepted by the REST API, which takes no link to the original.
+CLOSE_REASONS: Final = frozenset({"completed", "not_planned", "duplicate"})
 MAX_PER_PAGE: Final = 100
 
 # GitHub's rules: an owner is at most 39 characters, a repository name at most 100.
@@ -290,8 +291,29 @@ class GitHubAPI(_http.ApiClient):
         params = {"q": query, "per_page": str(_per_page(per_page))}
         return self._object(await self._call("GET", path, params=params), "GET", path)
 
+    async def create_issue(
+        self, repo: str, title: str, body: str, *, labels: Sequence[str] = ()
+    ) -> dict[str, Any]:
+        """Open an issue (GitHub creates the labels the repository lacks); returns the issue."""
+        if not isinstance(title, str) or not title.strip():
+            raise ValueError("an issue title is a non-empty string")
+        if not isinstance(body, str):
+            raise ValueError("an issue body is a string")
+        path = f"{repo_path(repo)}/issues"
+        payload: dict[str, Any] = {"title": title, "body": body}
+        names = _strings(labels, "labels")
+        if names:
+            payload["labels"] = names
+        return self._object(await self._call("POST", path, json=payload), "POST", path)
+
+    async def reopen_issue(self, repo: str, number: int) -> dict[str, Any]:
+        """Reopen a closed issue; returns the issue."""
+        path = f"{repo_path(repo)}/issues/{_issue_number(number)}"
+        body = {"state": "open", "state_reason": "reopened"}
+        return self._object(await self._call("PATCH", path, json=body), "PATCH", path)
+
     async def close_issue(self, repo: str, number: int, *, reason: str = "completed") -> dict[str, Any]:
-        """Close an issue as ``completed`` or ``not_planned``; returns the issue."""
+        """Close an issue as ``completed``, ``not_planned`` or ``duplicate``; returns the issue."""
         if reason not in CLOSE_REASONS:
             raise ValueError(f"a close reason is one of {sorted(CLOSE_REASONS)}, not {peer(reason, 40)!r}")
         path = f"{repo_path(repo)}/issues/{_issue_number(number)}"

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Final
 
-from agentwake.bridges import _payload
+from agentwake.bridges import _payload, github_alert_events, github_community_events
 from agentwake.bridges._payload import boolean_schema, integer_schema, text_schema
 from agentwake.bridges.github_payload import ASSOCIATIONS as ASSOCIATIONS
 from agentwake.bridges.github_payload import EXCERPT_CHARS as EXCERPT_CHARS
@@ -100,6 +100,8 @@ EVENT_TYPES: dict[str, str] = {
         "A GitHub Actions job completed with a failing conclusion (failure, timed_out, startup_failure)."
     ),
     "status.failed": "A commit status was set to failure or error.",
+    **github_community_events.EVENT_TYPES,
+    **github_alert_events.EVENT_TYPES,
 }
 
 # The webhook event (X-GitHub-Event) and the actions of it that we emit.
@@ -113,6 +115,8 @@ _ACTIONS: Final[dict[str, tuple[str, ...]]] = {
     "check_suite": ("completed",),
     "workflow_run": ("completed",),
     "workflow_job": ("completed",),
+    **github_community_events.ACTIONS,
+    **github_alert_events.ACTIONS,
 }
 # Events of the webhook without an action, and the event type each becomes.
 _ACTIONLESS: Final = {"status": "status.failed"}
@@ -122,6 +126,7 @@ _REPO_EVENT_TYPES: Final = {
     "IssueCommentEvent": "issue_comment",
     "PullRequestEvent": "pull_request",
     "PullRequestReviewCommentEvent": "pull_request_review_comment",
+    **github_community_events.REPO_EVENT_TYPES,
 }
 
 
@@ -405,6 +410,8 @@ PAYLOAD_SCHEMAS: dict[str, dict[str, Any]] = {
             },
         }
     ),
+    **github_community_events.PAYLOAD_SCHEMAS,
+    **github_alert_events.PAYLOAD_SCHEMAS,
 }
 
 ARGUMENTS_SCHEMA: dict[str, Any] = {
@@ -880,6 +887,8 @@ _MAPPERS: Final[dict[str, Callable[[_Object, _Origin], Mapped | None]]] = {
     "check_suite.completed": _check_suite_completed,
     "workflow_job.completed": _workflow_job_completed,
     "status.failed": _status_failed,
+    **github_community_events.MAPPERS,
+    **github_alert_events.MAPPERS,
 }
 
 

@@ -1,6 +1,6 @@
 """A fake GitHub REST API on loopback, for the GitHub bridge's tests and offline walkthroughs.
 
-It keeps repositories, issues, pull requests, comments, workflow runs and each repository's
+It keeps repositories, issues, pull requests, comments, workflow runs, releases, discussions and each repository's
 events feed in memory, and answers the endpoints the bridge uses with JSON shaped as
 GitHub's REST API shapes it: 404 ``Not Found`` for what does not exist, 422 for bodies
 GitHub refuses, 401 ``Bad credentials`` without the token, ETags that change with the
@@ -99,7 +99,9 @@ class _Repo:
     labels: dict[str, dict[str, Any]] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)  # oldest first; served newest first
     runs: list[dict[str, Any]] = field(default_factory=list)  # oldest first; served newest first
-    next_number: int = 1
+    releases: dict[int, dict[str, Any]] = field(default_factory=dict)  # id -> release
+    discussions: dict[int, dict[str, Any]] = field(default_factory=dict)  # number -> discussion
+    next_number: int = 1  # issues, pull requests and discussions share one sequence, as on GitHub
 
 
 @dataclass(frozen=True)
@@ -326,6 +328,80 @@ class FakeGitHub(RecordingFake[Recorded]):
         self._event(repo, "PullRequestEvent", self._user(by), payload)
         return self._pull_json(repo, issue)
 
+    def publish_release(
+        self,
+        repo: str,
+        *,
+        tag: str,
+        name: str = "",
+        body: str = "",
+        prerelease: bool = False,
+        user: str = "octocat",
+        user_type: str = "User",
+    ) -> dict[str, Any]:
+        """A release published by ``user``, with its ReleaseEvent (action ``published``) in the feed."""
+        self.add_repo(repo)
+        release_id = next(self._ids)
+        stamp = now_iso()
+        release: dict[str, Any] = {
+            "url": self._api(f"/repos/{repo}/releases/{release_id}"),
+            "html_url": f"{HTML_BASE}/{repo}/releases/tag/{quote(tag, safe='')}",
+            "id": release_id,
+            "node_id": f"RE_{release_id}",
+            "tag_name": tag,
+            "target_commitish": "main",
+            "name": name,
+            "draft": False,
+            "prerelease": prerelease,
+            "author": self._user(user, user_type),
+            "created_at": stamp,
+            "published_at": stamp,
+            "assets": [],
+            "body": body or None,
+        }
+        self._repos[repo].releases[release_id] = release
+        self._event(repo, "ReleaseEvent", release["author"], {"action": "published", "release": release})
+        return copy.deepcopy(release)
+
+    def start_discussion(
+        self,
+        repo: str,
+        *,
+        title: str,
+        body: str = "",
+        category: str = "General",
+        user: str = "octocat",
+        user_type: str = "User",
+    ) -> dict[str, Any]:
+        """A discussion started by ``user``, with its DiscussionEvent (action ``created``) in the feed."""
+        self.add_repo(repo)
+        state = self._repos[repo]
+        number, state.next_number = state.next_number, state.next_number + 1
+        discussion_id = next(self._ids)
+        author = self._user(user, user_type)
+        stamp = now_iso()
+        slug = category.lower().replace(" ", "-")
+        discussion = {
+            "repository_url": self._api(f"/repos/{repo}"),
+            "category": {"id": next(self._ids), "name": category, "slug": slug, "is_answerable": False},
+            "html_url": f"{HTML_BASE}/{repo}/discussions/{number}",
+            "id": discussion_id,
+            "node_id": f"D_{discussion_id}",
+            "number": number,
+            "title": title,
+            "user": author,
+            "state": "open",
+            "locked": False,
+            "comments": 0,
+            "created_at": stamp,
+            "updated_at": stamp,
+            "author_association": "OWNER" if author["login"] == state.data["owner"]["login"] else "NONE",
+            "body": body,
+        }
+        state.discussions[number] = discussion
+        self._event(repo, "DiscussionEvent", author, {"action": "created", "discussion": discussion})
+        return copy.deepcopy(discussion)
+
     def fail_next(
         self, status: int, *, message: str | None = None, headers: dict[str, str] | None = None
     ) -> None:
@@ -411,6 +487,26 @@ class FakeGitHub(RecordingFake[Recorded]):
             },
             "repository": self._repo_full(repo),
             "sender": copy.deepcopy(run["actor"]),
+        }
+
+    def webhook_release_published(self, repo: str, release_id: int) -> dict[str, Any]:
+        """The ``release`` webhook body (action ``published``)."""
+        release = self._repos[repo].releases[release_id]
+        return {
+            "action": "published",
+            "release": copy.deepcopy(release),
+            "repository": self._repo_full(repo),
+            "sender": copy.deepcopy(release["author"]),
+        }
+
+    def webhook_discussion_created(self, repo: str, number: int) -> dict[str, Any]:
+        """The ``discussion`` webhook body (action ``created``)."""
+        discussion = self._repos[repo].discussions[number]
+        return {
+            "action": "created",
+            "discussion": copy.deepcopy(discussion),
+            "repository": self._repo_full(repo),
+            "sender": copy.deepcopy(discussion["user"]),
         }
 
     # -- shapes --------------------------------------------------------------------------------
