@@ -292,10 +292,11 @@ def test_the_example_config_loads_with_its_defaults() -> None:
     cfg = load_config(CONFIG, env=ENV)  # only these variables: the others take their defaults
     server = cfg.servers["github"]
     assert server.command == "agentwake" and server.args[:2] == ["bridge", "github"]
-    args = dict(zip(server.args[2::2], server.args[3::2], strict=True))
+    pairs = list(zip(server.args[2::2], server.args[3::2], strict=True))
+    args = dict(pairs)
     assert args["--listen"] == "127.0.0.1:8787"
     assert args["--api-base"] == "https://api.github.com"
-    assert args["--allow-tool"] == "close_issue"
+    assert [value for flag, value in pairs if flag == "--allow-tool"] == ["close_issue", "create_issue"]
     assert server.env == ENV  # secrets reach the bridge by its environment, never its arguments
     assert {s.event for s in cfg.subscriptions} <= set(EVENT_TYPES)
     for sub in cfg.subscriptions:
@@ -546,3 +547,82 @@ def test_policy_test_shows_an_outsiders_issue_only_labelled(tmp_path: Path) -> N
     out = " ".join(tested.output.split())
     assert "verdict: run" in out and "rule: github-label-outsider-issues (github-triage.toml:" in out
     assert f"allowlist: {', '.join(LABEL_ONLY)}" in out
+
+
+# ---- releases, discussions and security alerts ---------------------------------------------------
+
+
+def mapped_sample(event: str, example: str, **changes: Any) -> Sample:
+    """GitHub's example delivery of ``event`` as the bridge maps it."""
+    payload = json.loads((UPSTREAM / event / f"{example}.payload.json").read_text(encoding="utf-8"))
+    payload.update(changes)
+    mapped = from_webhook(event, payload)
+    assert mapped is not None
+    return Sample(mapped.type, mapped.event_id, mapped.data)
+
+
+ALERT_CASES: list[tuple[str, Sample, str, str, list[str] | None]] = [
+    (
+        "a Dependabot alert",
+        mapped_sample("dependabot_alert", "created"),
+        "github-hold-security-alerts",
+        "hold",
+        ["github__search_issues", "github__create_issue"],
+    ),
+    (
+        "a reopened code scanning alert",
+        mapped_sample("code_scanning_alert", "reopened"),
+        "github-hold-security-alerts",
+        "hold",
+        ["github__search_issues", "github__create_issue"],
+    ),
+    (
+        "a leaked secret",
+        mapped_sample("secret_scanning_alert", "reopened"),
+        "github-hold-secret-alerts",
+        "hold",
+        ["github__search_issues"],
+    ),
+    ("a release", mapped_sample("release", "published"), "github-log-releases-and-discussions", "log", None),
+    (
+        "a discussion",
+        mapped_sample("discussion", "created"),
+        "github-log-releases-and-discussions",
+        "log",
+        None,
+    ),
+    (
+        "a discussion comment",
+        mapped_sample("discussion_comment", "created"),
+        "github-log-releases-and-discussions",
+        "log",
+        None,
+    ),
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("sample", "rule", "verdict", "tools"), [c[1:] for c in ALERT_CASES], ids=[c[0] for c in ALERT_CASES]
+)
+async def test_alerts_wait_for_a_person_and_releases_and_discussions_are_logged(
+    example: tuple[AgentwakeConfig, Policy, PromptRenderer],
+    sample: Sample,
+    rule: str,
+    verdict: str,
+    tools: list[str] | None,
+) -> None:
+    cfg, policy, _ = example
+    outcome = await decided(cfg, policy, sample)
+    assert (outcome.rule, outcome.verdict) == (rule, verdict), outcome.why
+    if tools is None:
+        return
+    assert list(outcome.run.tools) == tools
+    text = " ".join(outcome.record["authority"])
+    # The tracking issue's target, title and label come from the rule, bound to this alert.
+    if "github__create_issue" in tools:
+        repository = sample.data["repository"]
+        assert repository in text and f"Security alert: {sample.name} #{sample.data['number']}" in text
+        assert (
+            'labels = ["security"]' in text and "mentions and link markup in posted text are escaped" in text
+        )

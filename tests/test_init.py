@@ -27,6 +27,7 @@ EXPECTED = [
     "prompts/github.close-duplicate.md.j2",
     "prompts/github.close-spam.md.j2",
     "prompts/github.route-pull-request.md.j2",
+    "prompts/github.security-alert.md.j2",
     "prompts/github.suspicious.md.j2",
     "prompts/github.triage-issue.md.j2",
     "prompts/system.md.j2",
