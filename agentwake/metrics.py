@@ -28,6 +28,8 @@ configured servers, never an event id):
 - ``agentwake_tool_calls_total{tool,outcome}``: MCP tool calls the agent made, by outcome
 - ``agentwake_model_circuit_open{model}``: 1 while the worker's circuit breaker holds events back
   because the model keeps failing (agent.circuit_breaker_failures), else 0
+- ``agentwake_paused{scope,name}``: 1 while that is paused (``agentwake pause``; scope all, server,
+  subscription or rule; name empty for all), 0 once resumed
 - ``agentwake_inbox_events{state}``: stored events in each state, read at scrape
 - ``agentwake_oldest_pending_age_seconds``: age of the oldest pending event (0 if none), read at scrape
 - ``agentwake_build_info{version}``: always 1
@@ -141,6 +143,12 @@ SUBSCRIPTION_HELD_BACK: Final = Gauge(
     ["subscription"],
     registry=REGISTRY,
 )
+PAUSED: Final = Gauge(
+    "agentwake_paused",
+    "1 while runs are paused for this scope and name (agentwake pause), else 0",
+    ["scope", "name"],
+    registry=REGISTRY,
+)
 MODEL_CIRCUIT_OPEN: Final = Gauge(
     "agentwake_model_circuit_open",
     "1 while the agent waits because the model keeps failing (circuit breaker open), else 0",
@@ -252,6 +260,11 @@ def observe_run(
 def observe_held_back(subscription: str, held: bool) -> None:
     """A subscription's delivery was held back (too many of its events wait undecided) or let go."""
     SUBSCRIPTION_HELD_BACK.labels(subscription).set(1 if held else 0)
+
+
+def observe_paused(scope: str, name: str, paused: bool) -> None:
+    """Something was paused (no run starts for it) or resumed."""
+    PAUSED.labels(scope, name).set(1 if paused else 0)
 
 
 def observe_model_circuit(model: str, is_open: bool) -> None:

@@ -17,14 +17,17 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 import anyio
 
+from agentwake.agent.stopping import STOP_REASON
 from agentwake.backoff import backoff_s
 from agentwake.clock import iso, utc_now
 from agentwake.config import OFFLINE_MODEL, OFFLINE_NOTICE, AgentConfig, AgentwakeConfig
 from agentwake.decide import Outcome, Slots, StoreSlots, decide
 from agentwake.errors import AgentwakeError, StoreError
 from agentwake.logs import event_fields
+from agentwake.pausing import RULE_PAUSE_RECHECK_S, PauseWatch
 from agentwake.policy import Policy
 from agentwake.store import InboxEvent, RunKind, Settlement, Store
+from agentwake.store.pauses import Pause
 from agentwake.store.quotas import ClaimLimits
 
 if TYPE_CHECKING:
@@ -94,6 +97,11 @@ class _Handling:
     then: InboxEvent | None = None
     # Its lease was lost: its handling is being stopped; not renewed, not reported again.
     lost: bool = False
+    # The event (as last claimed), the rule that decided it, and why its handling was stopped if
+    # not for a stop of the service.
+    event: InboxEvent | None = None
+    rule: str | None = None
+    stopped_because: list[str] = field(default_factory=list)
 
     def stop(self, then: InboxEvent | None = None) -> None:
         self.then = then
@@ -168,9 +176,11 @@ class Worker:
     _slot_freed: anyio.Event = field(default_factory=anyio.Event, init=False)
     _idle_now: anyio.Event = field(default_factory=anyio.Event, init=False)
     _stopping: anyio.Event = field(default_factory=anyio.Event, init=False)
+    pauses: PauseWatch = field(init=False)
 
     def __post_init__(self) -> None:
         self.slots = StoreSlots(self.store, lambda: self.clock())
+        self.pauses = PauseWatch(self.store)
         threshold = self.agent.agent.circuit_breaker_failures if self.agent is not None else 0
         self.breaker = ModelBreaker(threshold, clock=lambda: self.clock())
 
@@ -357,8 +367,12 @@ class Worker:
         requeued = await self.store.requeue_interrupted(max_attempts)
         if requeued:
             logger.info("%d event(s) interrupted by a previous stop go again", requeued)
+        await self.pauses.refresh()
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._renew_leases, name="lease-renewal")
+            tg.start_soon(
+                self.pauses.follow, lambda: list(self._handling.values()), self._wake.set, name="pause-watch"
+            )
             if self.agent is None:
                 task_status.started()
                 await self._decide_batches()
@@ -500,8 +514,17 @@ class Worker:
             current: InboxEvent | None = event
             while current is not None:
                 handling = self._handling.setdefault(current.id, _Handling())
-                with handling.scope:
-                    await self.handle(current)
+                handling.event = current
+                said = STOP_REASON.set(handling.stopped_because)
+                try:
+                    with handling.scope:
+                        await self.handle(current)
+                finally:
+                    STOP_REASON.reset(said)
+                if handling.stopped_because and not handling.lost:
+                    # Cut short by a pause before its run began (a run gives its event back itself).
+                    with anyio.CancelScope(shield=True):
+                        await self.store.release(current.id, iso(self.clock()))
                 # A newer claim of the event by this process (see _claim) is handled by this task.
                 current = handling.then
                 if current is not None:
@@ -518,12 +541,29 @@ class Worker:
         """Decide one claimed event and carry the outcome out; a failure costs this event only."""
         try:
             outcome = await self.decide(event)
+            handling = self._handling.get(event.id)
+            if handling is not None:
+                handling.rule = outcome.rule
             if outcome.verdict == "run":
+                pause = self.pauses.covering(
+                    server=event.server, subscription=event.subscription, rule=outcome.rule
+                )
+                if pause is not None:
+                    await self._wait_paused(outcome, pause)
+                    return
                 await self._run(outcome)
             else:
                 await self.carry_out([outcome])
         except Exception as exc:  # a bug or a store error must cost this event, not the service
             await self._failed(event, exc)
+
+    async def _wait_paused(self, outcome: Outcome, pause: Pause) -> None:
+        """An event decided to run under a pause: given back untouched, to be decided again later."""
+        event = outcome.event
+        if outcome.holds_slot:
+            await self.slots.give_back(event.id, outcome.rule)
+        logger.debug("event %s waits: %s", event.event_id, pause.describe(), extra=_fields(event))
+        await self.store.release(event.id, iso(self.clock() + timedelta(seconds=RULE_PAUSE_RECHECK_S)))
 
     async def _failed(self, event: InboxEvent, exc: Exception) -> None:
         if isinstance(exc, AgentwakeError):

@@ -62,6 +62,7 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
         "wiring",
         (
             "agentwake.worker",
+            "agentwake.pausing",
             "agentwake.supervisor",
             "agentwake.reload",
             "agentwake.service",

@@ -36,6 +36,7 @@ from agentwake.agent.journal import (
 )
 from agentwake.agent.llm import LLMError, LLMSettings, complete, load_litellm_async, settings_for
 from agentwake.agent.prompts import PromptError, PromptRenderer, RenderedPrompt
+from agentwake.agent.stopping import stop_reason
 from agentwake.agent.tools import Allowlist, ToolHost, ToolSpec, elapsed_ms
 from agentwake.authority import Authority
 from agentwake.backoff import backoff_s
@@ -383,7 +384,7 @@ class AgentRunner:
                 await self.store.finish_run(
                     run_id,
                     status="interrupted",
-                    reason="the service stopped during the run",
+                    reason=stop_reason(),
                     progress=transcript.progress(),
                     duration_ms=elapsed_ms(start),
                     # The stop is not the event's fault: the attempt is not counted.

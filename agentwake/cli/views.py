@@ -123,19 +123,20 @@ def status(
 def status_snapshot(config: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """What one `status` shows, read from the store: the service (service_state) and the subscriptions."""
 
-    def read(
-        location: StoreLocation, store: StoreReader
-    ) -> tuple[list[dict[str, Any]], dict[str, Any], set[str], list[dict[str, Any]], list[dict[str, Any]]]:
+    def read(location: StoreLocation, store: StoreReader) -> tuple[Any, ...]:
         return (
             store.subscriptions(),
             store.run_counts(),
             set(location.subscriptions),
             store.services(),
             store.subscription_owners(),
+            store.pauses(),
         )
 
-    rows, counts, configured, services, owners = read_store(config, read)
+    rows, counts, configured, services, owners, pauses = read_store(config, read)
     service = service_state(services)
+    from agentwake.store.pauses import as_dict
+
     now = now_iso()
     from agentwake.store.sqlite.owners import is_process_row
 
@@ -163,6 +164,18 @@ def status_snapshot(config: Path) -> tuple[dict[str, Any] | None, list[dict[str,
         for run_status in RUN_STATUSES_SHOWN:
             row[f"runs_{run_status}"] = mine.get(f"runs_{run_status}", 0)
         row["last_failure"] = mine.get("last_failure")
+        # What keeps the agent from starting runs for its events (agentwake pause), if anything.
+        covering = next(
+            (
+                p
+                for p in pauses
+                if p.covers(server=row["server"], subscription=row["subscription"], rule=None)
+            ),
+            None,
+        )
+        row["pause"] = None if covering is None else as_dict(covering)
+    if service is not None:
+        service["pauses"] = [as_dict(p) for p in pauses]
     return service, rows
 
 
@@ -175,6 +188,14 @@ def print_status_view(service: dict[str, Any] | None, rows: list[dict[str, Any]]
     from agentwake.cli.tables import describe_service, print_status
 
     out.print(describe_service(service), highlight=False)
+    for pause in (service or {}).get("pauses") or []:
+        what = "everything" if pause["scope"] == "all" else f"{pause['scope']} {pause['name']}"
+        why = f": {pause['reason']}" if pause["reason"] else ""
+        out.print(
+            f"paused: {what}, by {pause['by']} since {pause['at']}{why} (agentwake resume)",
+            markup=False,
+            highlight=False,
+        )
     totals = event_totals(rows)
     if totals:
         out.print(totals, highlight=False)

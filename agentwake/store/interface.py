@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
+from agentwake.store.pauses import Pause, PauseScope
 from agentwake.store.quotas import ClaimLimits
 from agentwake.store.records import (
     Answerer,
@@ -349,6 +350,23 @@ class Store(Protocol):
         """The service stopped cleanly."""
         ...
 
+    # ---- the kill switch (pauses) ------------------------------------------------------------------------
+
+    async def pause(
+        self, scope: PauseScope, name: str, *, reason: str | None, by: str, cut_short: bool
+    ) -> Pause:
+        """Pause everything, a server, a subscription or a rule: no run starts for it, on any process
+        sharing the store, until it is resumed (again: the reason, who and cut_short are replaced)."""
+        ...
+
+    async def resume(self, scope: PauseScope, name: str) -> Pause | None:
+        """Lift a pause; the pause lifted, or None when that was not paused."""
+        ...
+
+    async def pauses(self) -> list[Pause]:
+        """Everything paused, oldest first."""
+        ...
+
     # ---- read-only views (CLI) ------------------------------------------------------------------------
 
     async def subscriptions(self) -> list[dict[str, Any]]:
@@ -429,3 +447,5 @@ class StoreReader(Protocol):
     def services(self, limit: int = 5) -> list[dict[str, Any]]: ...
 
     def subscription_owners(self) -> list[dict[str, Any]]: ...
+
+    def pauses(self) -> list[Pause]: ...

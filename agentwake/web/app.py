@@ -390,7 +390,12 @@ class Endpoint:
             # Events arrive but nothing acts on them: not ready, for as long as the model fails.
             model = worker.breaker.reason() if detailed else "failing"
             return _json({"status": "not ready", "model": model, "servers": servers}, 503)
-        return _json({"status": "ready", "servers": servers})
+        # A paused service is ready (it takes events in, on purpose runs nothing for them): say what.
+        from agentwake.store.pauses import as_dict
+
+        pauses = worker.pauses.current if worker is not None else ()
+        paused = [as_dict(p) if detailed else {"scope": p.scope, "name": p.name} for p in pauses]
+        return _json({"status": "ready", "servers": servers, "paused": paused})
 
     async def metrics(self, request: web.Request, caller: Caller | None) -> web.Response:
         from agentwake.metrics import CONTENT_TYPE, exposition

@@ -54,6 +54,7 @@ from agentwake.store.postgres.base import (
 from agentwake.store.postgres.flow import FlowControl
 from agentwake.store.postgres.inbox import Inbox
 from agentwake.store.postgres.owners import Owners
+from agentwake.store.postgres.pauses import Pauses
 from agentwake.store.postgres.reads import PostgresReader, Views, connect_kwargs
 from agentwake.store.postgres.runs import ActionLog
 from agentwake.store.postgres.schema import migrate
@@ -77,7 +78,17 @@ DEFAULT_LEASE_S: Final[float] = StoreConfig.model_fields["lease_s"].default
 
 @StoreErrors.install
 class PostgresStore(
-    Subscriptions, Inbox, Owners, Webhooks, WorkQueue, FlowControl, ActionLog, ServiceLog, Views, PostgresBase
+    Subscriptions,
+    Inbox,
+    Owners,
+    Webhooks,
+    WorkQueue,
+    FlowControl,
+    ActionLog,
+    ServiceLog,
+    Pauses,
+    Views,
+    PostgresBase,
 ):
     """The async store over one PostgreSQL database. ``await PostgresStore.open(url)``; ``await store.close()``."""
 

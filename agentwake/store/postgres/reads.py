@@ -9,6 +9,7 @@ from typing import Any, Final, TypeVar
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from agentwake.store.pauses import Pause
 from agentwake.store.postgres import views
 from agentwake.store.postgres.base import Named, PostgresBase, StoreErrors, describe_target
 from agentwake.store.postgres.schema import check_schema
@@ -152,6 +153,9 @@ class PostgresReader(Named):
 
     def services(self, limit: int = 5) -> list[dict[str, Any]]:
         return self._read(views.services(limit))
+
+    def pauses(self) -> list[Pause]:
+        return self._read(views.pauses())
 
     def subscription_owners(self) -> list[dict[str, Any]]:
         return self._read(views.subscription_owners())

@@ -17,6 +17,7 @@ import psycopg
 
 from agentwake.clock import now_iso
 from agentwake.errors import StoreError
+from agentwake.store.pauses import PAUSES_TABLE
 
 # pg_advisory_xact_lock key held while migrating (any fixed 64-bit number; "agentwk1" in ASCII).
 MIGRATION_LOCK: Final = 0x6167656E74776B31
@@ -231,12 +232,16 @@ _APPROVAL_ANSWERS: Final = (
     "CREATE INDEX answers_event ON answers (event_row, id)",
 )
 
+# The kill switch (the SQLite store's 0016_pauses).
+_PAUSES: Final = (PAUSES_TABLE,)
+
 # In order; a new one is appended (never edited once released): its name is recorded when applied.
 MIGRATIONS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
     ("0001_initial", _INITIAL),
     ("0002_subscription_owners", _SUBSCRIPTION_OWNERS),
     ("0003_rule_slots", _RULE_SLOTS),
     ("0004_approval_answers", _APPROVAL_ANSWERS),
+    ("0005_pauses", _PAUSES),
 )
 MIGRATION_NAMES: Final = tuple(name for name, _ in MIGRATIONS)
 

@@ -12,6 +12,7 @@ import json
 from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+from agentwake.store.pauses import PAUSES_SQL, Pause, pause_of
 from agentwake.store.records import EVENT_STATES, final_answer, summary_line
 from agentwake.store.shapes import (
     ANSWERS_SQL,
@@ -375,3 +376,8 @@ def subscription_owners() -> View[list[dict[str, Any]]]:
     """Each subscription's owner, fence and lease end (a lease in the past is free to take)."""
     rows = yield (f"SELECT {', '.join(OWNER_COLUMNS)} FROM subscription_owners ORDER BY subscription", ())
     return [dict(zip(OWNER_COLUMNS, r, strict=True)) for r in rows]
+
+
+def pauses() -> View[list[Pause]]:
+    rows = yield (PAUSES_SQL, [])
+    return [pause_of(row) for row in rows]

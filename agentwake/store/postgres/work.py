@@ -19,6 +19,7 @@ import psycopg
 from agentwake.clock import now_iso
 from agentwake.errors import StoreError
 from agentwake.jsontext import encode_json
+from agentwake.store.pauses import NOT_PAUSED_SQL
 from agentwake.store.postgres.base import PostgresBase, lock_key
 from agentwake.store.postgres.runs import agent_usage
 from agentwake.store.quotas import ClaimLimits, Quota, quota
@@ -37,7 +38,8 @@ _CLAIM_SQL: Final = (
     " WHERE subscription = s.name AND ((state = 'pending' AND (available_at IS NULL OR available_at <= %(now)s))"
     " OR (state = 'processing' AND lease_until IS NOT NULL AND lease_until < %(now)s))"
     " AND server <> ALL(%(excluded)s::text[])"
-    " ORDER BY priority DESC, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) e)"
+    " ORDER BY priority DESC, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) e"
+    f" WHERE {NOT_PAUSED_SQL})"
     " SELECT id, subscription, server FROM due ORDER BY turn, claimed_seq, priority DESC, id LIMIT %(limit)s"
 )
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from agentwake.store.sqlite.base import BUSY_TIMEOUT_MS, SqliteBase, StoreErrors
 from agentwake.store.sqlite.inbox import Inbox
 from agentwake.store.sqlite.owners import Owners
+from agentwake.store.sqlite.pauses import Pauses
 from agentwake.store.sqlite.runs import ActionLog
 from agentwake.store.sqlite.service import ServiceLog
 from agentwake.store.sqlite.subscriptions import Subscriptions
@@ -25,7 +26,9 @@ from agentwake.store.threaded import ThreadedStore, in_store_thread
 
 
 @StoreErrors.install
-class SqliteCore(Subscriptions, Inbox, Owners, Webhooks, WorkQueue, ActionLog, ServiceLog, Views, SqliteBase):
+class SqliteCore(
+    Subscriptions, Inbox, Owners, Webhooks, WorkQueue, ActionLog, ServiceLog, Pauses, Views, SqliteBase
+):
     """The synchronous store over one SQLite file. ``SqliteCore.open(path)``; ``core.close()``."""
 
     @classmethod
@@ -128,6 +131,10 @@ class SqliteStore(ThreadedStore[SqliteCore]):
     service_stopped = in_store_thread(SqliteCore.service_stopped)
     service_paused = in_store_thread(SqliteCore.service_paused)
     services = in_store_thread(SqliteCore.services)
+
+    pause = in_store_thread(SqliteCore.pause)
+    resume = in_store_thread(SqliteCore.resume)
+    pauses = in_store_thread(SqliteCore.pauses)
 
     subscriptions = in_store_thread(SqliteCore.subscriptions)
     run_counts = in_store_thread(SqliteCore.run_counts)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
+from agentwake.store.pauses import PAUSES_TABLE
 from agentwake.store.sqlite.versions import MIGRATION_SET
 
 # Each migration's name is also in versions.MIGRATION_NAMES (tests/test_store.py checks they agree).
@@ -318,3 +319,9 @@ def _approval_answers(db: sqlite_utils.Database) -> None:
         """
     )
     db.execute("CREATE INDEX answers_event ON answers (event_row, id)")
+
+
+@migrations(name="0016_pauses")
+def _pauses(db: sqlite_utils.Database) -> None:
+    # The kill switch: what is paused, by whom, why, since when (agentwake.store.pauses).
+    db.execute(PAUSES_TABLE)

@@ -26,4 +26,5 @@ MIGRATION_NAMES: Final = (
     "0013_subscription_owners",
     "0014_rule_slots",
     "0015_approval_answers",
+    "0016_pauses",
 )

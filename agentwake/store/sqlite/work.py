@@ -9,6 +9,7 @@ from typing import Any
 from agentwake.clock import now_iso
 from agentwake.errors import StoreError
 from agentwake.jsontext import encode_json
+from agentwake.store.pauses import NOT_PAUSED_SQL
 from agentwake.store.quotas import ClaimLimits, Quota, quota
 from agentwake.store.records import (
     ABANDONED_RUN,
@@ -96,7 +97,7 @@ class WorkQueue(SqliteBase):
                 " WHERE subscription = s.name AND ((state = 'pending' AND (available_at IS NULL OR available_at <= ?))"
                 " OR (state = 'processing' AND lease_until IS NOT NULL AND lease_until < ?))"
                 " AND server NOT IN (SELECT value FROM json_each(?))"
-                " ORDER BY priority DESC, id LIMIT ?))"
+                f" ORDER BY priority DESC, id LIMIT ?) WHERE {NOT_PAUSED_SQL})"
                 " SELECT id, server FROM due ORDER BY turn, claimed_seq, priority DESC, id LIMIT ?",
                 [now, now, encode_json(list(allowed.excluded)), limit, limit],
             ).fetchall()
