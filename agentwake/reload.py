@@ -25,8 +25,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("agentwake")
 
-# Sections a reload does not apply: they are read once, at start.
+# Sections a reload does not apply: they are read once, at start (but LIVE_AGENT_LIMITS of [agent]).
 RESTART_ONLY = ("agent", "sanitize", "policy", "log")
+# [agent] settings a reload applies at once: the next claim counts under them.
+LIVE_AGENT_LIMITS = ("max_runs_per_hour", "max_cost_per_day_usd", "concurrency")
 
 
 @dataclass
@@ -60,10 +62,11 @@ class ConfigReloader:
         self._failed = None
         old = self.supervisor.config
         changes = await self.supervisor.reload(new)
+        changes += self._apply_agent_limits(old, new)
         changes += [
             f"[{name}] changed: not applied until a restart"
             for name in RESTART_ONLY
-            if getattr(old, name) != getattr(new, name)
+            if _restart_part(old, name) != _restart_part(new, name)
         ]
         if self.runner is not None:
             self.runner.config = new
@@ -73,6 +76,22 @@ class ConfigReloader:
             logger.info("config reloaded (%s): %s", reason, change)
         return True
 
+    def _apply_agent_limits(self, old: AgentwakeConfig, new: AgentwakeConfig) -> list[str]:
+        """Apply [agent]'s changed limits to the running agent, one line each."""
+        if self.runner is None or old.agent is None or new.agent is None:
+            return []
+        changed = {
+            name: getattr(new.agent, name)
+            for name in LIVE_AGENT_LIMITS
+            if getattr(old.agent, name) != getattr(new.agent, name)
+        }
+        if not changed:
+            return []
+        self.runner.agent = self.runner.agent.model_copy(update=changed)
+        if self.supervisor.worker is not None:
+            self.supervisor.worker.limits_changed()
+        return [f"[agent] {name} = {value}: applied" for name, value in changed.items()]
+
     def _check(self, new: AgentwakeConfig) -> None:
         """What a start would refuse: a prompt template a new subscription names but nobody has."""
         if self.runner is None:
@@ -81,4 +100,12 @@ class ConfigReloader:
         renderer.check([renderer.template_for(s, s.event) for s in new.subscriptions if s.agent])
 
 
-__all__ = ["RESTART_ONLY", "ConfigReloader"]
+def _restart_part(config: AgentwakeConfig, section: str) -> object:
+    """A section as far as a restart is needed to apply it: [agent] without its live limits."""
+    value = getattr(config, section)
+    if section == "agent" and value is not None:
+        return value.model_copy(update=dict.fromkeys(LIVE_AGENT_LIMITS))
+    return value
+
+
+__all__ = ["LIVE_AGENT_LIMITS", "RESTART_ONLY", "ConfigReloader"]

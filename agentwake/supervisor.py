@@ -26,7 +26,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 
 from agentwake import metrics, protocol
 from agentwake.backoff import backoff_s
-from agentwake.config import AgentwakeConfig, SubscriptionConfig
+from agentwake.config import AgentwakeConfig, ServerConfig, SubscriptionConfig
 from agentwake.delivery.backlog import Backlog
 from agentwake.delivery.common import KnownEvents, QuietFlusher, Sleep, subscription_key
 from agentwake.delivery.poll import PollLoop
@@ -282,6 +282,9 @@ class Supervisor:
                 if scope is not None:
                     scope.cancel()
                 self._readiness.pop(server, None)
+            elif before is not None and before != after and _same_but_cap(before, after):
+                # The claim counts under the new cap at once: nothing to reconnect.
+                changes.append(f"server {server}: max_concurrent_runs = {after.max_concurrent_runs}: applied")
             elif before is None or before != after:
                 changes.append(f"server {server}: {'added' if before is None else 'changed; reconnecting'}")
                 if scope is not None:
@@ -822,6 +825,13 @@ class Supervisor:
     async def next_stored(self) -> None:
         """Return after the next commit that stored new events (from any delivery loop or the receiver)."""
         await self._stored.wait()
+
+
+def _same_but_cap(before: ServerConfig, after: ServerConfig) -> bool:
+    """Whether two settings of a server differ only in max_concurrent_runs (a limit, applied live)."""
+    return before.model_copy(update={"max_concurrent_runs": None}) == after.model_copy(
+        update={"max_concurrent_runs": None}
+    )
 
 
 __all__ = ["Supervisor"]

@@ -347,6 +347,11 @@ class Worker:
         await self.store.service_paused(reason)
         self.paused = reason  # after the write: one that failed is tried again next time
 
+    def limits_changed(self) -> None:
+        """A reload changed the agent's limits: count under them now, not once a run ends."""
+        self._slot_freed.set()
+        self._wake.set()
+
     def wake(self, count: int = 0) -> None:
         """New events are in the inbox (``count`` of them): claim now rather than at the next recheck."""
         self._wake.set()
@@ -431,7 +436,6 @@ class Worker:
         models = {agent.agent.model, *(s.model for s in self.config.subscriptions if s.model)}
         if OFFLINE_MODEL in models:
             logger.warning("agent: %s", OFFLINE_NOTICE)
-        limit = agent.agent.concurrency
         async with anyio.create_task_group() as tg:
             tg.start_soon(agent.warm_up, name="agent-warm-up")
             task_status.started()
@@ -439,7 +443,7 @@ class Worker:
                 if self.breaker.is_open:
                     await self._wait_for_model(agent)
                     continue
-                free = limit - self.active
+                free = agent.agent.concurrency - self.active  # read each time: a reload may change it
                 if free <= 0:
                     await self._slot_freed.wait()
                     self._slot_freed = anyio.Event()

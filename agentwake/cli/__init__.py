@@ -8,6 +8,7 @@
     policy      policy check, policy test
     approvals   approvals, approve, deny, retry, rotate-secret
     pause       pause, resume: the kill switch
+    limits      limits: each limit and its use now
     store       store copy: a SQLite store into PostgreSQL
     bridge      bridge github: the bridges (agentwake/bridges/) as MCP servers;
                 bridge_pagerduty, bridge_slack: theirs
@@ -27,7 +28,7 @@ import typer
 
 # The command modules register their commands on import, in the order --help lists them.
 # isort: off
-from agentwake.cli import init, service, views, replay, approvals, pause, policy, store, bridge  # noqa: F401
+from agentwake.cli import init, service, views, replay, approvals, pause, limits, policy, store, bridge  # noqa: F401
 from agentwake.cli import bridge_pagerduty, bridge_slack  # noqa: F401
 from agentwake.cli.common import app
 

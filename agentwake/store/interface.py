@@ -19,7 +19,7 @@ Guarantees a backend keeps:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from agentwake.store.pauses import Pause, PauseScope
@@ -367,6 +367,14 @@ class Store(Protocol):
         """Everything paused, oldest first."""
         ...
 
+    async def limit_use(
+        self, since_hour: str, since_day: str, rate_since: Mapping[str, str]
+    ) -> dict[str, Any]:
+        """What counts against the limits now: runs since ``since_hour``, spend since ``since_day``,
+        events being handled (in all, per server), rule slots taken, and each rate-limited rule's
+        busiest key since its window start in ``rate_since`` (agentwake.store.limits)."""
+        ...
+
     # ---- read-only views (CLI) ------------------------------------------------------------------------
 
     async def subscriptions(self) -> list[dict[str, Any]]:
@@ -449,3 +457,5 @@ class StoreReader(Protocol):
     def subscription_owners(self) -> list[dict[str, Any]]: ...
 
     def pauses(self) -> list[Pause]: ...
+
+    def limit_use(self, since_hour: str, since_day: str, rate_since: Mapping[str, str]) -> dict[str, Any]: ...

@@ -1,8 +1,13 @@
-"""The kill switch in the PostgreSQL store: pausing and resuming (see agentwake.store.pauses)."""
+"""The kill switch in the PostgreSQL store: pausing and resuming (see agentwake.store.pauses), and what
+counts against the limits now (agentwake.store.limits)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from agentwake.clock import now_iso
+from agentwake.store.limits import limit_use
 from agentwake.store.pauses import PAUSES_SQL, Pause, PauseScope, pause_of
 from agentwake.store.postgres import views
 from agentwake.store.postgres.base import PostgresBase
@@ -38,3 +43,9 @@ class Pauses(PostgresBase):
     async def pauses(self) -> list[Pause]:
         """Everything paused, oldest first."""
         return await self._read(views.pauses())
+
+    async def limit_use(
+        self, since_hour: str, since_day: str, rate_since: Mapping[str, str]
+    ) -> dict[str, Any]:
+        """What counts against the limits now (agentwake.store.limits.limit_use)."""
+        return await self._read(limit_use(since_hour, since_day, rate_since))

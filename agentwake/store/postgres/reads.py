@@ -4,11 +4,13 @@ CLI's quick commands use (one plain connection, no pool, no event loop)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Final, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from agentwake.store.limits import limit_use
 from agentwake.store.pauses import Pause
 from agentwake.store.postgres import views
 from agentwake.store.postgres.base import Named, PostgresBase, StoreErrors, describe_target
@@ -156,6 +158,9 @@ class PostgresReader(Named):
 
     def pauses(self) -> list[Pause]:
         return self._read(views.pauses())
+
+    def limit_use(self, since_hour: str, since_day: str, rate_since: Mapping[str, str]) -> dict[str, Any]:
+        return self._read(limit_use(since_hour, since_day, rate_since))
 
     def subscription_owners(self) -> list[dict[str, Any]]:
         return self._read(views.subscription_owners())

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from agentwake.store.sqlite.base import BUSY_TIMEOUT_MS, SqliteBase, StoreErrors
 from agentwake.store.sqlite.inbox import Inbox
+from agentwake.store.sqlite.limits import LimitUse
 from agentwake.store.sqlite.owners import Owners
 from agentwake.store.sqlite.pauses import Pauses
 from agentwake.store.sqlite.runs import ActionLog
@@ -27,7 +28,17 @@ from agentwake.store.threaded import ThreadedStore, in_store_thread
 
 @StoreErrors.install
 class SqliteCore(
-    Subscriptions, Inbox, Owners, Webhooks, WorkQueue, ActionLog, ServiceLog, Pauses, Views, SqliteBase
+    Subscriptions,
+    Inbox,
+    Owners,
+    Webhooks,
+    WorkQueue,
+    ActionLog,
+    ServiceLog,
+    Pauses,
+    LimitUse,
+    Views,
+    SqliteBase,
 ):
     """The synchronous store over one SQLite file. ``SqliteCore.open(path)``; ``core.close()``."""
 
@@ -135,6 +146,7 @@ class SqliteStore(ThreadedStore[SqliteCore]):
     pause = in_store_thread(SqliteCore.pause)
     resume = in_store_thread(SqliteCore.resume)
     pauses = in_store_thread(SqliteCore.pauses)
+    limit_use = in_store_thread(SqliteCore.limit_use)
 
     subscriptions = in_store_thread(SqliteCore.subscriptions)
     run_counts = in_store_thread(SqliteCore.run_counts)
