@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
+from agentwake.store.browse import EventFilter, RunFilter
 from agentwake.store.pauses import Pause, PauseScope
 from agentwake.store.quotas import ClaimLimits
 from agentwake.store.records import (
@@ -47,6 +48,7 @@ from agentwake.store.records import (
     WebhookDelivery,
     WebhookRecord,
 )
+from agentwake.store.sessions import StoredSession
 
 
 class Store(Protocol):
@@ -374,6 +376,32 @@ class Store(Protocol):
         events being handled (in all, per server), rule slots taken, and each rate-limited rule's
         busiest key since its window start in ``rate_since`` (agentwake.store.limits)."""
         ...
+
+    # ---- the operator page (agentwake.web) ------------------------------------------------------------
+
+    async def event_page(
+        self, filters: EventFilter, offset: int, limit: int
+    ) -> tuple[list[dict[str, Any]], int]:
+        """One page of events matching ``filters``, newest first, and how many match in all."""
+        ...
+
+    async def run_page(self, filters: RunFilter, offset: int, limit: int) -> tuple[list[dict[str, Any]], int]:
+        """One page of runs matching ``filters``, newest first, and how many match in all."""
+        ...
+
+    async def run_event(self, run_id: int) -> int | None:
+        """The row of the event a run was for; None: no such run."""
+        ...
+
+    async def session_save(self, session: StoredSession, now: str) -> None:
+        """Store a new operator session; those expired by ``now`` (ISO) are deleted."""
+        ...
+
+    async def session_get(self, id_hash: str) -> StoredSession | None: ...
+
+    async def session_touch(self, id_hash: str, idle_until: str) -> None: ...
+
+    async def session_end(self, id_hash: str) -> None: ...
 
     # ---- read-only views (CLI) ------------------------------------------------------------------------
 
