@@ -51,6 +51,7 @@ from agentwake.store.postgres.base import (
     transient_reason,
     url_password,
 )
+from agentwake.store.postgres.browse import Browse
 from agentwake.store.postgres.flow import FlowControl
 from agentwake.store.postgres.inbox import Inbox
 from agentwake.store.postgres.owners import Owners
@@ -59,6 +60,7 @@ from agentwake.store.postgres.reads import PostgresReader, Views, connect_kwargs
 from agentwake.store.postgres.runs import ActionLog
 from agentwake.store.postgres.schema import migrate
 from agentwake.store.postgres.service import ServiceLog
+from agentwake.store.postgres.sessions import OperatorSessions
 from agentwake.store.postgres.subscriptions import Subscriptions
 from agentwake.store.postgres.webhooks import Webhooks
 from agentwake.store.postgres.work import WorkQueue
@@ -87,6 +89,8 @@ class PostgresStore(
     ActionLog,
     ServiceLog,
     Pauses,
+    Browse,
+    OperatorSessions,
     Views,
     PostgresBase,
 ):

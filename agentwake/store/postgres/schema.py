@@ -18,6 +18,7 @@ import psycopg
 from agentwake.clock import now_iso
 from agentwake.errors import StoreError
 from agentwake.store.pauses import PAUSES_TABLE
+from agentwake.store.sessions import SESSIONS_INDEX, SESSIONS_TABLE
 
 # pg_advisory_xact_lock key held while migrating (any fixed 64-bit number; "agentwk1" in ASCII).
 MIGRATION_LOCK: Final = 0x6167656E74776B31
@@ -235,6 +236,9 @@ _APPROVAL_ANSWERS: Final = (
 # The kill switch (the SQLite store's 0016_pauses).
 _PAUSES: Final = (PAUSES_TABLE,)
 
+# Operator sessions of the service endpoint (the SQLite store's 0018_operator_sessions).
+_OPERATOR_SESSIONS: Final = (SESSIONS_TABLE, SESSIONS_INDEX)
+
 # In order; a new one is appended (never edited once released): its name is recorded when applied.
 MIGRATIONS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
     ("0001_initial", _INITIAL),
@@ -242,6 +246,7 @@ MIGRATIONS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
     ("0003_rule_slots", _RULE_SLOTS),
     ("0004_approval_answers", _APPROVAL_ANSWERS),
     ("0005_pauses", _PAUSES),
+    ("0007_operator_sessions", _OPERATOR_SESSIONS),
 )
 MIGRATION_NAMES: Final = tuple(name for name, _ in MIGRATIONS)
 

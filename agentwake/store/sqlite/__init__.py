@@ -13,12 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from agentwake.store.sqlite.base import BUSY_TIMEOUT_MS, SqliteBase, StoreErrors
+from agentwake.store.sqlite.browse import Browse
 from agentwake.store.sqlite.inbox import Inbox
 from agentwake.store.sqlite.limits import LimitUse
 from agentwake.store.sqlite.owners import Owners
 from agentwake.store.sqlite.pauses import Pauses
 from agentwake.store.sqlite.runs import ActionLog
 from agentwake.store.sqlite.service import ServiceLog
+from agentwake.store.sqlite.sessions import OperatorSessions
 from agentwake.store.sqlite.subscriptions import Subscriptions
 from agentwake.store.sqlite.views import Views
 from agentwake.store.sqlite.webhooks import Webhooks
@@ -37,6 +39,8 @@ class SqliteCore(
     ServiceLog,
     Pauses,
     LimitUse,
+    Browse,
+    OperatorSessions,
     Views,
     SqliteBase,
 ):
@@ -161,6 +165,14 @@ class SqliteStore(ThreadedStore[SqliteCore]):
     state_counts = in_store_thread(SqliteCore.state_counts)
     oldest_pending_at = in_store_thread(SqliteCore.oldest_pending_at)
     undecided = in_store_thread(SqliteCore.undecided)
+
+    event_page = in_store_thread(SqliteCore.event_page)
+    run_page = in_store_thread(SqliteCore.run_page)
+    run_event = in_store_thread(SqliteCore.run_event)
+    session_save = in_store_thread(SqliteCore.session_save)
+    session_get = in_store_thread(SqliteCore.session_get)
+    session_touch = in_store_thread(SqliteCore.session_touch)
+    session_end = in_store_thread(SqliteCore.session_end)
 
 
 __all__ = ["BUSY_TIMEOUT_MS", "SqliteCore", "SqliteStore"]

@@ -6,6 +6,7 @@ import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
 from agentwake.store.pauses import PAUSES_TABLE
+from agentwake.store.sessions import SESSIONS_INDEX, SESSIONS_TABLE
 from agentwake.store.sqlite.versions import MIGRATION_SET
 
 # Each migration's name is also in versions.MIGRATION_NAMES (tests/test_store.py checks they agree).
@@ -325,3 +326,10 @@ def _approval_answers(db: sqlite_utils.Database) -> None:
 def _pauses(db: sqlite_utils.Database) -> None:
     # The kill switch: what is paused, by whom, why, since when (agentwake.store.pauses).
     db.execute(PAUSES_TABLE)
+
+
+@migrations(name="0018_operator_sessions")
+def _operator_sessions(db: sqlite_utils.Database) -> None:
+    # Operator sessions of the service endpoint, so a restart logs nobody out (agentwake.store.sessions).
+    db.execute(SESSIONS_TABLE)
+    db.execute(SESSIONS_INDEX)

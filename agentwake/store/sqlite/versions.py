@@ -27,4 +27,5 @@ MIGRATION_NAMES: Final = (
     "0014_rule_slots",
     "0015_approval_answers",
     "0016_pauses",
+    "0018_operator_sessions",
 )

@@ -1,0 +1,164 @@
+"""The operator page's lists: events and runs, filtered and paged, newest first; and a run's event.
+
+Written once as views (generators that yield their queries and are sent their rows, as the
+PostgreSQL views are); the SQLite store drives them with ``?`` placeholders. Where the two
+engines differ (reading the rule out of a decision's JSON) the backend passes its expression.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from agentwake.store.records import final_answer, summary_line
+
+Rows = list[tuple[Any, ...]]
+Query = tuple[str, Sequence[Any]]
+View = Generator[Query, Rows, Any]
+
+# How each engine reads a stored decision's rule.
+SQLITE_RULE: Final = "json_extract(decision, '$.rule')"
+POSTGRES_RULE: Final = "(decision::jsonb ->> 'rule')"
+
+
+@dataclass(frozen=True, slots=True)
+class EventFilter:
+    """What the events list shows: every given field must match (None: any)."""
+
+    state: str | None = None
+    server: str | None = None
+    subscription: str | None = None
+    rule: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunFilter:
+    """What the runs list shows: every given field must match (None: any)."""
+
+    status: str | None = None
+    server: str | None = None
+    subscription: str | None = None
+
+
+_EVENT_KEYS: Final = (
+    "id",
+    "server",
+    "subscription",
+    "event",
+    "event_id",
+    "timestamp",
+    "received_at",
+    "state",
+    "attempts",
+    "data",
+    "last_error",
+    "decision",
+)
+
+
+def event_page(
+    filters: EventFilter, offset: int, limit: int, *, rule_sql: str
+) -> Generator[Query, Rows, tuple[list[dict[str, Any]], int]]:
+    """One page of events matching ``filters``, newest first, and how many match in all."""
+    where: list[str] = []
+    args: list[Any] = []
+    for column, value in (
+        ("state", filters.state),
+        ("server", filters.server),
+        ("subscription", filters.subscription),
+        (rule_sql, filters.rule),
+    ):
+        if value is not None:
+            where.append(f"{column} = %s")
+            args.append(value)
+    clause = f" WHERE {' AND '.join(where)}" if where else ""
+    [(total,)] = yield (f"SELECT count(*) FROM events{clause}", args)
+    rows = yield (
+        "SELECT id, server, subscription, name, event_id, timestamp, received_at, state, attempts, data,"
+        f" last_error, decision FROM events{clause} ORDER BY id DESC LIMIT %s OFFSET %s",
+        [*args, limit, offset],
+    )
+    events = [dict(zip(_EVENT_KEYS, r, strict=True)) for r in rows]
+    for event in events:
+        event["data"] = json.loads(event["data"])
+        event["decision"] = json.loads(event["decision"]) if event["decision"] else None
+    return events, int(total)
+
+
+_RUN_KEYS: Final = (
+    "run_id",
+    "event_row",
+    "event_id",
+    "server",
+    "subscription",
+    "event",
+    "kind",
+    "attempt",
+    "model",
+    "status",
+    "reason",
+    "cost_usd",
+    "started_at",
+    "duration_ms",
+    "messages",
+)
+
+
+def run_page(
+    filters: RunFilter, offset: int, limit: int
+) -> Generator[Query, Rows, tuple[list[dict[str, Any]], int]]:
+    """One page of runs matching ``filters``, newest first, and how many match in all."""
+    where: list[str] = []
+    args: list[Any] = []
+    for column, value in (
+        ("r.status", filters.status),
+        ("e.server", filters.server),
+        ("e.subscription", filters.subscription),
+    ):
+        if value is not None:
+            where.append(f"{column} = %s")
+            args.append(value)
+    clause = f" WHERE {' AND '.join(where)}" if where else ""
+    joined = " FROM runs r JOIN events e ON e.id = r.event_row"
+    [(total,)] = yield (f"SELECT count(*){joined}{clause}", args)
+    rows = yield (
+        "SELECT r.id, e.id, e.event_id, e.server, e.subscription, e.name, r.kind, r.attempt, r.model,"
+        f" r.status, r.reason, r.cost_usd, r.started_at, r.duration_ms, r.messages{joined}{clause}"
+        " ORDER BY r.id DESC LIMIT %s OFFSET %s",
+        [*args, limit, offset],
+    )
+    runs = [dict(zip(_RUN_KEYS, r, strict=True)) for r in rows]
+    for run in runs:
+        messages = json.loads(run.pop("messages") or "[]")
+        run["summary"] = summary_line(final_answer(messages))
+    return runs, int(total)
+
+
+def run_event(run_id: int) -> Generator[Query, Rows, int | None]:
+    """The row of the event a run was for; None: no such run."""
+    rows = yield ("SELECT event_row FROM runs WHERE id = %s", [run_id])
+    return int(rows[0][0]) if rows else None
+
+
+def drive_sync(execute: Any, view: Generator[Query, Rows, Any]) -> Any:
+    """Run ``view`` with ``execute(sql, params) -> rows``."""
+    try:
+        sql, params = next(view)
+        while True:
+            sql, params = view.send(execute(sql, params))
+    except StopIteration as done:
+        return done.value
+
+
+__all__ = [
+    "POSTGRES_RULE",
+    "SQLITE_RULE",
+    "EventFilter",
+    "RunFilter",
+    "drive_sync",
+    "event_page",
+    "run_event",
+    "run_page",
+]
