@@ -5,8 +5,9 @@ In process: the real ``Endpoint`` on a loopback port over a real SQLite store ho
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,11 @@ class Held:
     store: SqliteStore
     url: str
     rows: list[int]
+
+    def sessions(self) -> int:
+        """How many operator sessions the store holds (read from its file, as another process would)."""
+        with closing(sqlite3.connect(self.store.path)) as conn:
+            return int(conn.execute("SELECT count(*) FROM operator_sessions").fetchone()[0])
 
     async def detail(self, row: int) -> dict[str, Any]:
         found = await self.store.event_detail(row)
@@ -119,7 +125,9 @@ async def test_held_events_are_listed_as_json_for_the_token_and_approving_one_ta
         status, body = await listing(http, held.url, BEARER)
         assert status == 200, body
         assert body["total"] == 2
-        first = body["held"][0]
+        # Newest first.
+        assert [h["event_id"] for h in body["held"]] == ["T-2", "T-1"]
+        first = body["held"][1]
         assert first == {
             "row": held.rows[0],
             "event_id": "T-1",

@@ -130,15 +130,15 @@ async def test_a_person_logs_in_sees_the_held_events_and_approves_one_and_the_ag
                 assert 'demo__add_comment: ticket_id = "T-000001" (from {{ data.ticketId }})' in text
                 # The payload's markup is shown as text, never run: no script element, no dialog.
                 assert INJECTION in await held.locator("pre").inner_text()
-                assert await page.locator("script").count() == 0
+                assert await held.locator("script").count() == 0
 
                 approve = held.locator("form[aria-label='approve T-000001']")
-                await approve.locator("input[name=note]").fill("read it: harmless")
+                await approve.locator("textarea[name=note]").fill("read it: harmless")
                 await approve.locator("button").click()
                 await page.wait_for_selector("text=approved T-000001: the agent runs on it now")
 
                 deny = page.locator("form[aria-label='deny T-000002']")
-                await deny.locator("input[name=reason]").fill("spam")
+                await deny.locator("textarea[name=reason]").fill("spam")
                 await deny.locator("button").click()
                 await page.wait_for_selector("text=denied T-000002: spam")
                 assert await page.title() == "agentwake: approvals (0)"

@@ -101,7 +101,7 @@ async def test_a_flood_of_wrong_tokens_never_locks_the_right_tokens_out(tmp_path
 async def test_cookie_less_visits_make_no_session_and_cannot_push_the_operators_out(tmp_path: Path) -> None:
     async with held_endpoint(tmp_path) as held, client_from("127.0.0.1") as operator:
         assert await status_of(operator, "POST", f"{held.url}/login", data={"token": TOKEN}) == 303
-        assert len(held.endpoint.sessions) == 1
+        assert held.sessions() == 1
         async with aiohttp.ClientSession() as visitor:
             for n in range(600):
                 path = ("/", "/approvals", "/login")[n % 3]
@@ -111,7 +111,7 @@ async def test_cookie_less_visits_make_no_session_and_cannot_push_the_operators_
                     200,
                     401,
                 )
-        assert len(held.endpoint.sessions) == 1
+        assert held.sessions() == 1
         async with operator.get(f"{held.url}/", headers={"Accept": "text/html"}) as response:
             assert response.status == 200 and "Held for approval (1)" in await response.text()
 
@@ -120,15 +120,15 @@ async def test_an_open_endpoint_makes_a_session_only_to_carry_an_answers_message
     async with held_endpoint(tmp_path, 2, service=OPEN) as held, client_from("127.0.0.1") as operator:
         async with operator.get(f"{held.url}/") as response:
             csrf = csrf_of(await response.text())
-        assert len(held.endpoint.sessions) == 0  # the form token is signed, not stored
+        assert held.sessions() == 0  # the form token is signed, not stored
         deny = f"{held.url}/approvals/{held.rows[0]}/deny"
         assert await status_of(operator, "POST", deny, data={"reason": "spam", "csrf": "forged"}) == 403
         assert await status_of(operator, "POST", deny, data={"reason": "spam", "csrf": csrf}) == 303
-        assert len(held.endpoint.sessions) == 1  # made for the message on the next page
+        assert held.sessions() == 1  # made for the message on the next page
         async with aiohttp.ClientSession() as visitor:
             for _ in range(600):
                 assert await status_of(visitor, "GET", f"{held.url}/") == 200
-        assert len(held.endpoint.sessions) == 1
+        assert held.sessions() == 1
         async with operator.get(f"{held.url}/") as response:
             page = await response.text()
         assert "denied T-1: spam" in page
@@ -152,7 +152,7 @@ async def test_a_session_ends_when_unused_for_session_idle_s(tmp_path: Path) -> 
             assert await status_of(browser, "GET", page) == 200
         now[0] += 61
         assert await status_of(browser, "GET", page) == 401
-        assert len(held.endpoint.sessions) == 0
+        assert held.sessions() == 0
 
 
 # ---- 3: malformed credentials are a 401 --------------------------------------------------------------

@@ -3,8 +3,9 @@
 The rules, in one place:
 
 - Tokens: ``[service] token_env`` is the full-scope token named ``operator``; each
-  ``[service.tokens.NAME]`` is another, with its own ``scopes``: ``read`` (the page, GET
-  /approvals), ``approve`` (approve and deny), ``metrics`` (/metrics). The name is who acted in
+  ``[service.tokens.NAME]`` is another, with its own ``scopes``: ``read`` (the pages, GET
+  /approvals, /events, /runs, /pauses, /limits), ``approve`` (approve and deny, pause and resume),
+  ``metrics`` (/metrics). The name is who acted in
   the approvals' audit record. A token without the scope a route needs gets 403.
 - ``[service] listen`` beyond loopback (anything but 127.0.0.0/8, ::1 or ``localhost``) needs a
   token, and https: ``[service] tls_cert``/``tls_key``, or a ``trusted_proxy`` that terminates TLS.
@@ -22,7 +23,8 @@ The rules, in one place:
   header must be a loopback name (a DNS-rebinding page cannot pose as the endpoint); forms carry
   a CSRF token signed by this process, so a visit makes no session.
 - Sessions are made at a login only (and, open, when a form's answer needs a message carried to
-  the next page); they end after ``session_ttl_s``, or ``session_idle_s`` unused.
+  the next page); they end after ``session_ttl_s``, or ``session_idle_s`` unused. They are kept in
+  the store by the hash of their id, so a restart logs nobody out (agentwake.web.sessions).
 - Every state-changing request is a POST. A POST that relies on the cookie must carry its
   session's CSRF token in the form; any POST whose Origin (or Sec-Fetch-Site) says it came from
   another site is refused. Session cookies are HttpOnly, SameSite=Strict, and Secure when the
@@ -247,7 +249,8 @@ class Session:
 
 @dataclass
 class Sessions:
-    """Sessions in memory: a restart logs everyone out, which is fine for an operator's page."""
+    """Sessions in memory, least recently used first out (the endpoint keeps its own in the store:
+    agentwake.web.sessions.StoredSessions)."""
 
     ttl_s: float = SESSION_TTL_S
     idle_s: float = SESSION_IDLE_S

@@ -7,8 +7,14 @@
                        (both open to probes; with a token configured, the errors' details are
                        for its holders only)
     GET  /metrics      Prometheus text (agentwake.metrics)
-    GET  /             the approvals page: held events (sanitized data, rule, the tools approving
-                       allows), recent runs and events
+    GET  /             the approvals page: held events, newest first (sanitized data, rule, the
+                       tools approving allows; tick several to answer them at once), what is
+                       paused (pause and resume), the limits with their use, recent answers, runs
+                       and events; its lists refresh in place (never over a half-written note)
+    GET  /events, /events/{row}, /runs, /runs/{id}   lists (filtered, paged) and detail pages
+                       (agentwake.web.browse)
+    POST /approvals/bulk, GET/POST /pauses, POST /pauses/resume, DELETE /pauses, GET /limits
+                       (agentwake.web.control)
     GET  /approvals    the page too; with ``Accept: application/json`` the held events as JSON
                        (the page's sanitized view): {"held": [...], "total": N}
     POST /approvals/{row}/approve   form: note       the event goes back to the inbox; the worker
@@ -17,7 +23,8 @@
                        approve scope relays the answer for; recorded as who answered)
     GET, POST /login, POST /logout
 
-Scopes: read (the page, GET /approvals), approve (the answers), metrics (/metrics). Every answer
+Scopes: read (the pages, GET /approvals, /events, /runs, /limits, /pauses), approve (the answers,
+pausing and resuming), metrics (/metrics). Every answer
 is recorded in the store's audit trail with who gave it (the token's name, or the identity it
 relays), from where (the client address) and when: from the authenticated caller, never from
 the request's body. Who may do what is agentwake.web.access. The service starts it when
@@ -41,7 +48,10 @@ from aiohttp import web
 from agentwake.delivery.receiver import listen_url
 from agentwake.errors import ConfigError, StoreError
 from agentwake.redaction import redact
+from agentwake.store.browse import EventFilter, RunFilter
+from agentwake.store.pauses import as_dict
 from agentwake.store.records import Answerer
+from agentwake.web import browse, control
 from agentwake.web.access import (
     HSTS,
     SESSION_COOKIE,
@@ -49,7 +59,6 @@ from agentwake.web.access import (
     LoginThrottle,
     OpenFormTokens,
     Session,
-    Sessions,
     loopback_host_header,
     same_origin,
 )
@@ -63,6 +72,7 @@ from agentwake.web.pages import (
     recent_run,
     shown,
 )
+from agentwake.web.sessions import StoredSessions
 
 if TYPE_CHECKING:
     from agentwake.store import Store
@@ -75,9 +85,11 @@ PROBES: Final = frozenset({"/healthz", "/readyz"})
 # Server states /readyz counts as ready (Supervisor.readiness).
 READY_STATES: Final = frozenset({"connected", "ended"})
 RECENT_RUNS: Final = 20
-# Held events shown at once, oldest first; `agentwake approvals` lists them all.
+# Held events shown at once, newest first; /events?state=held and `agentwake approvals` list them all.
 HELD_SHOWN: Final = 100
 RECENT_EVENTS: Final = 30
+# How often the page refreshes its lists in place.
+LIVE_MS: Final = 10_000
 # The one-line sanitized data of a held event in the JSON listing.
 SUMMARY_CHARS: Final = 500
 # A note or reason typed on the page is kept to this many characters.
@@ -160,7 +172,13 @@ class Endpoint:
         self.store = store
         self.supervisor = supervisor
         self.health = health
-        self.sessions = Sessions(ttl_s=settings.session_ttl_s, idle_s=settings.session_idle_s)
+        self.sessions = StoredSessions(
+            store,
+            {token.name: token for token in settings.tokens},
+            ttl_s=settings.session_ttl_s,
+            idle_s=settings.session_idle_s,
+        )
+        self.live_ms = LIVE_MS
         self.open_forms = OpenFormTokens()
         self.throttle = LoginThrottle()
         self.url: str | None = None  # once listening
@@ -178,10 +196,30 @@ class Endpoint:
         routes.add_get("/approvals", self._admitted(self.approvals, scope="read"))
         routes.add_post(r"/approvals/{row:\d+}/approve", self._admitted(self.approve, scope="approve"))
         routes.add_post(r"/approvals/{row:\d+}/deny", self._admitted(self.deny, scope="approve"))
+        routes.add_post("/approvals/bulk", self._admitted(self._bound(control.bulk_answer), scope="approve"))
+        routes.add_get("/events", self._admitted(self._bound(browse.events_list), scope="read"))
+        routes.add_get(
+            r"/events/{row:\d{1,19}}", self._admitted(self._bound(browse.event_page), scope="read")
+        )
+        routes.add_get("/runs", self._admitted(self._bound(browse.runs_list), scope="read"))
+        routes.add_get(r"/runs/{run:\d{1,19}}", self._admitted(self._bound(browse.run_page), scope="read"))
+        routes.add_get("/pauses", self._admitted(self._bound(control.pauses), scope="read"))
+        routes.add_post("/pauses", self._admitted(self._bound(control.pause), scope="approve"))
+        routes.add_post("/pauses/resume", self._admitted(self._bound(control.resume), scope="approve"))
+        routes.add_delete("/pauses", self._admitted(self._bound(control.resume), scope="approve"))
+        routes.add_get("/limits", self._admitted(self._bound(control.limits), scope="read"))
         routes.add_get("/login", self._admitted(self.login_page, "login"))
         routes.add_post("/login", self._admitted(self.login, "login"))
         routes.add_post("/logout", self._admitted(self.logout))
         return app
+
+    def _bound(
+        self, handler: Callable[[Endpoint, web.Request, Caller | None], Awaitable[web.Response]]
+    ) -> Handler:
+        async def bound(request: web.Request, caller: Caller | None) -> web.Response:
+            return await handler(self, request, caller)
+
+        return bound
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Listen until cancelled; reports started once listening (``url`` has the bound port)."""
@@ -269,16 +307,16 @@ class Endpoint:
             # Open to probes; with tokens configured, only their holders see why (errors name hosts, paths).
             if self.settings.open:
                 return Caller("open", "open", frozenset())
-            return self._authenticate(request)  # a wrong token is a 401 here too
+            return await self._authenticate(request)  # a wrong token is a 401 here too
         caller: Caller | None
         if self.settings.open:
             if not loopback_host_header(request.host):
                 # An open endpoint answers loopback names only: a DNS-rebound page cannot reach it.
                 return _json({"error": "this endpoint answers loopback host names only"}, 403)
-            session = self.sessions.get(request.cookies.get(SESSION_COOKIE))
+            session = await self.sessions.get(request.cookies.get(SESSION_COOKIE))
             caller = Caller("open", "open", frozenset({"read", "approve", "metrics"}), session)
         else:
-            found = self._authenticate(request)
+            found = await self._authenticate(request)
             if isinstance(found, web.Response):
                 return found
             caller = found
@@ -292,6 +330,9 @@ class Endpoint:
                 },
                 403,
             )
+        if request.method == "DELETE" and caller is not None and caller.via != "bearer":
+            # No form carries a CSRF token with a DELETE: it is for tools with a bearer token.
+            return _json({"error": "DELETE is for a bearer token; the page posts its forms"}, 403)
         if request.method == "POST":
             if not same_origin(
                 request.headers.get("Origin"), request.headers.get("Sec-Fetch-Site"), request.host
@@ -313,7 +354,7 @@ class Endpoint:
         # Open: the page's form token is signed, not stored (a visit makes no session).
         return caller.via == "open" and self.open_forms.valid(presented)
 
-    def _authenticate(self, request: web.Request) -> Caller | web.Response | None:
+    async def _authenticate(self, request: web.Request) -> Caller | web.Response | None:
         """A bearer token (a wrong or malformed one is a 401 at once) or a session cookie; None: neither."""
         header = request.headers.get("Authorization")
         if header is not None:
@@ -324,7 +365,7 @@ class Endpoint:
                     return Caller("bearer", token.name, token.scopes)
                 return self._wrong_token(request)
         cookie = request.cookies.get(SESSION_COOKIE)
-        session = self.sessions.get(cookie) if cookie else None
+        session = await self.sessions.get(cookie) if cookie else None
         if session is None or session.token is None:
             return None
         return Caller("session", session.token, session.scopes, session)
@@ -391,8 +432,6 @@ class Endpoint:
             model = worker.breaker.reason() if detailed else "failing"
             return _json({"status": "not ready", "model": model, "servers": servers}, 503)
         # A paused service is ready (it takes events in, on purpose runs nothing for them): say what.
-        from agentwake.store.pauses import as_dict
-
         pauses = worker.pauses.current if worker is not None else ()
         paused = [as_dict(p) if detailed else {"scope": p.scope, "name": p.name} for p in pauses]
         return _json({"status": "ready", "servers": servers, "paused": paused})
@@ -406,51 +445,76 @@ class Endpoint:
 
     # ---- the page --------------------------------------------------------------------------------
 
-    async def index(self, request: web.Request, caller: Caller | None) -> web.Response:
-        assert caller is not None  # _admit lets no one else in
+    def chrome(self, caller: Caller) -> dict[str, Any]:
+        """What every page's frame needs: the forms' CSRF token, who is in, whether they may act."""
         session = caller.session
-        config = self.supervisor.config
-        worker = self.supervisor.worker
-        policy = worker.policy if worker is not None else None
-        all_held = await self.store.approvals()
-        held = [held_event(h, config, policy) for h in all_held[:HELD_SHOWN]]
-        runs = [recent_run(a) for a in await self.store.actions(RECENT_RUNS)]
-        events = [recent_event(e, config) for e in await self.store.inbox(RECENT_EVENTS)]
-        answers = [answer_shown(a) for a in await self.store.answers(RECENT_ANSWERS)]
-        flash, problem = [], self.health.problem()
-        if session is not None:
-            flash, session.flash = session.flash, []
         # Forms need a CSRF token: the session's, or (open, no session) one signed by this process.
         csrf = (
             session.csrf if session is not None else self.open_forms.issue() if caller.via == "open" else ""
         )
+        return {
+            "csrf": csrf,
+            "who": caller.name,
+            "logout": caller.via == "session",
+            "can_approve": "approve" in caller.scopes,
+            "can_operate": "approve" in caller.scopes,
+            "live_ms": 0,
+        }
+
+    async def _held(self) -> tuple[list[Any], int]:
+        """The held events the page shows, newest first, and how many are held."""
+        config = self.supervisor.config
+        worker = self.supervisor.worker
+        policy = worker.policy if worker is not None else None
+        all_held = await self.store.approvals()
+        newest = sorted(all_held, key=lambda h: int(h["id"]), reverse=True)[:HELD_SHOWN]
+        return [(h, held_event(h, config, policy)) for h in newest], len(all_held)
+
+    async def index(self, request: web.Request, caller: Caller | None) -> web.Response:
+        assert caller is not None  # _admit lets no one else in
+        session = caller.session
+        config = self.supervisor.config
+        held, held_total = await self._held()
+        actions = await self.store.actions(RECENT_RUNS)
+        rows_of = {
+            r["run_id"]: r["event_row"] for r in (await self.store.run_page(RunFilter(), 0, RECENT_RUNS))[0]
+        }
+        runs = [recent_run({**a, "event_row": rows_of.get(a["run_id"])}) for a in actions]
+        events = [
+            recent_event(e, config) for e in (await self.store.event_page(EventFilter(), 0, RECENT_EVENTS))[0]
+        ]
+        answers = [answer_shown(a) for a in await self.store.answers(RECENT_ANSWERS)]
+        pauses = [
+            {**as_dict(p), "what": "everything" if p.scope == "all" else f"{p.scope} {shown(p.name)}"}
+            for p in await self.store.pauses()
+        ]
+        flash, problem = [], self.health.problem()
+        if session is not None:
+            flash = list(session.flash)
+            session.flash.clear()
         html = TEMPLATES.get_template("index.html").render(
-            held=held,
-            held_total=len(all_held),
+            held=[event for _, event in held],
+            held_total=held_total,
             runs=runs,
             events=events,
             answers=answers,
+            pauses=[{k: shown(v) if isinstance(v, str) else v for k, v in p.items()} for p in pauses],
+            pause_names=await control.pause_names(self),
+            limits=await control.limit_rows(self),
             flash=flash,
-            csrf=csrf,
-            can_approve="approve" in caller.scopes,
-            who=caller.name,
-            logout=caller.via == "session",
             health="running" if problem is None else shown(redact(problem)[0]),
             servers={name: shown(redact(state)[0]) for name, state in self.supervisor.readiness().items()},
             note_chars=NOTE_CHARS,
+            **{**self.chrome(caller), "live_ms": self.live_ms},
         )
         return web.Response(text=html, content_type="text/html")
 
     async def approvals(self, request: web.Request, caller: Caller | None) -> web.Response:
         if not _wants_json(request):
             return await self.index(request, caller)
-        config = self.supervisor.config
-        worker = self.supervisor.worker
-        policy = worker.policy if worker is not None else None
-        all_held = await self.store.approvals()
-        held = []
-        for raw in all_held[:HELD_SHOWN]:
-            event = held_event(raw, config, policy)
+        held, total = await self._held()
+        listed = []
+        for raw, event in held:
             entry: dict[str, Any] = {
                 "row": event.row,
                 "event_id": event.event_id,
@@ -464,9 +528,9 @@ class Endpoint:
             }
             if event.authority is not None:
                 entry["authority"] = event.authority
-            held.append(entry)
+            listed.append(entry)
         answers = [answer_shown(a) for a in await self.store.answers(RECENT_ANSWERS)]
-        return _json({"held": held, "total": len(all_held), "answered": answers})
+        return _json({"held": listed, "total": total, "answered": answers})
 
     async def approve(self, request: web.Request, caller: Caller | None) -> web.Response:
         return await self._answer(request, caller, approve=True)
@@ -474,9 +538,9 @@ class Endpoint:
     async def deny(self, request: web.Request, caller: Caller | None) -> web.Response:
         return await self._answer(request, caller, approve=False)
 
-    def _answerer(self, request: web.Request, caller: Caller, relayed: object) -> Answerer | str:
-        """Who answers, from the authenticated caller (never from the form, but for a relayed identity
-        from a token with the approve scope); a str: why the request is refused."""
+    def answerer(self, request: web.Request, caller: Caller, relayed: object) -> Answerer | str:
+        """Who answers (or pauses), from the authenticated caller (never from the form, but for a
+        relayed identity from a token with the approve scope); a str: why the request is refused."""
         client = self.client(request)
         if relayed is None or relayed == "":
             if caller.via == "open":
@@ -491,17 +555,14 @@ class Endpoint:
             return Answerer(relayed, "relayed through the open endpoint (no token: unverified)", client)
         return "on_behalf_of is for a relaying token (Authorization: Bearer), not a browser session"
 
-    async def _answer(self, request: web.Request, caller: Caller | None, *, approve: bool) -> web.Response:
-        assert caller is not None  # _admit lets no one else in
-        row = int(request.match_info["row"])
-        form = await _form(request)
-        if form is None:
-            return _json({"ok": False, "message": "the form is not readable UTF-8 text"}, 400)
-        typed = form.get("note" if approve else "reason")
+    def log_action(self, what: str, by: Answerer) -> None:
+        logger.info("%s on the service endpoint by %s (%s, from %s)", what, by.who, by.via, by.address)
+
+    async def answer_one(
+        self, row: int, *, approve: bool, typed: object, answerer: Answerer
+    ) -> tuple[int, str]:
+        """Answer one held event and record who did; the HTTP status and the message to show."""
         note = (typed.strip()[:NOTE_CHARS] or None) if isinstance(typed, str) else None
-        answerer = self._answerer(request, caller, form.get("on_behalf_of"))
-        if isinstance(answerer, str):
-            return _json({"ok": False, "message": answerer}, 400)
         shown_id = f"row {row}"
         try:
             event = await self.store.event(row)
@@ -509,31 +570,49 @@ class Endpoint:
             tools = granted_tools(event.decision, event.subscription, self.supervisor.config)
             await self.store.answer(row, approve=approve, note=note, by=answerer, tools=tools)
         except StoreError as exc:
-            message, status = f"event {shown_id}: {exc}", 409
+            return 409, f"event {shown_id}: {exc}"
+        if approve:
+            if self.supervisor.worker is not None:
+                self.supervisor.worker.wake()
+            message = f"approved {shown_id}: the agent runs on it now"
         else:
-            status = 200
-            if approve:
-                if self.supervisor.worker is not None:
-                    self.supervisor.worker.wake()
-                message = f"approved {shown_id}: the agent runs on it now"
-            else:
-                message = f"denied {shown_id}" + (f": {shown(note)}" if note else "")
-            logger.info(
-                "event %s (%s) %s on the service endpoint by %s (%s, from %s)",
-                event.event_id,
-                event.subscription,
-                "approved" if approve else "denied",
-                answerer.who,
-                answerer.via,
-                answerer.address,
-            )
+            message = f"denied {shown_id}" + (f": {shown(note)}" if note else "")
+        logger.info(
+            "event %s (%s) %s on the service endpoint by %s (%s, from %s)",
+            event.event_id,
+            event.subscription,
+            "approved" if approve else "denied",
+            answerer.who,
+            answerer.via,
+            answerer.address,
+        )
+        return 200, message
+
+    async def _answer(self, request: web.Request, caller: Caller | None, *, approve: bool) -> web.Response:
+        assert caller is not None  # _admit lets no one else in
+        row = int(request.match_info["row"])
+        form = await _form(request)
+        if form is None:
+            return _json({"ok": False, "message": "the form is not readable UTF-8 text"}, 400)
+        answerer = self.answerer(request, caller, form.get("on_behalf_of"))
+        if isinstance(answerer, str):
+            return _json({"ok": False, "message": answerer}, 400)
+        status, message = await self.answer_one(
+            row, approve=approve, typed=form.get("note" if approve else "reason"), answerer=answerer
+        )
         if _wants_json(request) or caller.via == "bearer":
             return _json({"ok": status == 200, "message": message}, status)
-        response = _see_other("/")
+        return await self.back_to_page(request, caller, message, "/")
+
+    async def back_to_page(
+        self, request: web.Request, caller: Caller, message: str, where: str
+    ) -> web.Response:
+        """A browser's form was handled: back to the page, ``message`` shown there once."""
+        response = _see_other(where)
         session = caller.session
         if session is None and caller.via == "open":
             # Open: the first answer of a browser makes its session, to carry the message to the page.
-            session = self.sessions.create()
+            session = await self.sessions.create()
             self._set_session(request, response, session)
         if session is not None:
             session.flash.append(message)
@@ -563,14 +642,14 @@ class Endpoint:
                 f"The token {token.name!r} cannot read this page (its scopes: {', '.join(sorted(token.scopes))}).",
                 status=403,
             )
-        session = self.sessions.create(token.name, sorted(token.scopes))
+        session = await self.sessions.create(token)
         response = _see_other("/")
         self._set_session(request, response, session)
         return response
 
     async def logout(self, request: web.Request, caller: Caller | None) -> web.Response:
         if caller is not None and caller.session is not None:
-            self.sessions.end(caller.session.id)
+            await self.sessions.end(caller.session.id)
         response = _see_other("/" if self.settings.open else "/login")
         response.del_cookie(SESSION_COOKIE, path="/")
         return response

@@ -1,23 +1,24 @@
-"""The approvals page, server-rendered: what the store holds, made safe to show, and the templates.
+"""What the operator pages show, made safe: the store's records turned into plain values for the
+templates (agentwake.web.templates).
 
 Event data on the page is what the agent would see: ``sanitize`` (bounded, invisible
 characters removed, secrets redacted) with the config's limits and the rule's redact_pii.
-Every other text a peer supplied (event ids, names, errors, the model's summary) is cleaned
-of control and bidi characters and clipped. Jinja2 escapes everything (autoescape on), and
-the page's Content-Security-Policy allows no script at all: the page needs none.
+Every other text a peer supplied (event ids, names, errors, the model's text, tool results) is
+cleaned of control and bidi characters, redacted and clipped. Jinja2 escapes everything
+(autoescape on), and the Content-Security-Policy allows the one script and stylesheet of the
+page by hash, nothing else (agentwake.web.style).
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from jinja2 import DictLoader, Environment, select_autoescape
-
+from agentwake.redaction import redact
 from agentwake.sanitize import clean_text, sanitize_with
+from agentwake.web.style import CONTENT_SECURITY_POLICY
+from agentwake.web.templates import TEMPLATES
 
 if TYPE_CHECKING:
     from agentwake.config import AgentwakeConfig
@@ -25,179 +26,10 @@ if TYPE_CHECKING:
 
 # Peer text in tables (ids, names, errors) is cut to this many characters.
 SHOWN_CHARS: Final = 200
-# The one-line data preview in the recent events table.
+# The one-line data preview in the events tables.
 PREVIEW_CHARS: Final = 160
-
-STYLE: Final = """
-body { font-family: system-ui, sans-serif; margin: 1.5rem; color: #1b1b1b; max-width: 80rem; }
-header { display: flex; gap: 1rem; align-items: baseline; flex-wrap: wrap; }
-h1 { font-size: 1.4rem; margin: 0; }
-h2 { font-size: 1.15rem; margin-top: 2rem; }
-.muted { color: #666; }
-.flash { background: #eef6ee; border: 1px solid #9c9; padding: .5rem .75rem; margin: .5rem 0; }
-.error { background: #fbeeee; border-color: #c99; }
-.held { border: 1px solid #ccc; border-radius: 6px; padding: .75rem 1rem; margin: 1rem 0; }
-.held h3 { margin: 0 0 .5rem 0; font-size: 1.05rem; }
-dl { display: grid; grid-template-columns: max-content 1fr; gap: .2rem 1rem; margin: .5rem 0; }
-dt { color: #555; }
-dd { margin: 0; }
-pre { background: #f6f6f6; padding: .5rem; overflow: auto; max-height: 24rem; white-space: pre-wrap; }
-.answers { display: flex; gap: 1.5rem; flex-wrap: wrap; align-items: end; }
-.answers form { display: flex; gap: .5rem; align-items: end; }
-input[type=text], input[type=password] { padding: .3rem; min-width: 16rem; }
-button { padding: .35rem .9rem; cursor: pointer; }
-table { border-collapse: collapse; width: 100%; font-size: .9rem; }
-th, td { text-align: left; padding: .25rem .5rem; border-bottom: 1px solid #e3e3e3; vertical-align: top; }
-code { font-size: .9em; }
-.nowrap { white-space: nowrap; }
-"""
-# Allows exactly the stylesheet above, and nothing else inline.
-STYLE_HASH: Final = "sha256-" + base64.b64encode(hashlib.sha256(STYLE.encode()).digest()).decode()
-CONTENT_SECURITY_POLICY: Final = (
-    f"default-src 'none'; style-src '{STYLE_HASH}'; form-action 'self'; frame-ancestors 'none';"
-    " base-uri 'none'"
-)
-
-_LAYOUT = """<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{% block title %}agentwake{% endblock %}</title>
-<style>@STYLE@</style>
-</head>
-<body>
-{% block body %}{% endblock %}
-</body>
-</html>
-"""
-
-_LOGIN = """{% extends "layout.html" %}
-{% block title %}agentwake: log in{% endblock %}
-{% block body %}
-<h1>agentwake</h1>
-<p>This page needs the access token (the environment variable <code>{{ token_env }}</code> of the service).</p>
-{% if error %}<p class="flash error" role="alert">{{ error }}</p>{% endif %}
-<form method="post" action="/login">
-  <label>Access token <input type="password" name="token" autocomplete="current-password" autofocus></label>
-  <button type="submit">Log in</button>
-</form>
-{% endblock %}
-"""
-
-_INDEX = """{% extends "layout.html" %}
-{% block title %}agentwake: approvals ({{ held_total }}){% endblock %}
-{% block body %}
-<header>
-  <h1>agentwake</h1>
-  <span class="muted">{{ health }}</span>
-  {% if logout %}
-  <form method="post" action="/logout">
-    <input type="hidden" name="csrf" value="{{ csrf }}">
-    <button type="submit">Log out</button>
-  </form>
-  {% endif %}
-</header>
-{% for message in flash %}<p class="flash" role="status">{{ message }}</p>{% endfor %}
-<p class="muted">Servers:
-{% for name, state in servers.items() %}<code>{{ name }}</code> {{ state }}{% if not loop.last %}; {% endif %}{% endfor %}
-</p>
-
-<h2 id="held">Held for approval ({{ held_total }})</h2>
-{% if not held %}<p class="muted">No event is waiting for approval.</p>{% endif %}
-{% if held_total > held | length %}
-<p class="muted">The oldest {{ held | length }} are shown; <code>agentwake approvals</code> lists them all.</p>
-{% endif %}
-{% for e in held %}
-<section class="held" aria-label="held {{ e.event_id }}">
-  <h3><code>{{ e.event_id }}</code> {{ e.event }}</h3>
-  <dl>
-    <dt>server, subscription</dt><dd>{{ e.server }}, {{ e.subscription }}</dd>
-    <dt>received</dt><dd>{{ e.received_at }}</dd>
-    <dt>held by rule</dt><dd><code>{{ e.rule }}</code>: {{ e.why }}</dd>
-    <dt>injection score</dt><dd>{{ e.injection_score }}{% if e.signals %} ({{ e.signals | join(", ") }}){% endif %}</dd>
-    <dt>tools if approved</dt>
-    <dd>{% for tool in e.tools %}<code>{{ tool }}</code>{% if not loop.last %}, {% endif %}{% else %}none{% endfor %}</dd>
-    {% if e.notes %}<dt>sanitized</dt><dd>{{ e.notes | join("; ") }}</dd>{% endif %}
-  </dl>
-  {% if e.authority is not none %}
-  <h4>If approved, the agent may:</h4>
-  <ul aria-label="authority {{ e.event_id }}">{% for line in e.authority %}<li><code>{{ line }}</code></li>{% endfor %}</ul>
-  {% endif %}
-  <pre>{{ e.data }}</pre>
-  {% if can_approve %}
-  <div class="answers">
-    <form method="post" action="/approvals/{{ e.row }}/approve" aria-label="approve {{ e.event_id }}">
-      <input type="hidden" name="csrf" value="{{ csrf }}">
-      <label>Note <input type="text" name="note" maxlength="{{ note_chars }}"></label>
-      <button type="submit">Approve</button>
-    </form>
-    <form method="post" action="/approvals/{{ e.row }}/deny" aria-label="deny {{ e.event_id }}">
-      <input type="hidden" name="csrf" value="{{ csrf }}">
-      <label>Reason <input type="text" name="reason" maxlength="{{ note_chars }}"></label>
-      <button type="submit">Deny</button>
-    </form>
-  </div>
-  {% else %}
-  <p class="muted">The token {{ who }} cannot approve or deny (it has no approve scope).</p>
-  {% endif %}
-</section>
-{% endfor %}
-
-<h2 id="answers">Recent answers</h2>
-{% if not answers %}<p class="muted">No held event answered yet.</p>{% else %}
-<table aria-label="answers">
-<thead><tr><th>when</th><th>event</th><th>answer</th><th>who</th><th>via</th><th>from</th><th>rule</th>
-<th>tools granted</th><th>note</th></tr></thead>
-<tbody>
-{% for a in answers %}
-<tr><td class="nowrap">{{ a.at }}</td><td class="nowrap"><code>{{ a.event_id }}</code></td><td>{{ a.answer }}</td>
-<td><code>{{ a.who }}</code></td><td>{{ a.via }}</td><td>{{ a.address or "" }}</td><td>{{ a.rule or "" }}</td>
-<td>{{ a.tools | join(", ") }}{% if a.authority %}<br>{{ a.authority | join("; ") }}{% endif %}</td><td>{{ a.note or "" }}</td></tr>
-{% endfor %}
-</tbody>
-</table>
-{% endif %}
-
-<h2 id="runs">Recent runs</h2>
-{% if not runs %}<p class="muted">No run yet.</p>{% else %}
-<table aria-label="runs">
-<thead><tr><th>run</th><th>event</th><th>subscription</th><th>kind</th><th>status</th><th>model</th>
-<th>tools called</th><th>started</th><th>ms</th><th>summary</th></tr></thead>
-<tbody>
-{% for r in runs %}
-<tr><td>{{ r.run_id }}</td><td class="nowrap"><code>{{ r.event_id }}</code></td><td>{{ r.subscription }}</td><td>{{ r.kind }}</td>
-<td>{{ r.status }}{% if r.reason %}: {{ r.reason }}{% endif %}</td><td>{{ r.model }}</td>
-<td>{{ r.tools | join(", ") }}{% if r.refused %} ({{ r.refused }} refused){% endif %}</td>
-<td class="nowrap">{{ r.started_at }}</td><td>{{ r.duration_ms }}</td><td>{{ r.summary }}</td></tr>
-{% endfor %}
-</tbody>
-</table>
-{% endif %}
-
-<h2 id="events">Recent events</h2>
-{% if not events %}<p class="muted">No event stored yet.</p>{% else %}
-<table aria-label="events">
-<thead><tr><th>event</th><th>name</th><th>subscription</th><th>received</th><th>state</th><th>data</th></tr></thead>
-<tbody>
-{% for e in events %}
-<tr><td class="nowrap"><code>{{ e.event_id }}</code></td><td>{{ e.event }}</td><td>{{ e.subscription }}</td>
-<td class="nowrap">{{ e.received_at }}</td>
-<td>{{ e.state }}{% if e.last_error %}: {{ e.last_error }}{% endif %}</td><td><code>{{ e.preview }}</code></td></tr>
-{% endfor %}
-</tbody>
-</table>
-{% endif %}
-{% endblock %}
-"""
-
-# The stylesheet goes into the template's source as is (not a value, so not escaped): STYLE_HASH must match it.
-TEMPLATES: Final = Environment(
-    loader=DictLoader(
-        {"layout.html": _LAYOUT.replace("@STYLE@", STYLE), "login.html": _LOGIN, "index.html": _INDEX}
-    ),
-    autoescape=select_autoescape(default=True, default_for_string=True),
-)
+# A block of text on an event's or run's page (a message, a tool's arguments or result).
+BLOCK_CHARS: Final = 20_000
 
 
 def shown(value: object, limit: int = SHOWN_CHARS) -> str:
@@ -249,6 +81,7 @@ def answer_shown(answer: dict[str, Any]) -> dict[str, Any]:
     """One record of the approvals' audit trail (``store.answers()``), made safe to show."""
     authority = answer.get("authority")
     return {
+        "row": answer.get("row"),
         "event_id": shown(answer["event_id"]),
         "subscription": shown(answer["subscription"]),
         "answer": shown(answer["answer"]),
@@ -296,7 +129,11 @@ def held_event(held: dict[str, Any], config: AgentwakeConfig, policy: Policy | N
 def recent_event(row: dict[str, Any], config: AgentwakeConfig) -> dict[str, Any]:
     """One row of ``store.inbox()`` for the page, its data as a one-line sanitized preview."""
     preview = json.dumps(sanitize_with(config.sanitize, row["data"]).value, ensure_ascii=False)
+    decision = row.get("decision") or {}
     return {
+        "row": int(row["id"]),
+        "server": shown(row["server"]),
+        "rule": shown(decision["rule"]) if decision.get("rule") else None,
         "event_id": shown(row["event_id"]),
         "event": shown(row["event"]),
         "subscription": shown(row["subscription"]),
@@ -311,6 +148,7 @@ def recent_run(action: dict[str, Any]) -> dict[str, Any]:
     """One row of ``store.actions()`` for the page."""
     return {
         "run_id": action["run_id"],
+        "event_row": action.get("event_row"),
         "event_id": shown(action["event_id"]),
         "subscription": shown(action["subscription"]),
         "kind": shown(action["kind"]),
@@ -325,15 +163,121 @@ def recent_run(action: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def block(value: object, limit: int = BLOCK_CHARS) -> str:
+    """Peer text for a block on the page (lines kept): no control or bidi characters, secrets
+    redacted, at most ``limit`` characters."""
+    if value is None:
+        return ""
+    text = (
+        value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+    )
+    text = redact(clean_text(text)[0])[0]
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _message(message: dict[str, Any]) -> dict[str, Any]:
+    content = message.get("content")
+    if isinstance(content, list):  # content parts: their text
+        content = "\n".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
+    calls = []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            calls.append(f"{shown(function.get('name'))}({block(function.get('arguments'), 2000)})")
+        else:
+            calls.append(block(call, 2000))
+    return {
+        "role": shown(message.get("role")),
+        "name": shown(message.get("name") or message.get("tool_call_id") or ""),
+        "content": block(content),
+        "calls": calls,
+    }
+
+
+def run_shown(run: dict[str, Any]) -> dict[str, Any]:
+    """One run of ``store.event_detail()`` for its page: the run, its tool calls and its transcript."""
+    cost = run.get("cost_usd")
+    decision = run.get("decision") or {}
+    messages = run.get("messages") or []
+    return {
+        "run_id": int(run["run_id"]),
+        "kind": shown(run["kind"]),
+        "attempt": run.get("attempt"),
+        "model": shown(run.get("model")),
+        "status": shown(run.get("status")),
+        "reason": shown(run["reason"]) if run.get("reason") else None,
+        "rule": shown(decision.get("rule")) if isinstance(decision, dict) and decision.get("rule") else None,
+        "started_at": shown(run.get("started_at")),
+        "finished_at": shown(run["finished_at"]) if run.get("finished_at") else None,
+        "duration_ms": run.get("duration_ms"),
+        "steps": run.get("steps") or 0,
+        "prompt_tokens": run.get("prompt_tokens") or 0,
+        "completion_tokens": run.get("completion_tokens") or 0,
+        "cost": f"${cost:.4f}" if isinstance(cost, int | float) else "unknown",
+        "summary": shown(run["summary"], 500) if run.get("summary") else None,
+        "system_prompt": block(run.get("system_prompt")),
+        "messages": [_message(m) for m in messages if isinstance(m, dict)],
+        "tool_calls": [
+            {
+                "step": c.get("step"),
+                "tool": shown(c.get("tool")),
+                "status": shown(c.get("status")),
+                "duration_ms": c.get("duration_ms"),
+                "arguments": block(c.get("arguments"), 5000),
+                "result": block(c.get("result"), 5000),
+            }
+            for c in run.get("tool_calls") or []
+        ],
+    }
+
+
+def event_shown(detail: dict[str, Any], config: AgentwakeConfig, policy: Policy | None) -> dict[str, Any]:
+    """One event of ``store.event_detail()`` for its page: data, decision, answers and runs."""
+    decision = detail.get("decision")
+    rule_name = str(decision.get("rule") or "default") if isinstance(decision, dict) else None
+    rule = policy.rule(rule_name) if policy is not None and rule_name is not None else None
+    cleaned = sanitize_with(config.sanitize, detail["data"], pii=bool(rule and rule.redact_pii))
+    notes = [*cleaned.cuts]
+    if cleaned.redactions:
+        notes.append("redacted: " + ", ".join(f"{k} ({v})" for k, v in sorted(cleaned.redactions.items())))
+    tools = (decision or {}).get("rule_tools") if isinstance(decision, dict) else None
+    score = detail.get("injection_score")
+    return {
+        "row": int(detail["id"]),
+        "event_id": shown(detail["event_id"]),
+        "event": shown(detail["event"]),
+        "server": shown(detail["server"]),
+        "subscription": shown(detail["subscription"]),
+        "state": shown(detail["state"]),
+        "attempts": detail.get("attempts") or 0,
+        "last_error": shown(detail["last_error"], 500) if detail.get("last_error") else None,
+        "timestamp": shown(detail.get("timestamp")),
+        "received_at": shown(detail.get("received_at")),
+        "injection_score": round(float(score), 2) if isinstance(score, int | float) else "not scored",
+        "notes": [shown(n, 500) for n in notes],
+        "data": json.dumps(cleaned.value, indent=2, ensure_ascii=False, sort_keys=True),
+        "decision": block(decision) if decision is not None else None,
+        "rule": shown(rule_name) if rule_name is not None else None,
+        "why": shown((decision or {}).get("why"), 500) if isinstance(decision, dict) else "",
+        "tools": [shown(t) for t in tools] if isinstance(tools, list) else None,
+        "authority": authority_lines(decision if isinstance(decision, dict) else None),
+        "answers": [answer_shown(a) for a in detail.get("answers") or []],
+        "runs": [run_shown(r) for r in detail.get("runs") or []],
+    }
+
+
 __all__ = [
     "CONTENT_SECURITY_POLICY",
     "TEMPLATES",
     "HeldEvent",
     "answer_shown",
     "authority_lines",
+    "block",
+    "event_shown",
     "granted_tools",
     "held_event",
     "recent_event",
     "recent_run",
+    "run_shown",
     "shown",
 ]
