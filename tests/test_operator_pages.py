@@ -30,6 +30,7 @@ OPERATOR = {"Authorization": f"Bearer {TOKEN}", "Accept": "application/json"}
 SLACK = {"Authorization": f"Bearer {SLACK_TOKEN}", "Accept": "application/json"}
 HTML = {"Authorization": f"Bearer {TOKEN}", "Accept": "text/html"}
 AUTHORITY = ["close_ticket: ticket = 'T-1' (pinned)"]
+T_EPOCH = "2026-01-01T00:00:00.000Z"
 
 
 async def get(http: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> tuple[int, Any]:
@@ -379,3 +380,86 @@ async def test_a_session_survives_a_restart_but_not_its_expiry_nor_a_rotated_tok
         assert (await held.detail(held.rows[0]))["state"] == "denied"
         with closing(sqlite3.connect(held.store.path)) as conn:
             assert conn.execute("SELECT count(*) FROM operator_sessions").fetchone()[0] == 0
+
+
+# ---- the same store calls on PostgreSQL -----------------------------------------------------------
+
+
+async def test_the_lists_and_sessions_answer_on_postgresql_as_on_sqlite(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    from test_approvals_api import HOLD_DECISION, KEY
+
+    from agentwake.clock import now_iso
+    from agentwake.store import IncomingEvent, Settlement
+    from agentwake.store.browse import EventFilter, RunFilter
+    from agentwake.store.postgres import PostgresStore
+    from agentwake.store.sessions import StoredSession
+    from agentwake.store.sqlite import SqliteStore
+
+    async def answers(store: Any) -> list[Any]:
+        await store.register(KEY)
+        await store.ingest(
+            KEY, [IncomingEvent(f"T-{n}", "ticket.created", now_iso(), {"n": n}) for n in (1, 2, 3)], "c1"
+        )
+        claimed = await store.claim(3)
+        await store.settle(
+            [
+                Settlement(claimed[0].id, HOLD_DECISION, "held"),
+                Settlement(claimed[1].id, {"rule": "log"}, "ignored"),
+            ]
+        )
+        run_id = await store.start_run(
+            claimed[2].id,
+            kind="agent",
+            attempt=1,
+            model="m",
+            decision={},
+            system_prompt=None,
+            user_prompt=None,
+        )
+        seen: list[Any] = []
+        for filters in (
+            EventFilter(),
+            EventFilter(rule="hold-suspicious"),
+            EventFilter(state="held", server="demo"),
+        ):
+            rows, total = await store.event_page(filters, 0, 2)
+            seen.append(([r["event_id"] for r in rows], total))
+        rows, total = await store.run_page(RunFilter(status="running"), 0, 10)
+        seen.append(([r["event_id"] for r in rows], total, await store.run_event(run_id) == claimed[2].id))
+        session = StoredSession(
+            "h1",
+            "operator",
+            ("approve", "read"),
+            "check",
+            T_EPOCH,
+            "2999-01-01T00:00:00.000Z",
+            "2999-01-01T00:00:00.000Z",
+        )
+        expired = StoredSession("h0", None, ("read",), "", T_EPOCH, T_EPOCH, T_EPOCH)
+        await store.session_save(expired, T_EPOCH)
+        await store.session_save(session, "2100-01-01T00:00:00.000Z")  # the expired one goes
+        await store.session_touch("h1", "2998-01-01T00:00:00.000Z")
+        seen.append((await store.session_get("h0"), await store.session_get("h1")))
+        await store.session_end("h1")
+        seen.append(await store.session_get("h1"))
+        return seen
+
+    pg = await PostgresStore.open(postgres_url)
+    try:
+        on_postgres = await answers(pg)
+    finally:
+        await pg.close()
+    lite = await SqliteStore.open(tmp_path / "aw.db")
+    try:
+        on_sqlite = await answers(lite)
+    finally:
+        await lite.close()
+    assert on_postgres == on_sqlite
+    assert (
+        on_sqlite[0] == (["T-3", "T-2"], 3) and on_sqlite[1] == (["T-1"], 1) and on_sqlite[2] == (["T-1"], 1)
+    )
+    assert on_sqlite[3] == (["T-3"], 1, True)
+    assert on_sqlite[4][0] is None and on_sqlite[4][1].idle_until == "2998-01-01T00:00:00.000Z"
+    assert on_sqlite[5] is None

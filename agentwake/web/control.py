@@ -215,10 +215,10 @@ async def limit_rows(endpoint: Endpoint) -> list[dict[str, Any]]:
     worker = endpoint.supervisor.worker
     agent = config.agent
     now = utc_now()
-    runs, cost = await endpoint.store.agent_usage(iso(now - timedelta(hours=1)), iso(now - timedelta(days=1)))
-    handled: dict[str, int] = {}
-    for server, _ in worker.held.values() if worker is not None else ():
-        handled[server] = handled.get(server, 0) + 1
+    # Counted over every process on the store (agentwake.store.limits).
+    use = await endpoint.store.limit_use(iso(now - timedelta(hours=1)), iso(now - timedelta(days=1)), {})
+    runs, cost = int(use["runs_last_hour"]), float(use["cost_last_day_usd"])
+    handled: dict[str, int] = use["handled_by_server"]
     rows: list[dict[str, Any]] = [
         {
             "name": "[agent] max_runs_per_hour",
@@ -245,7 +245,7 @@ async def limit_rows(endpoint: Endpoint) -> list[dict[str, Any]]:
                 "name": f"[servers.{name}] max_concurrent_runs",
                 "limit": server_config.max_concurrent_runs,
                 "used": handled.get(name, 0),
-                "use": "events being handled now (this process)",
+                "use": "events being handled now (every process)",
             }
         )
     return rows
