@@ -514,6 +514,39 @@ def models_in_use(config: AgentwakeConfig, extra: Iterable[str | None] = ()) -> 
     return list(dict.fromkeys(models))
 
 
+def model_warnings(models: Iterable[str]) -> list[tuple[str, str]]:
+    """(model, why) for each model litellm cannot price (a cost limit cannot hold, runs record no cost)
+    or cannot drive with native tool calling; for `agentwake check`. Imports litellm."""
+    litellm = load_litellm()
+    found: list[tuple[str, str]] = []
+    for model in models:
+        if model == OFFLINE_MODEL:
+            continue
+        provider = model.split("/", 1)[0] if "/" in model else ""
+        if provider == "ollama":
+            found.append(
+                (
+                    model,
+                    "litellm sends ollama/ models to Ollama's /api/generate, with the tools pasted into the"
+                    " prompt and JSON output forced; ollama_chat/ uses Ollama's native tool calling",
+                )
+            )
+        try:
+            info = litellm.get_model_info(model)
+        except Exception:  # litellm raises its own error types for a model it does not map
+            found.append(
+                (
+                    model,
+                    "litellm has no price for it: runs record no cost, so [agent] max_cost_per_day_usd"
+                    " cannot hold (max_runs_per_hour still does)",
+                )
+            )
+            continue
+        if info.get("supports_function_calling") is False:
+            found.append((model, "litellm says it has no native tool calling: the agent could not call tools"))
+    return found
+
+
 def missing_api_keys(agent: AgentConfig, models: Iterable[str]) -> list[MissingKey]:
     """The models whose API key is not in the environment. ``agentwake/offline`` needs none.
 
