@@ -104,6 +104,59 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class RetentionConfig(_Model):
+    """[store.retention]: how long what the store keeps is kept, and the background pruner that
+    enforces it (agentwake.store.retention). Every duration is in days (a fraction is allowed)."""
+
+    enabled: bool = Field(
+        default=True,
+        description="prune in the background while the service runs ('agentwake store prune' works either way)",
+    )
+    done_days: float = Field(
+        default=30.0,
+        gt=0,
+        description="events done, ignored, denied, batched or rejected: deleted this long after they ended",
+    )
+    failed_days: float = Field(
+        default=90.0, gt=0, description="failed events: deleted this long after they failed"
+    )
+    runs_days: float = Field(
+        default=90.0,
+        gt=0,
+        description="runs and their tool-call journal; an event is kept as long as one of its runs is",
+    )
+    transcript_days: float = Field(
+        default=30.0,
+        gt=0,
+        description="a finished event's run transcripts (prompts, messages, tool results) are cleared after"
+        " this; the run's row (status, cost, tools) stays for runs_days",
+    )
+    answered_days: float = Field(
+        default=365.0,
+        gt=0,
+        description="the approvals' audit trail: an answered event is kept this long after its answer",
+    )
+    gaps_days: float = Field(default=90.0, gt=0, description="recorded gaps")
+    dedup_days: float = Field(
+        default=365.0,
+        gt=0,
+        description="a pruned event's (server, name, eventId) key is kept this long after its row was pruned,"
+        " so a re-delivery is still a duplicate",
+    )
+    prune_interval_s: float = Field(
+        default=3600.0, ge=1, description="how often the service prunes (the first pass is within a minute)"
+    )
+    batch_rows: int = Field(
+        default=500,
+        gt=0,
+        le=10_000,
+        description="rows deleted per transaction, so no write lock is held long",
+    )
+    batch_pause_s: float = Field(
+        default=0.05, ge=0, le=10, description="pause between two batches, for deliveries and claims"
+    )
+
+
 class StoreConfig(_Model):
     """[store]: a SQLite file (``path``, the default), or a PostgreSQL database (``url``) that several
     processes may share."""
@@ -134,6 +187,9 @@ class StoreConfig(_Model):
         default=None,
         description="PostgreSQL: pin this process to these subscriptions (names or globs), all it can get;"
         " unset: it drives its share of them all",
+    )
+    retention: RetentionConfig = Field(
+        default_factory=RetentionConfig, description="how long events, runs and transcripts are kept"
     )
 
     @model_validator(mode="after")

@@ -136,6 +136,10 @@ async def run_service(
         health.store_written()
         async with anyio.create_task_group() as tg:
             tg.start_soon(_heartbeat, store, service_id, HEARTBEAT_S, health, name="service-heartbeat")
+            if config.store.retention.enabled:  # [store.retention]: old events, runs and transcripts go
+                from agentwake.store.retention import keep_pruned
+
+                tg.start_soon(keep_pruned, config.store, store, name="store-pruner")
             worker = Worker(config, store, policy=policy, agent=runner, pool=pool)
             supervisor = Supervisor(config, store, worker=worker, pool=pool)
             if handle_signals:

@@ -486,4 +486,9 @@ class StoreReader(Protocol):
 
     def pauses(self) -> list[Pause]: ...
 
+    def storage(self) -> dict[str, Any]:
+        """The store's size in bytes (``size_bytes``; SQLite: the file and its WAL) and its oldest kept
+        event's receipt time (``oldest_event_at``), with the backend's details."""
+        ...
+
     def limit_use(self, since_hour: str, since_day: str, rate_since: Mapping[str, str]) -> dict[str, Any]: ...

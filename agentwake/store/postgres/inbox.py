@@ -131,15 +131,20 @@ async def _insert_rejected(
 
 
 async def _stored_ids(conn: psycopg.AsyncConnection[Any], idents: Sequence[Ident]) -> set[Ident]:
-    """Which of these (server, event name, eventId) are in the inbox already."""
+    """Which of these (server, event name, eventId) are in the inbox already, or were (seen)."""
     if not idents:
         return set()
     listed = sorted(set(idents))
+    columns = [[w[0] for w in listed], [w[1] for w in listed], [w[2] for w in listed]]
+    # A pruned event's key is in seen (agentwake.store.retention): still a duplicate.
     cur = await conn.execute(
         "SELECT e.server, e.name, e.event_id FROM events e"
         " JOIN unnest(%s::text[], %s::text[], %s::text[]) AS w(server, name, event_id)"
-        " ON e.server = w.server AND e.name = w.name AND e.event_id = w.event_id",
-        [[w[0] for w in listed], [w[1] for w in listed], [w[2] for w in listed]],
+        " ON e.server = w.server AND e.name = w.name AND e.event_id = w.event_id"
+        " UNION SELECT s.server, s.name, s.event_id FROM seen s"
+        " JOIN unnest(%s::text[], %s::text[], %s::text[]) AS w(server, name, event_id)"
+        " ON s.server = w.server AND s.name = w.name AND s.event_id = w.event_id",
+        [*columns, *columns],
     )
     return {(r[0], r[1], r[2]) for r in await cur.fetchall()}
 

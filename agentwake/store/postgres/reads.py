@@ -79,6 +79,9 @@ class Views(PostgresBase):
     async def undecided(self, subscription: str, up_to: int) -> int:
         return await self._read(views.undecided(subscription, up_to))
 
+    async def storage(self) -> dict[str, Any]:
+        return await self._read(views.storage())
+
 
 @StoreErrors.install_sync
 class PostgresReader(Named):
@@ -119,6 +122,9 @@ class PostgresReader(Named):
 
     def subscriptions(self) -> list[dict[str, Any]]:
         return self._read(views.subscriptions())
+
+    def storage(self) -> dict[str, Any]:
+        return self._read(views.storage())
 
     def run_counts(self) -> dict[str, dict[str, Any]]:
         return self._read(views.run_counts())

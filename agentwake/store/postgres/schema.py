@@ -18,6 +18,7 @@ import psycopg
 from agentwake.clock import now_iso
 from agentwake.errors import StoreError
 from agentwake.store.pauses import PAUSES_TABLE
+from agentwake.store.retention_schema import RETENTION_INDEXES, SEEN_INDEX, SEEN_TABLE
 from agentwake.store.sessions import SESSIONS_INDEX, SESSIONS_TABLE
 
 # pg_advisory_xact_lock key held while migrating (any fixed 64-bit number; "agentwk1" in ASCII).
@@ -239,6 +240,28 @@ _PAUSES: Final = (PAUSES_TABLE,)
 # Operator sessions of the service endpoint (the SQLite store's 0018_operator_sessions).
 _OPERATOR_SESSIONS: Final = (SESSIONS_TABLE, SESSIONS_INDEX)
 
+# The keys of pruned events, for dedup after pruning (the SQLite store's 0017_retention): a row
+# inserted into events whose key is in seen is skipped (the trigger returns NULL), so every insert
+# path (ON CONFLICT DO NOTHING ... RETURNING) counts it as the duplicate it is.
+_RETENTION: Final = (
+    SEEN_TABLE,
+    SEEN_INDEX,
+    """
+    CREATE FUNCTION agentwake_events_seen() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF EXISTS (SELECT 1 FROM seen s WHERE s.server = NEW.server AND s.name = NEW.name
+                   AND s.event_id = NEW.event_id) THEN
+            RETURN NULL;
+        END IF;
+        RETURN NEW;
+    END
+    $$
+    """,
+    "CREATE TRIGGER events_seen BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION agentwake_events_seen()",
+    "ALTER TABLE runs ADD COLUMN cleared_at text",
+    *RETENTION_INDEXES,
+)
+
 # In order; a new one is appended (never edited once released): its name is recorded when applied.
 MIGRATIONS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
     ("0001_initial", _INITIAL),
@@ -246,6 +269,7 @@ MIGRATIONS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
     ("0003_rule_slots", _RULE_SLOTS),
     ("0004_approval_answers", _APPROVAL_ANSWERS),
     ("0005_pauses", _PAUSES),
+    ("0006_retention", _RETENTION),
     ("0007_operator_sessions", _OPERATOR_SESSIONS),
 )
 MIGRATION_NAMES: Final = tuple(name for name, _ in MIGRATIONS)

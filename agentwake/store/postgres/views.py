@@ -381,3 +381,12 @@ def subscription_owners() -> View[list[dict[str, Any]]]:
 def pauses() -> View[list[Pause]]:
     rows = yield (PAUSES_SQL, [])
     return [pause_of(row) for row in rows]
+
+
+def storage() -> View[dict[str, Any]]:
+    """The database's size (``pg_database_size``) and the oldest kept event's receipt time."""
+    rows = yield (
+        "SELECT pg_database_size(current_database()), (SELECT received_at FROM events ORDER BY id LIMIT 1)",
+        (),
+    )
+    return {"backend": "postgresql", "size_bytes": int(rows[0][0]), "oldest_event_at": rows[0][1]}

@@ -286,7 +286,7 @@ class Inbox(SqliteBase):
         return row is not None
 
     def _stored_ids(self, deliveries: Sequence[WebhookDelivery]) -> set[tuple[str, str, str]]:
-        """Which of the deliveries' (server, event name, eventId) are in the inbox already."""
+        """Which of the deliveries' (server, event name, eventId) are in the inbox already, or were (seen)."""
         wanted: dict[tuple[str, str], set[str]] = {}
         for delivery in deliveries:
             if delivery.event is not None:
@@ -299,9 +299,11 @@ class Inbox(SqliteBase):
             for start in range(0, len(listed), IN_CHUNK):
                 chunk = listed[start : start + IN_CHUNK]
                 marks = ",".join("?" * len(chunk))
+                # A pruned event's key is in seen (agentwake.store.retention): still a duplicate.
                 for (event_id,) in self.conn.execute(
-                    f"SELECT event_id FROM events WHERE server = ? AND name = ? AND event_id IN ({marks})",
-                    [server, name, *chunk],
+                    f"SELECT event_id FROM events WHERE server = ? AND name = ? AND event_id IN ({marks})"
+                    f" UNION SELECT event_id FROM seen WHERE server = ? AND name = ? AND event_id IN ({marks})",
+                    [server, name, *chunk, server, name, *chunk],
                 ):
                     found.add((server, name, event_id))
         return found

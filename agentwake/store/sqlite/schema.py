@@ -6,6 +6,7 @@ import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
 from agentwake.store.pauses import PAUSES_TABLE
+from agentwake.store.retention_schema import RETENTION_INDEXES, SEEN_INDEX, SEEN_TABLE
 from agentwake.store.sessions import SESSIONS_INDEX, SESSIONS_TABLE
 from agentwake.store.sqlite.versions import MIGRATION_SET
 
@@ -326,6 +327,23 @@ def _approval_answers(db: sqlite_utils.Database) -> None:
 def _pauses(db: sqlite_utils.Database) -> None:
     # The kill switch: what is paused, by whom, why, since when (agentwake.store.pauses).
     db.execute(PAUSES_TABLE)
+
+
+@migrations(name="0017_retention")
+def _retention(db: sqlite_utils.Database) -> None:
+    # The keys of pruned events, so a re-delivery of one is still a duplicate: a row inserted into
+    # events whose key is here is skipped, as the unique index skips one whose row is still there.
+    db.execute(SEEN_TABLE)
+    db.execute(SEEN_INDEX)
+    db.execute(
+        "CREATE TRIGGER events_seen BEFORE INSERT ON events WHEN EXISTS (SELECT 1 FROM seen s"
+        " WHERE s.server = NEW.server AND s.name = NEW.name AND s.event_id = NEW.event_id)"
+        " BEGIN SELECT RAISE(IGNORE); END"
+    )
+    # When a run's transcript was cleared (agentwake.store.retention); the uncleared ones are indexed.
+    db.execute("ALTER TABLE runs ADD COLUMN cleared_at TEXT")
+    for statement in RETENTION_INDEXES:
+        db.execute(statement)
 
 
 @migrations(name="0018_operator_sessions")

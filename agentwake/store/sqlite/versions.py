@@ -27,5 +27,6 @@ MIGRATION_NAMES: Final = (
     "0014_rule_slots",
     "0015_approval_answers",
     "0016_pauses",
+    "0017_retention",
     "0018_operator_sessions",
 )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sqlite3
+from pathlib import Path
 from typing import Any, Final
 
 from agentwake.store.records import EVENT_STATES, final_answer, summary_line
@@ -14,6 +16,8 @@ from agentwake.store.shapes import (
     subscription_view,
 )
 from agentwake.store.sqlite.base import SqliteBase
+
+AUTO_VACUUM_MODES: Final = {0: "none", 1: "full", 2: "incremental"}
 
 # The answers shown with events (each held event has one, unless held again after a retry).
 MAX_EVENT_ANSWERS: Final = 1000
@@ -286,3 +290,37 @@ class Views(SqliteBase):
         for state, count in self.conn.execute("SELECT state, count(*) FROM events GROUP BY state").fetchall():
             counts[state] = count
         return counts
+
+    def storage(self) -> dict[str, Any]:
+        """The store's size and its oldest kept event, for ``status``."""
+        return sqlite_storage(self.conn, self.path)
+
+
+def wal_path(path: Path) -> Path:
+    return path.with_name(path.name + "-wal")
+
+
+def file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def sqlite_storage(conn: sqlite3.Connection, path: Path) -> dict[str, Any]:
+    """The store's size on disk (the file and its WAL), what is free inside it, and the oldest
+    kept event's receipt time (ids follow receipt: the first row's)."""
+    page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+    free = int(conn.execute("PRAGMA freelist_count").fetchone()[0]) * page_size
+    mode = AUTO_VACUUM_MODES.get(int(conn.execute("PRAGMA auto_vacuum").fetchone()[0]), "unknown")
+    row = conn.execute("SELECT received_at FROM events ORDER BY id LIMIT 1").fetchone()
+    main, wal = file_size(path), file_size(wal_path(path))
+    return {
+        "backend": "sqlite",
+        "size_bytes": main + wal,
+        "file_bytes": main,
+        "wal_bytes": wal,
+        "free_bytes": free,
+        "auto_vacuum": mode,
+        "oldest_event_at": None if row is None else row[0],
+    }
