@@ -340,7 +340,7 @@ async def test_healthz_and_readyz_answer_503_from_the_stop_signal_on(
         assert "open: no access token, loopback only" in caplog.text
 
         ready = await wait_json(http, f"{url}/readyz", lambda status, body: status == 200)
-        assert ready == {"status": "ready", "servers": {"demo": "connected"}}
+        assert ready == {"status": "ready", "servers": {"demo": "connected"}, "paused": []}
         assert await get_json(http, f"{url}/healthz") == (200, {"status": "ok"})
 
         os.kill(os.getpid(), signal.SIGTERM)
@@ -390,7 +390,10 @@ async def test_healthz_is_503_while_the_store_cannot_be_written(tmp_path: Path) 
             # The lock is gone: the next beat writes, and the endpoint is healthy again.
             await wait_json(http, f"{endpoint.url}/healthz", lambda status, body: status == 200)
             # Readiness comes from the supervisor: a server never started counts as connecting.
-            assert await get_json(http, f"{endpoint.url}/readyz") == (200, {"status": "ready", "servers": {}})
+            assert await get_json(http, f"{endpoint.url}/readyz") == (
+                200,
+                {"status": "ready", "servers": {}, "paused": []},
+            )
             tg.cancel_scope.cancel()
     finally:
         await store.close()

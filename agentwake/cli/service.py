@@ -189,7 +189,6 @@ async def _check(cfg: AgentwakeConfig) -> CheckReport:
     if cfg.agent is not None:
         # Without api_key_env, litellm says which variable a provider reads: a slow import.
         await anyio.to_thread.run_sync(_check_api_keys, cfg, [r.rule.model for r in rules], report)
-        await anyio.to_thread.run_sync(_check_models, cfg, [r.rule.model for r in rules], report)
         await _check_model_endpoint(cfg, [r.rule.model for r in rules], report)
     declared = Declared()
     catalogs = await _check_servers(cfg, report, declared)
@@ -426,17 +425,12 @@ def _check_postgres_store(cfg: AgentwakeConfig, report: CheckReport) -> None:
 
 
 def _check_api_keys(cfg: AgentwakeConfig, rule_models: list[str | None], report: CheckReport) -> None:
-    from agentwake.agent.llm import missing_api_keys, models_in_use
+    """Each model's API key; and, as warnings, a model litellm cannot price or drive with native tools."""
+    from agentwake.agent.llm import missing_api_keys, model_warnings, models_in_use
 
     assert cfg.agent is not None
     for missing in missing_api_keys(cfg.agent, models_in_use(cfg, rule_models)):
         report.add("api_key", ", ".join(missing.variables), str(missing), model=missing.model)
-
-
-def _check_models(cfg: AgentwakeConfig, rule_models: list[str | None], report: CheckReport) -> None:
-    """Warnings only: a model litellm cannot price, or cannot drive with native tool calling."""
-    from agentwake.agent.llm import model_warnings, models_in_use
-
     for model, why in model_warnings(models_in_use(cfg, rule_models)):
         report.add("model_support", model, f"model {model}: {why}", severity="warning", model=model)
 
