@@ -1,10 +1,12 @@
-"""``agentwake store copy``: move a SQLite store into PostgreSQL (``agentwake.store.copy``)."""
+"""``agentwake store copy``: move a SQLite store into PostgreSQL (``agentwake.store.copy``);
+``agentwake store prune``: apply ``[store.retention]`` now (``agentwake.store.retention``)."""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -17,6 +19,7 @@ from agentwake.cli.common import (
     HelpGroup,
     app,
     fail,
+    load,
     run_async,
     stderr,
     stdout,
@@ -26,9 +29,10 @@ from agentwake.errors import ConfigError, StoreError
 
 if TYPE_CHECKING:
     from agentwake.store.copy import CopyReport
+    from agentwake.store.retention import PruneReport
 
 store_app = typer.Typer(
-    help="Manage the store itself: copy a SQLite store into PostgreSQL.",
+    help="Manage the store itself: copy a SQLite store into PostgreSQL, prune it by its retention.",
     no_args_is_help=True,
     rich_markup_mode=HELP_MARKUP,
     cls=HelpGroup,
@@ -163,4 +167,113 @@ def _print_summary(report: CopyReport) -> None:
     out.print("set [store] url (and password_env) in the config to use it", highlight=False)
 
 
-__all__ = ["copy", "store_app"]
+# Progress lines on stderr: at most one per this many seconds of a long prune.
+PROGRESS_EVERY_S = 2.0
+
+
+@store_app.command("prune")
+def prune(
+    config: ConfigOption = DEFAULT_CONFIG_PATH,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Count what would be deleted or cleared; change nothing."),
+    ] = False,
+    vacuum: Annotated[
+        bool,
+        typer.Option(
+            "--vacuum",
+            help="Then compact the store: SQLite VACUUM (and incremental auto-vacuum from then on; it"
+            " holds the write lock while it runs: best with the service stopped); PostgreSQL VACUUM (ANALYZE).",
+        ),
+    ] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print no progress on stderr.")] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help='Print the summary as one JSON object: {"dry_run", "deleted", "transcripts_cleared",'
+            ' "dedup_keys_kept", "batches", "seconds", "reclaimed_bytes", "skipped", "store"}.',
+        ),
+    ] = False,
+) -> None:
+    """Delete now what [store.retention] says may go (the service does it every prune_interval_s).
+
+    Per table, what was deleted (with --dry-run, what would be): events and their runs, tool calls,
+    answers and flow marks; run transcripts cleared; gaps; expired dedup keys. Pending, processing,
+    held and dead events are always kept. In small batches: a running service goes on meanwhile.
+    """
+    from agentwake.store.retention import Retention, open_target
+    from agentwake.store.retention import prune as prune_store
+
+    if dry_run and vacuum:
+        raise fail("--vacuum changes the store: it cannot go with --dry-run", 2)
+    cfg = load(config, secrets=False)
+    retention = Retention.from_config(cfg.store.retention)
+    shown = [time.monotonic()]
+
+    def progress(table: str, report: PruneReport) -> None:
+        if quiet or time.monotonic() - shown[0] < PROGRESS_EVERY_S:
+            return
+        shown[0] = time.monotonic()
+        stderr().print(
+            f"{table}: {report.total} rows so far, {report.batches} batches", highlight=False, soft_wrap=True
+        )
+
+    async def run() -> tuple[PruneReport, dict[str, object], int | None]:
+        target = await open_target(cfg.store)
+        try:
+            report = await prune_store(target, retention, dry_run=dry_run, progress=progress)
+            freed: int | None = None
+            if not dry_run and report.skipped is None:
+                report.reclaimed_bytes = await target.reclaim(retention.pause_s)
+                if vacuum:
+                    if not quiet:
+                        stderr().print("vacuuming the store…", highlight=False)
+                    freed = await target.vacuum()
+            return report, await target.storage(), freed
+        finally:
+            await target.close()
+
+    try:
+        report, storage, freed = run_async(run)
+    except StoreError as exc:
+        raise fail(exc) from None
+    if as_json:
+        document = {**report.to_json(), "vacuumed_bytes": freed, "store": storage}
+        sys.stdout.write(json.dumps(document) + "\n")
+        return
+    _print_prune(report, storage, freed)
+
+
+def _print_prune(report: PruneReport, storage: dict[str, object], freed: int | None) -> None:
+    from agentwake.cli.views import describe_storage
+
+    out = stdout()
+    if report.skipped is not None:
+        out.print(f"nothing pruned: {report.skipped}", highlight=False)
+        return
+    verb = "would delete" if report.dry_run else "deleted"
+    out.print(
+        f"{verb} ({report.batches} batches, {report.seconds:.1f} s):",
+        highlight=False,
+        soft_wrap=True,
+    )
+    for table, count in report.counts.items():
+        if table == "transcripts":
+            continue
+        label = "dedup keys (expired)" if table == "seen" else table
+        out.print(f"  {label:<22}{count:>10}", highlight=False)
+    cleared = "would be cleared" if report.dry_run else "cleared"
+    out.print(
+        f"  {'run transcripts ' + cleared:<22}{report.counts.get('transcripts', 0):>10}", highlight=False
+    )
+    kept = "would be kept" if report.dry_run else "kept"
+    out.print(f"  {'dedup keys ' + kept:<22}{report.keys_kept:>10}", highlight=False)
+    if report.reclaimed_bytes:
+        out.print(f"gave {report.reclaimed_bytes} bytes back to the file system", highlight=False)
+    if freed is not None:
+        out.print(f"vacuum gave {freed} bytes back", highlight=False)
+    out.print(describe_storage(storage), highlight=False, soft_wrap=True)
+
+
+__all__ = ["copy", "prune", "store_app"]

@@ -113,15 +113,24 @@ def status(
     if watch:
         watch_status(config, as_json, with_service, WATCH_INTERVAL_S if interval is None else interval)
         return
-    service, rows = status_snapshot(config)
+    service, rows, storage = status_reading(config)
     if as_json:
-        sys.stdout.write(json.dumps(status_document(service, rows, with_service), indent=2) + "\n")
+        document = status_document(service, rows, with_service, storage)
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
         return
-    print_status_view(service, rows, stdout())
+    print_status_view(service, rows, stdout(), storage)
 
 
 def status_snapshot(config: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """What one `status` shows, read from the store: the service (service_state) and the subscriptions."""
+    service, rows, _ = status_reading(config)
+    return service, rows
+
+
+def status_reading(
+    config: Path,
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]], dict[str, Any]]:
+    """``status_snapshot`` and the store's size and oldest kept event (``StoreReader.storage``)."""
 
     def read(location: StoreLocation, store: StoreReader) -> tuple[Any, ...]:
         return (
@@ -131,9 +140,10 @@ def status_snapshot(config: Path) -> tuple[dict[str, Any] | None, list[dict[str,
             store.services(),
             store.subscription_owners(),
             store.pauses(),
+            store.storage(),
         )
 
-    rows, counts, configured, services, owners, pauses = read_store(config, read)
+    rows, counts, configured, services, owners, pauses, storage = read_store(config, read)
     service = service_state(services)
     from agentwake.store.pauses import as_dict
 
@@ -176,18 +186,55 @@ def status_snapshot(config: Path) -> tuple[dict[str, Any] | None, list[dict[str,
         row["pause"] = None if covering is None else as_dict(covering)
     if service is not None:
         service["pauses"] = [as_dict(p) for p in pauses]
-    return service, rows
+    return service, rows, storage
 
 
-def status_document(service: dict[str, Any] | None, rows: list[dict[str, Any]], with_service: bool) -> object:
-    """`status --json`: the array of subscriptions, or with ``with_service`` {service, subscriptions}."""
-    return {"service": service, "subscriptions": rows} if with_service else rows
+def status_document(
+    service: dict[str, Any] | None,
+    rows: list[dict[str, Any]],
+    with_service: bool,
+    storage: dict[str, Any] | None = None,
+) -> object:
+    """`status --json`: the array of subscriptions, or with ``with_service`` {service, subscriptions,
+    store} (``store``: the store's size and oldest kept event)."""
+    if not with_service:
+        return rows
+    return {"service": service, "subscriptions": rows, "store": storage}
 
 
-def print_status_view(service: dict[str, Any] | None, rows: list[dict[str, Any]], out: Console) -> None:
+def describe_storage(storage: dict[str, Any]) -> str:
+    """``store: 12.3 MB (file 12.0 MB, WAL 320 kB, 1.1 MB free inside), oldest event received ...``."""
+    parts = []
+    if storage.get("file_bytes") is not None:
+        parts.append(f"file {_size(storage['file_bytes'])}, WAL {_size(storage.get('wal_bytes') or 0)}")
+    if storage.get("free_bytes"):
+        parts.append(f"{_size(storage['free_bytes'])} free inside")
+    detail = f" ({', '.join(parts)})" if parts else ""
+    oldest = storage.get("oldest_event_at")
+    since = f"oldest event received {oldest}" if oldest else "no event kept"
+    return f"store: {_size(storage.get('size_bytes') or 0)}{detail}, {since}"
+
+
+def _size(count: int) -> str:
+    value = float(count)
+    for unit in ("bytes", "kB", "MB", "GB"):
+        if value < 1000 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "bytes" else f"{value:.1f} {unit}"
+        value /= 1000
+    raise AssertionError("unreachable")
+
+
+def print_status_view(
+    service: dict[str, Any] | None,
+    rows: list[dict[str, Any]],
+    out: Console,
+    storage: dict[str, Any] | None = None,
+) -> None:
     from agentwake.cli.tables import describe_service, print_status
 
     out.print(describe_service(service), highlight=False)
+    if storage is not None:
+        out.print(describe_storage(storage), highlight=False, soft_wrap=True)
     for pause in (service or {}).get("pauses") or []:
         what = "everything" if pause["scope"] == "all" else f"{pause['scope']} {pause['name']}"
         why = f": {pause['reason']}" if pause["reason"] else ""
@@ -250,8 +297,8 @@ def watch_status(config: Path, as_json: bool, with_service: bool, interval_s: fl
     try:
         if as_json:
             while True:
-                service, rows = status_snapshot(config)
-                sys.stdout.write(json.dumps(status_document(service, rows, with_service)) + "\n")
+                service, rows, storage = status_reading(config)
+                sys.stdout.write(json.dumps(status_document(service, rows, with_service, storage)) + "\n")
                 sys.stdout.flush()
                 time.sleep(interval_s)
         out = stdout()
@@ -259,7 +306,8 @@ def watch_status(config: Path, as_json: bool, with_service: bool, interval_s: fl
             _watch_live(config, interval_s, out)
         while True:
             out.print(_watch_header(interval_s), highlight=False)
-            print_status_view(*status_snapshot(config), out)
+            service, rows, storage = status_reading(config)
+            print_status_view(service, rows, out, storage)
             out.print()
             time.sleep(interval_s)
     except KeyboardInterrupt:
@@ -285,7 +333,8 @@ def _watch_live(config: Path, interval_s: float, out: Console) -> NoReturn:
             markup=False,
         )
         page.print(_watch_header(interval_s), highlight=False)
-        print_status_view(*status_snapshot(config), page)
+        service, rows, storage = status_reading(config)
+        print_status_view(service, rows, page, storage)
         assert isinstance(page.file, io.StringIO)
         return Text.from_ansi(page.file.getvalue())
 
@@ -587,12 +636,14 @@ def print_run(run: dict[str, Any]) -> None:
 
 __all__ = [
     "actions",
+    "describe_storage",
     "inbox",
     "print_run",
     "print_status_view",
     "show",
     "status",
     "status_document",
+    "status_reading",
     "status_snapshot",
     "watch_status",
 ]
