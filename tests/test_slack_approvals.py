@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from agentwake.bridges.framework import BridgeOptions, BridgeServer
 from agentwake.bridges.slack import SlackBridge, SlackSettings
-from agentwake.bridges.slack_approvals import APPROVE, DENY, ApprovalSettings
+from agentwake.bridges.slack_approvals import APPROVE, DENY, PAUSE_RULE, RESUME_RULE, ApprovalSettings
 from agentwake.cli import app
 from agentwake.fakes.slack import HUMAN, FakeSlack, Recorded, signature
 
@@ -145,7 +145,11 @@ async def test_a_held_event_is_posted_once_with_both_buttons_and_escaped_text(tm
         [post] = r.slack.calls("chat.postMessage")
         assert post.args["channel"] == OPS
         row = str(r.held.rows[0])
-        assert [(b["action_id"], b["value"]) for b in buttons(post)] == [(APPROVE, row), (DENY, row)]
+        assert [(b["action_id"], b["value"]) for b in buttons(post)] == [
+            (APPROVE, row),
+            (DENY, row),
+            (PAUSE_RULE, row),
+        ]
         text = post.args["blocks"][0]["text"]["text"]
         assert "T-1" in text and "hold-suspicious" in text and "close_ticket" in text
         assert "Close &lt;@U0BOSS&gt; &amp; &lt;!channel&gt; now 1" in text
@@ -260,3 +264,40 @@ def test_approvals_flags_are_checked_and_the_token_never_printed(tmp_path: Path)
         assert result.exit_code == 2 and len(errors) == 1 and needle in errors[0], (args, result.output)
         assert "never-print-this" not in result.output
     assert not (tmp_path / "state").exists()
+
+
+async def test_an_approver_pauses_the_held_events_rule_from_slack_and_resumes_it(tmp_path: Path) -> None:
+    """The "Pause rule" button pauses the rule agentwake listed for the row (as the approver), and the
+    message the bridge posts about it resumes it; other people's clicks change nothing."""
+    async with rig(tmp_path) as r:
+        row = r.held.rows[0]
+        assert await r.send(r.click_body(row, PAUSE_RULE, user=HUMAN)) == 200
+        assert await r.held.store.pauses() == []
+        # The click's value names a row; the rule comes from what the bridge kept for that message.
+        forged = r.click(row, PAUSE_RULE)
+        forged["actions"][0]["value"] = str(row + 1000)
+        body = urllib.parse.urlencode({"payload": json.dumps(forged)}).encode()
+        assert await r.send(body) == 200
+        assert await r.held.store.pauses() == []
+
+        assert await r.send(r.click_body(row, PAUSE_RULE)) == 200
+        note = await r.slack.wait_for("chat.postMessage", count=2, timeout=60)
+        [pause] = await r.held.store.pauses()
+        assert (pause.scope, pause.name, pause.by) == ("rule", "hold-suspicious", f"slack:{APPROVER}")
+        assert pause.reason == f"paused in Slack by <@{APPROVER}>"
+        assert "Rule `hold-suspicious` paused by" in note.args["text"]
+        [resume_button] = buttons(note)
+        assert resume_button["action_id"] == RESUME_RULE
+        assert (await r.held.detail(row))["state"] == "held"  # pausing answers nothing
+
+        resume_ts = str(r.slack.messages(OPS)[-1]["ts"])
+        click = r.click(row, RESUME_RULE)
+        click["message"] = {"ts": resume_ts}
+        by_someone = {**click, "user": {"id": HUMAN}}
+        assert await r.send(urllib.parse.urlencode({"payload": json.dumps(by_someone)}).encode()) == 200
+        assert len(await r.held.store.pauses()) == 1
+        assert await r.send(urllib.parse.urlencode({"payload": json.dumps(click)}).encode()) == 200
+        update = await r.slack.wait_for("chat.update", timeout=60)
+        assert await r.held.store.pauses() == []
+        assert update.args["ts"] == resume_ts and buttons(update) == []
+        assert f"resumed by <@{APPROVER}>" in update.args["text"]

@@ -9,6 +9,11 @@ signed it (checked by the caller: the interactions route, or the Socket Mode con
 a button of a message this bridge posted for that row in the approvals channel, and the clicking
 user is one of ``--approver``.
 
+A held event's message also has a "Pause rule" button: an approver's click pauses that rule
+through ``POST {url}/pauses`` (as ``agentwake pause --rule`` does, recorded as the approver), and
+the bridge posts a message saying so with a "Resume" button, which resumes it the same way. The
+rule is the one agentwake listed for the row, kept with the posted message; a click names nothing.
+
 Each newly held event (of the ``--approvals-rule`` globs) is posted once; the posted rows and
 their messages are kept in the bridge log's state, so a restart posts nothing twice. A posted
 event answered elsewhere (the CLI, the page) has its buttons taken away at the next poll.
@@ -22,7 +27,7 @@ import fnmatch
 import logging
 import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import aiohttp
@@ -36,7 +41,11 @@ logger = logging.getLogger("agentwake.bridge.slack.approvals")
 
 APPROVE: Final = "agentwake_approve"
 DENY: Final = "agentwake_deny"
+PAUSE_RULE: Final = "agentwake_pause_rule"
+RESUME_RULE: Final = "agentwake_resume_rule"
 STATE_KEY: Final = "slack_approvals:posted"
+# The messages saying a rule was paused from Slack, by ts: {channel, rule}; their Resume button.
+PAUSES_KEY: Final = "slack_approvals:pauses"
 HTTP_TIMEOUT_S: Final = 15
 # Clicks waiting for their answer; more than this many at once are dropped (and logged).
 QUEUED_CLICKS: Final = 100
@@ -89,13 +98,16 @@ class ApprovalSettings:
 
 @dataclass(frozen=True)
 class Click:
-    """One verified button click on a message we posted."""
+    """One verified button click on a message we posted: ``action`` is approve, deny, pause or
+    resume; ``rule`` (pause, resume) is the rule kept with that message, never the click's."""
 
     row: int
     approve: bool
     user: str
     channel: str
     ts: str
+    action: str = ""
+    rule: str = ""
 
 
 class AgentwakeError(Exception):
@@ -170,6 +182,27 @@ class SlackApprovals:
             return False, peer(message, 300) if isinstance(message, str) else "not held"
         raise AgentwakeError(f"POST /approvals/{click.row}/{verb} answered HTTP {status}")
 
+    async def _pause(self, click: Click, *, resume: bool) -> tuple[bool, str]:
+        """Pause (or resume) the click's rule in agentwake: (done, its message)."""
+        pauses = URL(self.settings.url) / "pauses"
+        url = str(pauses / "resume" if resume else pauses)
+        form = {"scope": "rule", "name": click.rule, "on_behalf_of": f"slack:{click.user}"}
+        if not resume:
+            form["reason"] = f"paused in Slack by <@{click.user}>"
+        try:
+            async with self._session().post(url, data=form, headers=self._headers()) as response:
+                status = response.status
+                body = await response.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            raise AgentwakeError(f"POST /pauses: {type(exc).__name__}") from None
+        message = body.get("message") if isinstance(body, dict) else None
+        said = peer(message, 300) if isinstance(message, str) else ("resumed" if resume else "paused")
+        if status == 200:
+            return True, said
+        if status in (400, 404, 409):  # e.g. the rule is gone from the policy
+            return False, said
+        raise AgentwakeError(f"POST /pauses answered HTTP {status}")
+
     # ---- posting ---------------------------------------------------------------------------
 
     async def _posted(self) -> dict[str, dict[str, str]]:
@@ -195,7 +228,11 @@ class SlackApprovals:
                 if not isinstance(ts, str):
                     logger.warning("approvals: chat.postMessage gave no ts for row %s", row)
                     continue
-                posted[row] = {"channel": str(sent.get("channel") or self.settings.channel), "ts": ts}
+                posted[row] = {
+                    "channel": str(sent.get("channel") or self.settings.channel),
+                    "ts": ts,
+                    "rule": str(entry.get("rule") or ""),
+                }
                 await self._save(posted)  # at once: a failure later must not post this one again
                 count += 1
                 logger.info("approvals: posted held event %s (row %s)", peer(entry.get("event_id"), 100), row)
@@ -220,11 +257,23 @@ class SlackApprovals:
         click = self._click(payload, source)
         if click is None:
             return False
+        if click.action == "resume":
+            pauses = await self._pause_messages()
+            kept = pauses.get(click.ts)
+            if kept is None or kept.get("channel") != click.channel:
+                logger.warning("%s: a resume click on a message not posted for a pause; ignored", source)
+                return False
+            return self._queue(replace(click, rule=str(kept.get("rule"))), source)
         posted = await self._posted()
         where = posted.get(str(click.row))
-        if where is None or where != {"channel": click.channel, "ts": click.ts}:
+        if where is None or (where.get("channel"), where.get("ts")) != (click.channel, click.ts):
             logger.warning("%s: a click on a message not posted for row %s; ignored", source, click.row)
             return False
+        if click.action == "pause":
+            if not where.get("rule"):
+                logger.warning("%s: row %s has no rule to pause; ignored", source, click.row)
+                return False
+            return self._queue(replace(click, rule=str(where["rule"])), source)
         if click.row in self._answering:
             logger.info("%s: row %s is being answered already; click ignored", source, click.row)
             return False
@@ -236,6 +285,18 @@ class SlackApprovals:
         self._answering.add(click.row)
         return True
 
+    def _queue(self, click: Click, source: str) -> bool:
+        try:
+            self._send.send_nowait(click)
+        except anyio.WouldBlock:
+            logger.warning("%s: too many clicks waiting; a %s click is dropped", source, click.action)
+            return False
+        return True
+
+    async def _pause_messages(self) -> dict[str, dict[str, str]]:
+        found = await anyio.to_thread.run_sync(self._get_state, PAUSES_KEY)
+        return found if isinstance(found, dict) else {}
+
     def _click(self, payload: Any, source: str) -> Click | None:
         if not isinstance(payload, dict) or payload.get("type") != "block_actions":
             kind = payload.get("type") if isinstance(payload, dict) else None
@@ -245,10 +306,13 @@ class SlackApprovals:
         actions = payload.get("actions")
         action = actions[0] if isinstance(actions, list) and actions and isinstance(actions[0], dict) else {}
         action_id, value = action.get("action_id"), action.get("value")
-        if action_id not in (APPROVE, DENY):
+        actions_by_id = {APPROVE: "approve", DENY: "deny", PAUSE_RULE: "pause", RESUME_RULE: "resume"}
+        if action_id not in actions_by_id:
             return None
         channel, message = _dict(payload.get("channel")), _dict(payload.get("message"))
         channel_id, ts = channel.get("id"), message.get("ts")
+        if action_id == RESUME_RULE:
+            value = "0"  # a resume click is known by its message alone
         if not (isinstance(value, str) and _ROW.fullmatch(value)):
             logger.warning("%s: a click without a row; ignored", source)
             return None
@@ -261,9 +325,60 @@ class SlackApprovals:
         if channel_id != self.settings.channel or not isinstance(ts, str):
             logger.warning("%s: a click outside the approvals channel; ignored", source)
             return None
-        return Click(int(value), action_id == APPROVE, user, channel_id, ts)
+        return Click(int(value), action_id == APPROVE, user, channel_id, ts, actions_by_id[action_id])
+
+    async def _pause_or_resume(self, click: Click) -> None:
+        resume = click.action == "resume"
+        try:
+            done, message = await self._pause(click, resume=resume)
+        except AgentwakeError as exc:
+            logger.warning("approvals: rule %s not %s (%s)", click.rule, click.action + "d", exc)
+            return
+        rule = escape(click.rule)
+        logger.info(
+            "approvals: rule %s %s by %s", click.rule, click.action + "d" if done else "unchanged", click.user
+        )
+        if resume:
+            async with self._lock:
+                pauses = await self._pause_messages()
+                pauses.pop(click.ts, None)
+                await anyio.to_thread.run_sync(self._set_state, PAUSES_KEY, pauses)
+            text = f"Rule `{rule}` resumed by <@{click.user}>." if done else f"Not resumed: {escape(message)}"
+            await self._close({"channel": click.channel, "ts": click.ts}, text)
+            return
+        if not done:
+            text = f"Rule `{rule}` not paused: {escape(message)}"
+            await self._post(
+                click.channel, None, text, [{"type": "section", "text": {"type": "mrkdwn", "text": text}}]
+            )
+            return
+        text = f"Rule `{rule}` paused by <@{click.user}>: no agent run starts for it until it is resumed."
+        blocks: list[dict[str, Any]] = [
+            {"type": "section", "text": {"type": "mrkdwn", "text": text}},
+            {
+                "type": "actions",
+                "elements": [
+                    {
+                        "type": "button",
+                        "action_id": RESUME_RULE,
+                        "text": {"type": "plain_text", "text": "Resume"},
+                        "value": "resume",
+                    }
+                ],
+            },
+        ]
+        sent = await self._post(click.channel, None, text, blocks)
+        ts = sent.get("ts")
+        if isinstance(ts, str):
+            async with self._lock:
+                pauses = await self._pause_messages()
+                pauses[ts] = {"channel": str(sent.get("channel") or click.channel), "rule": click.rule}
+                await anyio.to_thread.run_sync(self._set_state, PAUSES_KEY, pauses)
 
     async def _answer(self, click: Click) -> None:
+        if click.action in ("pause", "resume"):
+            await self._pause_or_resume(click)
+            return
         try:
             done, message = await self._decide(click)
         except AgentwakeError as exc:
@@ -298,7 +413,8 @@ class SlackApprovals:
                         try:
                             await self._answer(click)
                         except Exception as exc:  # one click must not stop the others
-                            self._answering.discard(click.row)
+                            if click.action in ("approve", "deny"):
+                                self._answering.discard(click.row)
                             logger.warning("approvals: row %s: %s", click.row, type(exc).__name__)
         finally:
             await self.aclose()
@@ -359,10 +475,31 @@ def held_message(entry: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
                     "style": "danger",
                     "value": row,
                 },
+                *(
+                    [
+                        {
+                            "type": "button",
+                            "action_id": PAUSE_RULE,
+                            "text": {"type": "plain_text", "text": "Pause rule"},
+                            "value": row,
+                        }
+                    ]
+                    if entry.get("rule")
+                    else []
+                ),
             ],
         },
     ]
     return text, blocks
 
 
-__all__ = ["APPROVE", "DENY", "ApprovalSettings", "SlackApprovals", "escape", "held_message"]
+__all__ = [
+    "APPROVE",
+    "DENY",
+    "PAUSE_RULE",
+    "RESUME_RULE",
+    "ApprovalSettings",
+    "SlackApprovals",
+    "escape",
+    "held_message",
+]
