@@ -66,6 +66,11 @@ pytestmark = pytest.mark.slow
             {"one", "many", "throughput_ratio", "sqlite", "postgresql", "spread_one", "spread_many"},
         ),
         (
+            "bench/store_growth.py",
+            ["--quick"],
+            {"claim_p99_ratio", "status_ratio", "soak_sizes", "soak_levels_off"},
+        ),
+        (
             "bench/soak.py",
             ["--subscriptions", "20", "--seconds", "2", "--rate", "0", "--no-agent"],
             {"soak", "baseline", "rss_ratio", "pass_rss", "pass_cpu"},
