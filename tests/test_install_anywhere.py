@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -192,3 +195,102 @@ def test_the_wheel_installed_elsewhere_inits_checks_and_runs_a_project(
     assert runs and runs[0]["tools"][0].startswith("demo__"), runs
     assert "comment added" in output or "acknowledged" in output, output
     assert (project / "agentwake.db").is_file() and (project / "demo.db").is_file()
+
+
+# ---- the playgrounds (agentwake init --example), from the wheel (slow) -------------------------
+
+# What each playground's first event has the offline model ask of its fake, as the bridge prints it,
+# and how many agent runs that takes.
+SLACK_CALL = r"fake Slack got \w+ (conversations\.replies|chat\.postMessage) in C0GENERAL"
+PLAYGROUND_CALLS = {
+    "github": ([r"fake GitHub got \w+ /repos/acme/demo/issues/1\b"], 1),
+    "slack": ([SLACK_CALL], 1),
+    "pagerduty": ([r"fake PagerDuty got POST /incidents/\w+/notes"], 1),
+    "triage": (
+        [
+            r"fake GitHub got \w+ /repos/acme/demo/issues/1\b",
+            r"fake PagerDuty got POST /incidents/\w+/notes",
+            SLACK_CALL,
+        ],
+        3,
+    ),
+}
+# One more delivery, sent with `agentwake bridge send-test` while the playground runs.
+PLAYGROUND_SEND = {
+    "github": ("github", "issue_comment.created"),
+    "slack": ("slack", "app_mention"),
+    "pagerduty": ("pagerduty", "incident.triggered"),
+    "triage": ("slack", "app_mention"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", list(PLAYGROUND_CALLS))
+def test_each_playground_runs_from_the_wheel_offline(installed: Path, tmp_path: Path, example: str) -> None:
+    """`init --example NAME`, `check`, `run`: the fake's first event becomes an agent action whose
+    tool call lands on the fake; `bridge send-test` then delivers one more, and it runs too."""
+    agentwake = installed / "agentwake"
+    project = tmp_path / f"{example}-playground"
+    said = ok(run([agentwake, "init", "--example", example, project], cwd=tmp_path))
+    assert "agentwake run" in said and "send-test" in said, said
+    assert "config OK" in " ".join(ok(run([agentwake, "check"], cwd=project)).split())
+    assert not list(project.glob(".agentwake-bridge/*/playground.json"))  # check sent nothing
+
+    expected, first_runs = PLAYGROUND_CALLS[example]
+    lines: list[str] = []
+    arrived: queue.Queue[str | None] = queue.Queue()
+    service = subprocess.Popen(
+        [str(agentwake), "run"],
+        cwd=project,
+        env=clean_env(AGENTWAKE_LISTEN="127.0.0.1:0"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+    def read() -> None:
+        assert service.stdout is not None
+        for line in service.stdout:
+            arrived.put(line)
+        arrived.put(None)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        # The run's output, until every expected write on the fake was printed.
+        while not all(any(re.search(w, line) for line in lines) for w in expected):
+            left = deadline - time.monotonic()
+            assert left > 0, "the playground's writes did not come:\n" + "".join(lines)
+            try:
+                line = arrived.get(timeout=left)
+            except queue.Empty:
+                continue
+            assert line is not None, "agentwake run ended early:\n" + "".join(lines)
+            lines.append(line)
+        done = [r for r in actions(agentwake, project) if r["status"] == "completed" and r["tools"]]
+        while len(done) < first_runs:
+            assert time.monotonic() < deadline, f"no completed runs: {done}"
+            done = [r for r in actions(agentwake, project) if r["status"] == "completed" and r["tools"]]
+
+        upstream, event = PLAYGROUND_SEND[example]
+        sent = ok(run([agentwake, "bridge", "send-test", upstream, event], cwd=project))
+        assert re.search(r"HTTP 20[02] .*accepted", sent), sent
+        while len(done) < first_runs + 1:
+            assert time.monotonic() < deadline, f"the send-test delivery did not run: {done}"
+            done = [r for r in actions(agentwake, project) if r["status"] == "completed" and r["tools"]]
+        service.send_signal(signal.SIGINT)
+        service.wait(timeout=30)
+    finally:
+        if service.poll() is None:
+            service.kill()
+            service.wait()
+        reader.join(timeout=30)
+        if service.stdout is not None:
+            service.stdout.close()
+    while not arrived.empty():
+        lines.append(arrived.get() or "")
+    output = "".join(lines)
+    assert service.returncode == 0, output
+    assert not list(project.glob(".agentwake-bridge/*/playground.json")), "the playground file outlived run"
+    assert "Traceback" not in output, output

@@ -59,6 +59,8 @@ BRIDGE_PRINCIPAL: Final = "bridge-client"
 # triage event needs is far smaller, and a body is held in memory while it is verified.
 DEFAULT_MAX_BODY_BYTES: Final = 5 * 1024 * 1024
 DEFAULT_EVENTS_WEBHOOK_TTL_MS: Final = 24 * 3600 * 1000
+# BridgeServer.watched's name for "any event type".
+ANY_TYPE: Final = "*"
 
 
 @dataclass(frozen=True)
@@ -288,6 +290,15 @@ class BridgeServer:
         bridge.server = self
         bridge.register_tools(self)
         self.webhook_address: tuple[str, int] | None = None
+        self._watched: dict[str, anyio.Event] = {}
+
+    def watched(self, name: str) -> anyio.Event:
+        """Set once a client has read events of type ``name`` (of any type: ``ANY_TYPE``): from then
+        on, what the log takes reaches that subscription (the playground sends its first event then)."""
+        event = self._watched.get(name)
+        if event is None:
+            event = self._watched[name] = anyio.Event()
+        return event
 
     def _principal_of(self, ctx: Any) -> str | None:
         if not self.options.http:
@@ -311,9 +322,12 @@ class BridgeServer:
 
     def _declare(self, spec: BridgeEventType) -> None:
         log = self.log
+        watched = self.watched
 
         async def check(ctx: EventContext, arguments: dict[str, Any], cursor: str | None) -> EventResult:
             head = await anyio.to_thread.run_sync(log.head)
+            watched(spec.name).set()
+            watched(ANY_TYPE).set()
             if cursor is None:
                 return EventResult(events=[], cursor=str(head))
             position = _position(cursor)

@@ -11,7 +11,8 @@
     limits      limits: each limit and its use now
     store       store copy: a SQLite store into PostgreSQL
     bridge      bridge github: the bridges (agentwake/bridges/) as MCP servers;
-                bridge_pagerduty, bridge_slack: theirs
+                bridge_pagerduty, bridge_slack: theirs; bridge_send: bridge send-test
+    fake        fake github|slack|pagerduty: the packaged fake upstreams (agentwake/fakes)
     tables      printing (the only module that imports rich at its top)
 
 Starting fast matters (``agentwake status`` is typed by hand): importing this package
@@ -29,7 +30,7 @@ import typer
 # The command modules register their commands on import, in the order --help lists them.
 # isort: off
 from agentwake.cli import init, service, views, replay, approvals, pause, limits, policy, store, bridge  # noqa: F401
-from agentwake.cli import bridge_pagerduty, bridge_slack  # noqa: F401
+from agentwake.cli import bridge_pagerduty, bridge_slack, bridge_send, fake  # noqa: F401
 from agentwake.cli.common import app
 
 # isort: on

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -234,6 +234,28 @@ def serve_bridge(make_bridge: Callable[[], Bridge], warnings: list[str]) -> None
         run_async(server.serve)
 
 
+def fake_option(title: str, first: str, example: str) -> Any:
+    """The --fake flag of one bridge's command."""
+    return typer.Option(
+        "--fake",
+        help=f"Try it offline: serve the packaged fake {title} in this process on a free loopback port,"
+        f" point the bridge at it (a webhook secret is generated unless the variable is set; --listen"
+        f" defaults to 127.0.0.1:0), and send one {first} event once a subscription is live. Writes"
+        f" the fake makes are printed. agentwake init --example {example} configures it.",
+    )
+
+
+def serve_fake(upstream: str, options: BridgeOptions, settings: object, secret: str | None) -> None:
+    """Serve the bridge against its fake upstream, in this process (agentwake.fakes.playground)."""
+    from agentwake.fakes import playground
+
+    try:
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends the bridge quietly
+            run_async(lambda: playground.serve(upstream, options, settings, playground.secret_from(secret)))
+    except (ValueError, OSError) as exc:
+        raise fail(exc, code=2) from None
+
+
 def _log_to_stderr(level: str) -> None:
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
@@ -323,9 +345,12 @@ def github(
     events_webhook_ca: EventsWebhookCa = None,
     events_webhook_ttl_ms: EventsWebhookTtlMs = 86_400_000,
     log_level: LogLevel = "INFO",
+    fake: Annotated[bool, fake_option("GitHub", "issues.opened", "github")] = False,
 ) -> None:
     """Serve GitHub as MCP events (from its webhooks or by polling its API), with GitHub tools."""
     _log_to_stderr(log_level)
+    if fake and listen is None:
+        listen = "127.0.0.1:0"
     options = bridge_options(
         state_dir=state_dir,
         http=http,
@@ -347,7 +372,7 @@ def github(
 
     repos = tuple(name for entry in repo for name in entry.split())
     secret = os.environ.get(webhook_secret_env) if listen else None
-    if listen and not secret:
+    if listen and not secret and not fake:
         raise fail(
             f"--listen needs the webhook secret in ${webhook_secret_env} (--webhook-secret-env)", code=2
         )
@@ -362,6 +387,9 @@ def github(
         allowed_tools=tuple(allow_tool),
         ignore_own_actions=ignore_own_actions,
     )
+    if fake:
+        serve_fake("github", options, settings, secret)
+        return
     warnings = []
     if token is None:
         warnings.append(

@@ -34,7 +34,9 @@ from agentwake.cli.bridge import (
     _log_to_stderr,
     bridge_app,
     bridge_options,
+    fake_option,
     serve_bridge,
+    serve_fake,
 )
 from agentwake.cli.common import fail
 
@@ -122,9 +124,12 @@ def pagerduty(
     events_webhook_ca: EventsWebhookCa = None,
     events_webhook_ttl_ms: EventsWebhookTtlMs = 86_400_000,
     log_level: LogLevel = "INFO",
+    fake: Annotated[bool, fake_option("PagerDuty", "incident.triggered", "pagerduty")] = False,
 ) -> None:
     """Serve PagerDuty incidents as MCP events (from its V3 webhooks or by polling its API), with incident tools."""
     _log_to_stderr(log_level)
+    if fake and listen is None:
+        listen = "127.0.0.1:0"
     options = bridge_options(
         state_dir=state_dir,
         http=http,
@@ -145,7 +150,7 @@ def pagerduty(
     from agentwake.bridges.pagerduty import PagerDutyBridge, PagerDutySettings
 
     secrets = (os.environ.get(webhook_secret_env) or "").split() if listen else []
-    if listen and not secrets:
+    if listen and not secrets and not fake:
         raise fail(
             f"--listen needs the webhook secret in ${webhook_secret_env} (--webhook-secret-env)", code=2
         )
@@ -160,6 +165,9 @@ def pagerduty(
         allowed_tools=tuple(allow_tool),
         ignore_own_actions=ignore_own_actions,
     )
+    if fake:
+        serve_fake("pagerduty", options, settings, secrets[0] if secrets else None)
+        return
     warnings = []
     if api_key is None:
         warnings.append(f"no PagerDuty API key in ${api_key_env}: the tools will fail")

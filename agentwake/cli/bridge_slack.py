@@ -7,6 +7,7 @@ a process listing or a config file. Socket Mode runs where the framework runs a 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Annotated
@@ -32,7 +33,9 @@ from agentwake.cli.bridge import (
     _log_to_stderr,
     bridge_app,
     bridge_options,
+    fake_option,
     serve_bridge,
+    serve_fake,
 )
 from agentwake.cli.common import fail
 
@@ -159,9 +162,12 @@ def slack(
     events_webhook_ca: EventsWebhookCa = None,
     events_webhook_ttl_ms: EventsWebhookTtlMs = 86_400_000,
     log_level: LogLevel = "INFO",
+    fake: Annotated[bool, fake_option("Slack", "app_mention", "slack")] = False,
 ) -> None:
     """Serve Slack as MCP events (from its Events API or over Socket Mode), with Slack tools."""
     _log_to_stderr(log_level)
+    if fake and listen is None:
+        listen = "127.0.0.1:0"
     options = bridge_options(
         state_dir=state_dir,
         http=http,
@@ -180,12 +186,12 @@ def slack(
         events_webhook_ttl_ms=events_webhook_ttl_ms,
     )
     secret = os.environ.get(signing_secret_env) if listen else None
-    if listen and not secret:
+    if listen and not secret and not fake:
         raise fail(
             f"--listen needs the signing secret in ${signing_secret_env} (--signing-secret-env)", code=2
         )
     app_token = os.environ.get(app_token_env) if socket_mode else None
-    if socket_mode and not app_token:
+    if socket_mode and not app_token and not fake:
         raise fail(f"--socket-mode needs the app-level token in ${app_token_env} (--app-token-env)", code=2)
     bot_token = os.environ.get(bot_token_env) or None
 
@@ -226,6 +232,11 @@ def slack(
         approvals=approvals,
         interactions_path=interactions_path,
     )
+    if fake:
+        # The fake's own tokens replace these; Socket Mode is asked for by an app token being set.
+        settings = dataclasses.replace(settings, app_token="fake" if socket_mode else None)
+        serve_fake("slack", options, settings, secret)
+        return
     warnings = []
     if not listen and not socket_mode:
         warnings.append("neither --listen nor --socket-mode: no Slack event will arrive, only the tools work")

@@ -34,6 +34,28 @@ PROJECT: Final = DEFAULTS / "project"
 CONFIG_NAME: Final = "agentwake.toml"
 SOURCES: Final = (("policies", PROJECT / "policies"), ("prompts", DEFAULTS / "prompts"))
 UNIT_TEMPLATE: Final = DEFAULTS / "systemd" / "agentwake.service"
+# The playgrounds (--example): a config whose bridges run against the packaged fakes
+# (agentwake bridge NAME --fake), its own policies beside the packaged ones it names, and the prompts.
+EXAMPLES: Final = DEFAULTS / "examples"
+EXAMPLE_POLICIES: Final = {
+    "github": ("github-triage.toml", "99-default.toml"),
+    "slack": ("99-default.toml",),
+    "pagerduty": ("99-default.toml",),
+    "triage": ("triage.toml", "github-triage.toml", "99-default.toml"),
+}
+# What each playground's first event is, and a send-test to try next.
+EXAMPLE_NEXT: Final = {
+    "github": (
+        "the fake GitHub sends issues.opened; the agent comments on issue #1",
+        "github issue_comment.created",
+    ),
+    "slack": ("the fake Slack mentions the app; the agent replies in the thread", "slack app_mention"),
+    "pagerduty": (
+        "the fake PagerDuty triggers a P1 incident; the agent adds a note",
+        "pagerduty incident.triggered",
+    ),
+    "triage": ("each fake sends one event; the agent acts on each", "slack app_mention"),
+}
 UNIT_NAME: Final = "agentwake.service"
 # Beside the config: API keys and the ${VAR}s it uses, read by the unit if present.
 ENV_FILE_NAME: Final = "agentwake.env"
@@ -41,8 +63,10 @@ ENV_FILE_NAME: Final = "agentwake.env"
 PRIVATE_TMP: Final = (Path("/tmp"), Path("/var/tmp"))
 
 
-def planned_files() -> list[tuple[Path, Path]]:
+def planned_files(example: str | None = None) -> list[tuple[Path, Path]]:
     """(packaged source, path relative to DIR) for every file init writes, in the order it writes them."""
+    if example is not None:
+        return _example_files(example)
     files = [(PROJECT / CONFIG_NAME, Path(CONFIG_NAME))]
     for folder, source_dir in SOURCES:
         files.extend(
@@ -50,6 +74,22 @@ def planned_files() -> list[tuple[Path, Path]]:
             for source in sorted(source_dir.iterdir())
             if source.is_file()
         )
+    return files
+
+
+def _example_files(example: str) -> list[tuple[Path, Path]]:
+    own = EXAMPLES / example
+    files = [(own / CONFIG_NAME, Path(CONFIG_NAME))]
+    policies = [PROJECT / "policies" / name for name in EXAMPLE_POLICIES[example]]
+    if (own / "policies").is_dir():
+        policies.extend(path for path in (own / "policies").iterdir() if path.is_file())
+    files.extend(
+        (source, Path("policies") / source.name) for source in sorted(policies, key=lambda p: p.name)
+    )
+    prompts = DEFAULTS / "prompts"
+    files.extend(
+        (source, Path("prompts") / source.name) for source in sorted(prompts.iterdir()) if source.is_file()
+    )
     return files
 
 
@@ -196,6 +236,16 @@ def init(
             " in a folder that already has agentwake.toml, write only the unit.",
         ),
     ] = False,
+    example: Annotated[
+        str | None,
+        typer.Option(
+            "--example",
+            metavar="NAME",
+            help="Write a playground instead: github, slack, pagerduty or triage. Its bridges run against"
+            " fake upstreams that ship with agentwake (agentwake bridge NAME --fake), so agentwake run"
+            " shows an upstream event become an agent action and a tool call land on the fake, offline.",
+        ),
+    ] = None,
 ) -> None:
     """Start a new project in DIR: a commented agentwake.toml, policies/ and prompts/.
 
@@ -204,11 +254,15 @@ def init(
     and prompts are copies of agentwake's packaged defaults, for you to edit. An
     existing file is never overwritten without --force; then nothing is written.
     """
+    if example is not None and example not in EXAMPLE_POLICIES:
+        raise fail(f"no example named {example!r}; the examples: {', '.join(EXAMPLE_POLICIES)}", code=2)
+    if example is not None and systemd:
+        raise fail("--example writes a playground; --systemd is for a project of your own", code=2)
     target = directory.expanduser().resolve()
     if target.exists() and not target.is_dir():
         raise fail(f"{directory} exists and is not a folder")
     unit_only = systemd and (target / CONFIG_NAME).is_file()
-    sources = [] if unit_only else planned_files()
+    sources = [] if unit_only else planned_files(example)
     if systemd:
         sources.append((UNIT_TEMPLATE, Path(UNIT_NAME)))
     missing = [str(source) for source, _ in sources if not source.is_file()]
@@ -226,6 +280,9 @@ def init(
         destination.parent.mkdir(parents=True, exist_ok=True)
         destination.write_bytes(_unit_for(target) if source == UNIT_TEMPLATE else source.read_bytes())
     overwritten = set(existing)
+    if example is not None:
+        _say_playground(example, target, sources, overwritten)
+        return
     if unit_only:
         typer.echo(f"Wrote a systemd unit for the agentwake project in {target}:")
     else:
@@ -252,3 +309,25 @@ def init(
         typer.echo(f"  agentwake status{option} --watch   # the service, refreshed every 2s")
     if not unit_only:
         typer.echo(f"Then edit {config}: your own MCP servers, a real model, policies/ and prompts/.")
+
+
+def _say_playground(
+    example: str, target: Path, sources: list[tuple[Path, Path]], overwritten: set[Path]
+) -> None:
+    typer.echo(f"Wrote the {example} playground in {target}:")
+    for _, relative in sources:
+        if relative.parent != Path("prompts"):
+            typer.echo(f"  {relative}{'  (overwritten)' if relative in overwritten else ''}")
+    typer.echo("  prompts/  (agentwake's packaged prompts, to edit)")
+    here = target == Path.cwd().resolve()
+    option = "" if here else f" -c {_shown(target / CONFIG_NAME)}"
+    first, test = EXAMPLE_NEXT[example]
+    upstream, _ = test.split()
+    state = "" if here else f" --state-dir {_shown(target / '.agentwake-bridge' / upstream)}"
+    typer.echo("")
+    typer.echo("Next, offline (no account, no key; loopback only):")
+    typer.echo(f"  agentwake check{option}    # validate it; the bridges start once, without ingress")
+    typer.echo(f"  agentwake run{option}      # {first}; Ctrl-C stops")
+    typer.echo(f"  agentwake bridge send-test {test}{state}   # in another terminal, while run runs")
+    typer.echo(f"  agentwake actions{option}  # what the agent did")
+    typer.echo("To start afresh: stop run, delete agentwake.db and .agentwake-bridge/ in the folder.")

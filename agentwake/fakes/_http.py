@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any, Generic, Protocol, Self, TypeVar
 
@@ -73,6 +73,8 @@ class RecordingFake(Generic[RecordedT]):
         self.requests: list[RecordedT] = []
         self._arrived: anyio.Event | None = None
         self._runner: web.AppRunner | None = None
+        # Called with each request as it is recorded (the playground prints the writes).
+        self.on_request: Callable[[RecordedT], None] | None = None
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         raise NotImplementedError
@@ -143,6 +145,8 @@ class RecordingFake(Generic[RecordedT]):
 
     def _record(self, recorded: RecordedT) -> None:
         self.requests.append(recorded)
+        if self.on_request is not None:
+            self.on_request(recorded)
         arrived, self._arrived = self._arrived, None
         if arrived is not None:
             arrived.set()

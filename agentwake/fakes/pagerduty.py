@@ -228,10 +228,12 @@ class FakePagerDuty(RecordingFake[Recorded]):
         assignee: dict[str, Any] | None = None,
         by: dict[str, Any] | None = None,
         at: datetime | None = None,
+        incident_id: str | None = None,
     ) -> dict[str, Any]:
         """A new incident on ``service`` (its integration triggers it unless ``by`` names a user),
-        triggered now or ``at`` an earlier time."""
-        return copy.deepcopy(self._trigger(title, service, urgency, priority, assignee, by, at))
+        triggered now or ``at`` an earlier time; ``incident_id`` chooses its id (the playground's
+        sample deliveries name one)."""
+        return copy.deepcopy(self._trigger(title, service, urgency, priority, assignee, by, at, incident_id))
 
     def acknowledge(self, incident_id: str, user: dict[str, Any]) -> dict[str, Any]:
         """``user`` acknowledges the incident (as in PagerDuty's app)."""
@@ -335,10 +337,11 @@ class FakePagerDuty(RecordingFake[Recorded]):
         assignee: dict[str, Any] | None,
         by: dict[str, Any] | None,
         at: datetime | None = None,
+        incident_id: str | None = None,
     ) -> dict[str, Any]:
         service = self.add_service(service_name)
         now = at or datetime.now(UTC)
-        incident_id = self._id("Q", 13)
+        incident_id = incident_id or self._id("Q", 13)
         number = next(self._numbers)
         assignee = assignee or self.bot
         data: dict[str, Any] = {
