@@ -121,9 +121,15 @@ def postgres_config(folder: Path, url: str, password_env: str | None = PASSWORD_
     return config
 
 
+# What only the backend decides: the store's size line, and its "store" object in JSON.
+STORE_SIZE = re.compile(r"store: [^\n]*?, oldest")
+STORE_JSON = re.compile(r'\n  "store": \{.*?\n  \}', re.S)
+
+
 def timeless(text: str) -> str:
-    """Output with the times the stores took from the clock (when each was filled) blanked."""
-    return ISO.sub("<time>", text)
+    """Output with the times the stores took from the clock (when each was filled) blanked, and the
+    store's size (a SQLite file and a PostgreSQL database differ in it) left out."""
+    return STORE_JSON.sub("", STORE_SIZE.sub("store: <size>, oldest", ISO.sub("<time>", text)))
 
 
 class Both:

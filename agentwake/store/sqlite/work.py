@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Final
 
 from agentwake.clock import now_iso
 from agentwake.errors import StoreError
@@ -23,6 +23,24 @@ from agentwake.store.records import (
 from agentwake.store.shapes import CLAIMED_COLUMNS, answer_values, inbox_event
 from agentwake.store.sqlite.base import SqliteBase
 from agentwake.store.sqlite.runs import agent_usage
+
+# Each subscription's next due events (by priority, then age), then the subscriptions take turns, the
+# one served longest ago first. Pending and lapsed events are sought apart, each on the claim index
+# (subscription, state, priority, id) and each no further than the limit: one condition with an OR
+# of the two states would walk every event the subscription ever had, done ones included.
+_CLAIM_SQL: Final = (
+    "WITH due AS (SELECT e.id, e.server, e.priority, s.claimed_seq, row_number() OVER"
+    " (PARTITION BY e.subscription ORDER BY e.priority DESC, e.id) AS turn"
+    " FROM subscriptions s JOIN events e ON e.id IN (SELECT id FROM ("
+    "SELECT id, priority FROM (SELECT id, priority FROM events WHERE subscription = s.name"
+    " AND state = 'pending' AND (available_at IS NULL OR available_at <= ?)"
+    " AND server NOT IN (SELECT value FROM json_each(?)) ORDER BY priority DESC, id LIMIT ?)"
+    " UNION ALL SELECT id, priority FROM (SELECT id, priority FROM events WHERE subscription = s.name"
+    " AND state = 'processing' AND lease_until IS NOT NULL AND lease_until < ?"
+    " AND server NOT IN (SELECT value FROM json_each(?)) ORDER BY priority DESC, id LIMIT ?))"
+    f" ORDER BY priority DESC, id LIMIT ?) WHERE {NOT_PAUSED_SQL})"
+    " SELECT id, server FROM due ORDER BY turn, claimed_seq, priority DESC, id LIMIT ?"
+)
 
 
 def _score(record: dict[str, Any]) -> float | None:
@@ -90,16 +108,9 @@ class WorkQueue(SqliteBase):
             allowed = self._quota(limit, now, limits, exclude_servers)
             if allowed.limit <= 0:
                 return []
+            excluded = encode_json(list(allowed.excluded))
             due = self.conn.execute(
-                "WITH due AS (SELECT e.id, e.server, e.priority, s.claimed_seq, row_number() OVER"
-                " (PARTITION BY e.subscription ORDER BY e.priority DESC, e.id) AS turn"
-                " FROM subscriptions s JOIN events e ON e.id IN (SELECT id FROM events"
-                " WHERE subscription = s.name AND ((state = 'pending' AND (available_at IS NULL OR available_at <= ?))"
-                " OR (state = 'processing' AND lease_until IS NOT NULL AND lease_until < ?))"
-                " AND server NOT IN (SELECT value FROM json_each(?))"
-                f" ORDER BY priority DESC, id LIMIT ?) WHERE {NOT_PAUSED_SQL})"
-                " SELECT id, server FROM due ORDER BY turn, claimed_seq, priority DESC, id LIMIT ?",
-                [now, now, encode_json(list(allowed.excluded)), limit, limit],
+                _CLAIM_SQL, [now, excluded, limit, now, excluded, limit, limit, limit]
             ).fetchall()
             chosen = allowed.trim([(int(row[0]), str(row[1])) for row in due])
             if not chosen:
