@@ -3,9 +3,10 @@
 It is not an LLM, so no LLM library is loaded for it: a config that uses only this
 model runs without importing litellm at all (about 190 MB less, and no seconds of import).
 It reads the event data from its fence and, if an allowed tool's required parameters can all
-be filled from that data (``ticket_id`` from ``ticketId`` and the like, free-text parameters
-such as ``body`` or ``note`` with a fixed note), calls that tool once, preferring tools that
-write a note. After the tool result comes back it answers with a one-line summary.
+be filled (a value the rule pins, shown in the schema as ``const``; then ``ticket_id`` from the
+data's ``ticketId`` and the like; free-text parameters such as ``body`` or ``note`` with a fixed
+note, never with the event's own text), calls that tool once, preferring tools that write a note.
+After the tool result comes back it answers with a one-line summary.
 """
 
 from __future__ import annotations
@@ -52,6 +53,14 @@ def _note(data: dict[str, Any]) -> str:
     return f"Seen by agentwake's offline stand-in model (not a real LLM): {str(subject)[:120]}"
 
 
+def _free_text(spec: dict[str, Any]) -> bool:
+    """A parameter that takes any text (not one of a set, not a pattern)."""
+    kinds = spec.get("type")
+    return (kinds is None or kinds == "string" or (isinstance(kinds, list) and "string" in kinds)) and not (
+        "enum" in spec or "pattern" in spec
+    )
+
+
 def plan_call(tools: list[dict[str, Any]], data: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
     """The one call the stand-in makes: the first tool it can fill, writers (with a text parameter) first."""
     by_snake = {_snake(key): value for key, value in data.items()}
@@ -63,14 +72,17 @@ def plan_call(tools: list[dict[str, Any]], data: dict[str, Any]) -> tuple[str, d
         required = set(schema.get("required") or [])
         arguments: dict[str, Any] = {}
         writes = False
-        for param in properties:
-            if param in data:
-                arguments[param] = data[param]
-            elif _snake(param) in by_snake:
-                arguments[param] = by_snake[_snake(param)]
-            elif param in TEXT_PARAMETERS:
+        for param, spec in properties.items():
+            spec = spec if isinstance(spec, dict) else {}
+            if "const" in spec:  # pinned by the rule: the runtime would fill it in anyway
+                arguments[param] = spec["const"]
+            elif param in TEXT_PARAMETERS and _free_text(spec):
                 arguments[param] = _note(data)
                 writes = True
+            elif data.get(param) is not None:
+                arguments[param] = data[param]
+            elif by_snake.get(_snake(param)) is not None:
+                arguments[param] = by_snake[_snake(param)]
         if required <= arguments.keys():
             fillable.append((writes, function.get("name", ""), arguments))
     if not fillable:
