@@ -20,7 +20,9 @@ from agentwake.agent.llm import model_warnings
         ("openai/my-local-model", ["max_cost_per_day_usd cannot hold"]),
     ],
 )
-def test_check_warns_of_a_model_without_a_price_or_native_tool_calling(model: str, expected: list[str]) -> None:
+def test_check_warns_of_a_model_without_a_price_or_native_tool_calling(
+    model: str, expected: list[str]
+) -> None:
     found = model_warnings([model])
     assert [m for m, _ in found] == [model] * len(expected)
     for (_, why), words in zip(found, expected, strict=True):

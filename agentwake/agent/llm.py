@@ -543,7 +543,9 @@ def model_warnings(models: Iterable[str]) -> list[tuple[str, str]]:
             )
             continue
         if info.get("supports_function_calling") is False:
-            found.append((model, "litellm says it has no native tool calling: the agent could not call tools"))
+            found.append(
+                (model, "litellm says it has no native tool calling: the agent could not call tools")
+            )
     return found
 
 
