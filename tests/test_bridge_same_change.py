@@ -80,6 +80,19 @@ def discussion_created(github: FakeGitHub) -> tuple[str, dict[str, Any]]:
     return "discussion", github.webhook_discussion_created(REPO, discussion["number"])
 
 
+def alert_created(kind: str) -> GitHubChange:
+    def change(github: FakeGitHub) -> tuple[str, dict[str, Any]]:
+        add = {
+            "dependabot_alert": github.add_dependabot_alert,
+            "code_scanning_alert": github.add_code_scanning_alert,
+            "secret_scanning_alert": github.add_secret_scanning_alert,
+        }[kind]
+        alert = add(REPO)
+        return kind, github.webhook_alert_created(REPO, kind, alert["number"])
+
+    return change
+
+
 GITHUB_CHANGES: dict[str, GitHubChange] = {
     "issues.opened": issue_opened,
     "issue_comment.created": comment_created,
@@ -88,6 +101,9 @@ GITHUB_CHANGES: dict[str, GitHubChange] = {
     "workflow_run.completed": workflow_run_failed,
     "release.published": release_published,
     "discussion.created": discussion_created,
+    "dependabot_alert.created": alert_created("dependabot_alert"),
+    "code_scanning_alert.created": alert_created("code_scanning_alert"),
+    "secret_scanning_alert.created": alert_created("secret_scanning_alert"),
 }
 
 

@@ -19,8 +19,9 @@ Webhook ingress (``--listen``), in the order GitHub's deliveries are checked:
 7. the event is committed to the log, then the delivery is answered 202 ``accepted``.
 
 Poll ingress (``--poll --repo OWNER/NAME``): per repository, the events API (issue
-comments, pull requests, releases, discussions), the issues API (new issues) and the Actions runs API (failed
-workflow runs), each a conditional GET with the ETag of the last answer (a 304 costs
+comments, pull requests, releases, discussions), the issues API (new issues), the Actions runs API (failed
+workflow runs) and the Dependabot, code scanning and secret scanning alert lists (new alerts, by
+number), each a conditional GET with the ETag of the last answer (a 304 costs
 GitHub no rate limit). ``X-Poll-Interval`` and the rate-limit headers set the pace. What
 was there before the first poll is not emitted; events ids are the webhook's, so both
 ingress paths may run at once without duplicates. A changed feed is read page after page
@@ -28,7 +29,8 @@ ingress paths may run at once without duplicates. A changed feed is read page af
 ``MAX_POLL_PAGES`` pages and never into the rate limit's reserve; when the feed's history
 does not reach back that far (the page bound is hit, or its last page is full and has no
 next) the missed stretch is recorded in the log as a gap, which its readers see as
-``truncated``.
+``truncated``. An alert list GitHub refuses (401, 403 or 404: the feature is off for the repository,
+or the token lacks the permission) is warned about once and not asked again until restart.
 
 Tools call the REST API (``github_api``) with the token named by ``--token-env``;
 ``close_issue`` and ``create_issue`` are registered only with ``--allow-tool`` naming them.
@@ -54,7 +56,7 @@ import anyio
 from aiohttp import web
 from pydantic import Field
 
-from agentwake.bridges import github_events, mentions
+from agentwake.bridges import github_alert_events, github_events, mentions
 from agentwake.bridges._payload import json_body
 from agentwake.bridges.framework import (
     Bridge,
@@ -106,6 +108,19 @@ EVENTS_FEED_TYPES: Final = (
 )
 ISSUES_FEED_TYPES: Final = ("issues.opened",)
 RUNS_FEED_TYPES: Final = ("workflow_run.completed",)
+# An alert list GitHub answers so is off for the repository or the token: asking again will not help.
+ALERTS_UNAVAILABLE: Final = frozenset({401, 403, 404})
+# What to enable or grant, per alert kind, when GitHub refuses its list.
+ALERTS_NEED: Final = {
+    "dependabot_alert": "enable Dependabot alerts in the repository's security settings, and give the"
+    ' token the "Dependabot alerts" read permission (classic token: security_events or repo)',
+    "code_scanning_alert": "enable code scanning (GitHub Code Security / Advanced Security on a private"
+    ' repository), and give the token the "Code scanning alerts" read permission (classic token:'
+    " security_events or repo)",
+    "secret_scanning_alert": "enable secret scanning (GitHub Secret Protection / Advanced Security on a"
+    ' private repository), and give the token the "Secret scanning alerts" read permission (classic'
+    " token: security_events or repo)",
+}
 OWN_LOGIN_RETRY_S: Final = 60.0
 # Short: a webhook waits for it when it was not learnt at start, and GitHub gives a delivery 10 s.
 OWN_LOGIN_TIMEOUT_S: Final = 5.0
@@ -179,6 +194,8 @@ class GitHubBridge(Bridge):
         self.api = GitHubAPI(base_url=settings.api_base, token=settings.token)
         # Beyond the stale bound a replay is refused as stale; within it, by its remembered id.
         self.delivery_memory = max(2 * settings.max_delivery_age, Bridge.delivery_memory)
+        # (repository, alert kind) whose list GitHub refused: not polled again until restart.
+        self.alerts_off: set[tuple[str, str]] = set()
 
     async def background(self) -> None:
         # Learnt at start, so the first webhook does not wait for GitHub's answer.
@@ -249,6 +266,8 @@ class GitHubBridge(Bridge):
                 "webhook: refused stale delivery %s (%s, %s old)", delivery, mapped.type, short_age(age)
             )
             return refuse(400, f"stale delivery: the event happened {short_age(age)} ago")
+        if kind == "secret_scanning_alert" and isinstance(alert := payload.get("alert"), dict):
+            alert.pop("secret", None)  # the leaked value is not kept, not even in the raw payload
         added = await self.accept(
             [NewEvent.of(mapped, payload)],
             source="webhook",
@@ -307,7 +326,44 @@ class GitHubBridge(Bridge):
             baseline,
             RUNS_FEED_TYPES,
         )
+        for kind in github_alert_events.KINDS:
+            await self._poll_alerts(repo, kind, baseline)
         return float(events.poll_interval_s or 0)
+
+    async def _poll_alerts(self, repo: str, kind: str, baseline: datetime) -> None:
+        """New alerts of one kind, by number; a list GitHub refuses is given up until restart."""
+        if (repo, kind) in self.alerts_off:
+            return
+
+        def fetch(etag: str | None) -> Awaitable[Page]:
+            return self.api.security_alerts(repo, kind, etag=etag)
+
+        try:
+            await self._poll_feed(
+                f"{repo}:{kind}",
+                fetch,
+                lambda alert: github_alert_events.from_alert(kind, alert, repo),
+                baseline,
+                (f"{kind}.created",),
+                item_id=_alert_number,
+            )
+        except RateLimited:
+            raise
+        except GitHubError as exc:
+            if exc.status not in ALERTS_UNAVAILABLE:
+                # Passing (a 5xx, a malformed page): the other kinds are still polled, this one next time.
+                logger.warning("poll %s:%s: %s", repo, kind, exc)
+                return
+            self.alerts_off.add((repo, kind))
+            logger.warning(
+                "poll %s: GitHub refused the %s list (%s %s); not polling it again until restart: %s"
+                " (its webhook still works)",
+                repo,
+                kind.replace("_", " ") + "s",
+                exc.status,
+                exc.message,
+                ALERTS_NEED[kind],
+            )
 
     async def _poll_feed(
         self,
@@ -316,14 +372,18 @@ class GitHubBridge(Bridge):
         mapper: Callable[[dict[str, Any]], github_events.Mapped | None],
         baseline: datetime,
         types: tuple[str, ...],
+        *,
+        item_id: Callable[[dict[str, Any]], int | None] | None = None,
     ) -> Page:
         """One poll of a feed: its new events into the log, then its ETag and newest item stored.
 
         In that order: a crash in between fetches the pages again, and the log's event ids
         drop what it already kept. What happened before ``baseline`` (the first poll) is history.
         A changed first page is followed by the next ones until one holds the newest item the
-        last poll saw (see ``read_back``); a first poll reads its first page only.
+        last poll saw (see ``read_back``); a first poll reads its first page only. ``item_id`` is
+        how an item's growing id is read (its ``id`` by default).
         """
+        id_of = item_id or _item_id
         log = self.server_of().log
         etag_key, newest_key = f"{key}:etag", f"{key}:newest"
         etag = await anyio.to_thread.run_sync(log.get_state, etag_key)
@@ -333,7 +393,7 @@ class GitHubBridge(Bridge):
         newest = await anyio.to_thread.run_sync(log.get_state, newest_key)
         pages, outcome = [first], ReadBack.REACHED
         if isinstance(newest, int):
-            pages, outcome = await self._read_back(key, first, newest)
+            pages, outcome = await self._read_back(key, first, newest, id_of)
         fresh = []
         # Oldest first, so the log holds them in the order they happened.
         for item in reversed([item for page in pages for item in page.items]):
@@ -358,7 +418,7 @@ class GitHubBridge(Bridge):
                 logger.info("poll %s: %d new event(s)", key, added)
         if outcome is ReadBack.STOPPED:
             return first  # the rest next time: the same pages again, then further back
-        seen = [item_id for item in first.items if (item_id := _item_id(item)) is not None]
+        seen = [number for item in first.items if (number := id_of(item)) is not None]
         if isinstance(newest, int):
             seen.append(newest)
         await anyio.to_thread.run_sync(log.set_state, newest_key, max(seen, default=0))
@@ -366,11 +426,13 @@ class GitHubBridge(Bridge):
             await anyio.to_thread.run_sync(log.set_state, etag_key, first.etag)
         return first
 
-    async def _read_back(self, key: str, first: Page, newest: int) -> tuple[list[Page], ReadBack]:
+    async def _read_back(
+        self, key: str, first: Page, newest: int, item_id: Callable[[dict[str, Any]], int | None]
+    ) -> tuple[list[Page], ReadBack]:
         """``first`` and the pages after it, up to the one that holds an item at or before ``newest``."""
         pages = [first]
         while True:
-            outcome = read_back(pages, newest, self.settings.poll_max_pages)
+            outcome = read_back(pages, newest, self.settings.poll_max_pages, item_id=item_id)
             if outcome is not ReadBack.MORE:
                 return pages, outcome
             limit = self.api.rate_limit
@@ -565,17 +627,25 @@ class ReadBack(enum.Enum):
     STOPPED = "stopped"  # the poller stopped early (the rate limit): the next poll reads them again
 
 
-def read_back(pages: list[Page], newest: int, max_pages: int) -> ReadBack:
+def read_back(
+    pages: list[Page],
+    newest: int,
+    max_pages: int,
+    *,
+    item_id: Callable[[dict[str, Any]], int | None] | None = None,
+) -> ReadBack:
     """Whether the pages of a feed (newest first) reach back to ``newest``, the largest item id the
     last poll saw (0 when the feed was empty then).
 
     GitHub's feed ids grow with time, so a page holding an id at or below ``newest`` reaches it.
     Otherwise the next page is read, unless the last one has no next (the feed's history ends
     there: a gap if that page was full, as when the events API stops at its 300th event, the whole
-    feed if it was not) or ``max_pages`` were read (a gap).
+    feed if it was not) or ``max_pages`` were read (a gap). ``item_id`` reads an item's id (its
+    ``id`` by default; an alert's ``number``).
     """
+    id_of = item_id or _item_id
     for page in pages:
-        if any(item_id <= newest for item in page.items if (item_id := _item_id(item)) is not None):
+        if any(number <= newest for item in page.items if (number := id_of(item)) is not None):
             return ReadBack.REACHED
     last = pages[-1]
     if last.next_url is None:
@@ -593,6 +663,12 @@ def _item_id(item: dict[str, Any]) -> int | None:
     if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 19:
         return int(value)
     return None
+
+
+def _alert_number(item: dict[str, Any]) -> int | None:
+    """An alert's number: it grows with time within its repository and kind, as feed ids do."""
+    value = item.get("number")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _payload(body: bytes, content_type: str) -> dict[str, Any]:

@@ -12,8 +12,14 @@ compares names) and, for a reopening, which can happen again and again, its time
     secret_scanning_alert.*           likewise
 
 A payload without the alert's times (GitHub's older code and secret scanning payloads) is dated
-by its receipt; a redelivery of it is still caught by its delivery id. They come by webhook only:
-the events feed the poller reads has no alerts.
+by its receipt; a redelivery of it is still caught by its delivery id.
+
+A created alert also comes by polling: ``from_alert`` maps an item of the repository's alert list
+(GET /repos/{owner}/{repo}/dependabot/alerts, code-scanning/alerts, secret-scanning/alerts), whose
+alert object is the webhook's ``alert`` with a code scanning alert's ``ref`` in its
+``most_recent_instance``, to the webhook's event and id. GitHub's own account (``github``) sends a
+created alert's webhook, so it is the polled event's actor too. A reopening is webhook only: the
+list shows an alert as it is now, and an update is not told from a reopening without its history.
 
 A secret scanning alert's ``secret`` (the leaked value itself) is never read: the event names the
 secret's type only.
@@ -25,11 +31,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from agentwake.bridges._payload import integer_schema, text_schema
+from agentwake.bridges._payload import bounded, integer_schema, text_schema
 from agentwake.bridges.github_payload import (
     NAME_CHARS,
     TITLE_CHARS,
     URL_CHARS,
+    Account,
     Mapped,
     Origin,
     Payload,
@@ -50,11 +57,17 @@ _PAGES: Final = {
     "secret_scanning_alert": "security/secret-scanning",
 }
 
+_HOW: Final = {
+    "created": "By webhook, and by polling the repository's alert list.",
+    "reopened": "By webhook only: the alert list cannot tell a reopening from another update.",
+}
 EVENT_TYPES: Final[dict[str, str]] = {
-    f"{kind}.{action}": f"{_WHAT[kind]} was {action}. By webhook only."
+    f"{kind}.{action}": f"{_WHAT[kind]} was {action}. {_HOW[action]}"
     for kind in KINDS
     for action in ("created", "reopened")
 }
+# Who the polled created events are by: GitHub's account, which sends the created webhooks.
+GITHUB_ACCOUNT: Final = Account("github", "Organization")
 ACTIONS: Final[dict[str, tuple[str, ...]]] = dict.fromkeys(KINDS, ("created", "reopened"))
 
 
@@ -153,7 +166,7 @@ def _dependabot(alert: Payload) -> dict[str, Any]:
     }
 
 
-def _code_scanning(alert: Payload, holder: Payload) -> dict[str, Any]:
+def _code_scanning(alert: Payload, ref: str | None) -> dict[str, Any]:
     rule, tool = alert.object("rule"), alert.object("tool")
     instance = alert.optional_object("most_recent_instance")
     if instance is None:
@@ -167,7 +180,7 @@ def _code_scanning(alert: Payload, holder: Payload) -> dict[str, Any]:
         "ruleSeverity": rule_severity,
         "ruleDescription": rule.optional_text("description", TITLE_CHARS),
         "tool": tool.text("name", NAME_CHARS),
-        "ref": holder.optional_text("ref", NAME_CHARS),
+        "ref": ref,
         "path": location.optional_text("path", URL_CHARS) if location is not None else None,
     }
 
@@ -190,31 +203,55 @@ def _when(alert: Payload, action: str) -> datetime:
     return datetime.now(UTC).replace(microsecond=0)
 
 
+def _event(
+    kind: str, action: str, alert: Payload, ref: str | None, origin: Origin, home: str | None
+) -> Mapped:
+    """The event of ``alert``; ``home`` is the repository's page, for an alert without its own."""
+    number = alert.integer("number")
+    if kind == "dependabot_alert":
+        fields = _dependabot(alert)
+    elif kind == "code_scanning_alert":
+        fields = _code_scanning(alert, ref)
+    else:
+        fields = _secret_scanning(alert)
+    when = _when(alert, action)
+    key = f"{origin.repository.lower()}:{number}"
+    page = alert.optional_text("html_url", URL_CHARS)
+    if page is None:
+        # A listed alert always has its page: without one, the item is not an alert.
+        page = alert.text("html_url", URL_CHARS) if home is None else f"{home}/{_PAGES[kind]}/{number}"
+    return origin.event(
+        f"{kind}.{action}",
+        f"{key}:{id_time(when)}" if action == "reopened" else key,
+        when,
+        page[:URL_CHARS],
+        [],
+        {"number": number, "state": alert.optional_text("state", NAME_CHARS), **fields},
+    )
+
+
 def _alert(kind: str, action: str) -> Callable[[Payload, Origin], Mapped]:
     def mapper(holder: Payload, origin: Origin) -> Mapped:
         alert = holder.object("alert")
-        number = alert.integer("number")
-        if kind == "dependabot_alert":
-            fields = _dependabot(alert)
-        elif kind == "code_scanning_alert":
-            fields = _code_scanning(alert, holder)
-        else:
-            fields = _secret_scanning(alert)
-        when = _when(alert, action)
-        key = f"{origin.repository.lower()}:{number}"
-        page = alert.optional_text("html_url", URL_CHARS)
-        if page is None:
-            page = f"{holder.object('repository').text('html_url', URL_CHARS)}/{_PAGES[kind]}/{number}"
-        return origin.event(
-            f"{kind}.{action}",
-            f"{key}:{id_time(when)}" if action == "reopened" else key,
-            when,
-            page[:URL_CHARS],
-            [],
-            {"number": number, "state": alert.optional_text("state", NAME_CHARS), **fields},
-        )
+        ref = holder.optional_text("ref", NAME_CHARS)
+        home = None
+        if alert.raw.get("html_url") is None:
+            home = holder.object("repository").text("html_url", URL_CHARS)
+        return _event(kind, action, alert, ref, origin, home)
 
     return mapper
+
+
+def from_alert(kind: str, item: dict[str, Any], repository: str) -> Mapped:
+    """One item of a repository's alert list (``kind`` as the webhook names it) as ``<kind>.created``."""
+    if kind not in KINDS:
+        raise ValueError(f"an alert kind is one of {list(KINDS)}, not {kind!r}")
+    alert = Payload.of(item, "alert")
+    ref = None
+    if kind == "code_scanning_alert":
+        instance = alert.optional_object("most_recent_instance")
+        ref = instance.optional_text("ref", NAME_CHARS) if instance is not None else None
+    return _event(kind, "created", alert, ref, Origin(bounded(repository, NAME_CHARS), GITHUB_ACCOUNT), None)
 
 
 MAPPERS: Final[dict[str, Callable[[Payload, Origin], Mapped | None]]] = {

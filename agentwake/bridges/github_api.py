@@ -44,6 +44,12 @@ DEFAULT_RETRY_S: Final = 60.0
 # GitHub's close reasons; "duplicate" is accepted by the REST API, which takes no link to the original.
 CLOSE_REASONS: Final = frozenset({"completed", "not_planned", "duplicate"})
 MAX_PER_PAGE: Final = 100
+# Each security alert kind's list endpoint, under the repository.
+ALERT_PATHS: Final = {
+    "dependabot_alert": "dependabot/alerts",
+    "code_scanning_alert": "code-scanning/alerts",
+    "secret_scanning_alert": "secret-scanning/alerts",
+}
 
 # GitHub's rules: an owner is at most 39 characters, a repository name at most 100.
 _OWNER: Final = re.compile(r"[A-Za-z0-9_.-]{1,39}")
@@ -89,6 +95,8 @@ class Page:
     per_page: int = MAX_PER_PAGE
     # Where the items are in the body: None for a bare list, else the key of an object.
     key: str | None = None
+    # Keys dropped from every item of the listing, on this page and the next ones.
+    drop: tuple[str, ...] = ()
 
 
 # -- input validation --------------------------------------------------------------------------
@@ -331,7 +339,9 @@ class GitHubAPI(_http.ApiClient):
         """The page after ``page`` in the same listing (an unconditional GET), or None on the last one."""
         if page.next_url is None:
             return None
-        return await self._page(page.next_url, None, None, key=page.key, per_page=page.per_page)
+        return await self._page(
+            page.next_url, None, None, key=page.key, per_page=page.per_page, drop=page.drop
+        )
 
     async def repo_issues(
         self, repo: str, *, etag: str | None = None, since: str | None = None, per_page: int = 100
@@ -354,6 +364,22 @@ class GitHubAPI(_http.ApiClient):
         params = {"status": "completed", "per_page": str(_per_page(per_page))}
         return await self._page(path, params, etag, key="workflow_runs")
 
+    async def security_alerts(
+        self, repo: str, kind: str, *, etag: str | None = None, per_page: int = 100
+    ) -> Page:
+        """A repository's Dependabot, code scanning or secret scanning alerts (``kind`` is the webhook's
+        event name), in every state, newest first. A secret scanning alert's leaked ``secret`` is asked
+        to be left out (``hide_secret``) and dropped if it comes all the same."""
+        if kind not in ALERT_PATHS:
+            raise ValueError(f"an alert kind is one of {sorted(ALERT_PATHS)}, not {peer(kind, 40)!r}")
+        path = f"{repo_path(repo)}/{ALERT_PATHS[kind]}"
+        params = {"sort": "created", "direction": "desc", "per_page": str(_per_page(per_page))}
+        drop: tuple[str, ...] = ()
+        if kind == "secret_scanning_alert":
+            params["hide_secret"] = "true"
+            drop = ("secret",)
+        return await self._page(path, params, etag, key=None, drop=drop)
+
     # -- internals -----------------------------------------------------------------------------
 
     async def _page(
@@ -364,6 +390,7 @@ class GitHubAPI(_http.ApiClient):
         *,
         key: str | None,
         per_page: int | None = None,
+        drop: tuple[str, ...] = (),
     ) -> Page:
         headers = {"If-None-Match": etag} if etag else None
         response = await self._call("GET", path, params=params, headers=headers, not_modified_ok=True)
@@ -377,6 +404,8 @@ class GitHubAPI(_http.ApiClient):
         if key is not None:
             body = body.get(key) if isinstance(body, dict) else None
         items = self._objects_of(body, response, "GET", where)
+        if drop:
+            items = [{k: v for k, v in item.items() if k not in drop} for item in items]
         return Page(
             changed=True,
             items=items,
@@ -385,6 +414,7 @@ class GitHubAPI(_http.ApiClient):
             next_url=self._next_url(response),
             per_page=per_page,
             key=key,
+            drop=drop,
         )
 
     def _next_url(self, response: httpx.Response) -> str | None:

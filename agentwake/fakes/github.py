@@ -1,7 +1,7 @@
 """A fake GitHub REST API on loopback, for the GitHub bridge's tests and offline walkthroughs.
 
-It keeps repositories, issues, pull requests, comments, workflow runs, releases, discussions and each repository's
-events feed in memory, and answers the endpoints the bridge uses with JSON shaped as
+It keeps repositories, issues, pull requests, comments, workflow runs, releases, discussions, security
+alerts (Dependabot, code scanning, secret scanning) and each repository's events feed in memory, and answers the endpoints the bridge uses with JSON shaped as
 GitHub's REST API shapes it: 404 ``Not Found`` for what does not exist, 422 for bodies
 GitHub refuses, 401 ``Bad credentials`` without the token, ETags that change with the
 content and 304 on a matching ``If-None-Match``, ``X-Poll-Interval`` on the events feed,
@@ -9,7 +9,11 @@ content and 304 on a matching ``If-None-Match``, ``X-Poll-Interval`` on the even
 GitHub paginates them: ``per_page`` (30 by default, at most 100) and ``page``, with a ``Link``
 header naming the ``prev``, ``next``, ``first`` and ``last`` pages as absolute URLs (omitted
 when everything fits on one page); the events feed holds only the newest ``events_cap`` (300)
-events, and a page past them is 422, as on GitHub.
+events, and a page past them is 422, as on GitHub. The alert lists sort by ``created`` or ``updated``
+in either ``direction`` and filter by ``state`` as GitHub's do (GitHub pages the Dependabot list
+with cursors in its ``Link``, the fake with ``page``: a client that follows ``Link`` sees no
+difference); the secret scanning list leaves out each alert's ``secret`` with ``hide_secret=true``.
+``disable_alerts`` makes a list answer as GitHub does when the feature is off (403 or 404).
 
 Writes through the API behave as on GitHub: they change the issue and add the matching
 event to the feed (a comment posted by the bridge shows up as an ``IssueCommentEvent``
@@ -59,6 +63,21 @@ RATE_LIMIT = 5000
 DEFAULT_PER_PAGE = 30
 MAX_PER_PAGE = 100
 STATE_REASONS = {"completed", "not_planned", "reopened", "duplicate"}
+# The alert kinds (as their webhooks are named), their list paths under a repository, and how GitHub
+# refuses a list when the feature is off for the repository.
+ALERT_PATHS = {
+    "dependabot_alert": ("dependabot", "alerts"),
+    "code_scanning_alert": ("code-scanning", "alerts"),
+    "secret_scanning_alert": ("secret-scanning", "alerts"),
+}
+ALERT_REFUSALS = {
+    "dependabot_alert": (403, "Dependabot alerts are disabled for this repository."),
+    "code_scanning_alert": (
+        403,
+        "Advanced Security must be enabled for this repository to use code scanning.",
+    ),
+    "secret_scanning_alert": (404, "Secret scanning is disabled on this repository."),
+}
 
 
 def now_iso() -> str:
@@ -102,6 +121,9 @@ class _Repo:
     releases: dict[int, dict[str, Any]] = field(default_factory=dict)  # id -> release
     discussions: dict[int, dict[str, Any]] = field(default_factory=dict)  # number -> discussion
     next_number: int = 1  # issues, pull requests and discussions share one sequence, as on GitHub
+    # Each alert kind numbers its own alerts from 1, oldest first.
+    alerts: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {k: [] for k in ALERT_PATHS})
+    alerts_refused: dict[str, tuple[int, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -402,6 +424,166 @@ class FakeGitHub(RecordingFake[Recorded]):
         self._event(repo, "DiscussionEvent", author, {"action": "created", "discussion": discussion})
         return copy.deepcopy(discussion)
 
+    def add_dependabot_alert(
+        self,
+        repo: str,
+        *,
+        package: str = "semver",
+        ecosystem: str = "npm",
+        severity: str = "medium",
+        ghsa_id: str = "GHSA-c2qf-rxjj-qqgw",
+        cve_id: str | None = "CVE-2022-25883",
+        summary: str = "semver vulnerable to Regular Expression Denial of Service",
+        manifest_path: str = "package-lock.json",
+        vulnerable_range: str = "< 7.5.2",
+        patched_version: str | None = "7.5.2",
+        created_at: str | None = None,
+    ) -> dict[str, Any]:
+        """A new open Dependabot alert, as ``GET /repos/{repo}/dependabot/alerts`` lists it."""
+        vulnerability = {
+            "package": {"ecosystem": ecosystem, "name": package},
+            "severity": severity,
+            "vulnerable_version_range": vulnerable_range,
+            "first_patched_version": {"identifier": patched_version} if patched_version else None,
+        }
+        return self._new_alert(
+            repo,
+            "dependabot_alert",
+            "security/dependabot",
+            {
+                "dependency": {
+                    "package": {"ecosystem": ecosystem, "name": package},
+                    "manifest_path": manifest_path,
+                    "scope": "runtime",
+                    "relationship": "direct",
+                },
+                "security_advisory": {
+                    "ghsa_id": ghsa_id,
+                    "cve_id": cve_id,
+                    "summary": summary,
+                    "description": summary,
+                    "vulnerabilities": [vulnerability],
+                    "severity": severity,
+                    "identifiers": [{"value": ghsa_id, "type": "GHSA"}]
+                    + ([{"value": cve_id, "type": "CVE"}] if cve_id else []),
+                    "references": [{"url": f"https://nvd.nist.gov/vuln/detail/{cve_id or ghsa_id}"}],
+                    "published_at": now_iso(),
+                    "updated_at": now_iso(),
+                    "withdrawn_at": None,
+                },
+                "security_vulnerability": vulnerability,
+                "dismissed_at": None,
+                "dismissed_by": None,
+                "dismissed_reason": None,
+                "dismissed_comment": None,
+                "fixed_at": None,
+                "auto_dismissed_at": None,
+            },
+            created_at,
+        )
+
+    def add_code_scanning_alert(
+        self,
+        repo: str,
+        *,
+        rule_id: str = "js/sql-injection",
+        rule_severity: str = "error",
+        security_severity: str | None = "high",
+        description: str = "Database query built from user-controlled sources",
+        tool: str = "CodeQL",
+        path: str = "src/db.js",
+        ref: str = "refs/heads/main",
+        created_at: str | None = None,
+    ) -> dict[str, Any]:
+        """A new open code scanning alert, as ``GET /repos/{repo}/code-scanning/alerts`` lists it."""
+        return self._new_alert(
+            repo,
+            "code_scanning_alert",
+            "security/code-scanning",
+            {
+                "fixed_at": None,
+                "dismissed_by": None,
+                "dismissed_at": None,
+                "dismissed_reason": None,
+                "dismissed_comment": None,
+                "rule": {
+                    "id": rule_id,
+                    "severity": rule_severity,
+                    "tags": ["security"],
+                    "description": description,
+                    "name": rule_id,
+                    "security_severity_level": security_severity,
+                },
+                "tool": {"name": tool, "guid": None, "version": "2.20.0"},
+                "most_recent_instance": {
+                    "ref": ref,
+                    "analysis_key": ".github/workflows/codeql.yml:analyze",
+                    "category": ".github/workflows/codeql.yml:analyze",
+                    "environment": "{}",
+                    "state": "open",
+                    "commit_sha": hashlib.sha1(f"{repo}{rule_id}".encode()).hexdigest(),
+                    "message": {"text": description},
+                    "location": {
+                        "path": path,
+                        "start_line": 12,
+                        "end_line": 12,
+                        "start_column": 5,
+                        "end_column": 40,
+                    },
+                    "classifications": [],
+                },
+            },
+            created_at,
+        )
+
+    def add_secret_scanning_alert(
+        self,
+        repo: str,
+        *,
+        secret_type: str = "adafruit_io_key",
+        display_name: str = "Adafruit IO Key",
+        secret: str = "aio_0123456789abcdefghijklmnopqrstuv",
+        validity: str = "active",
+        created_at: str | None = None,
+    ) -> dict[str, Any]:
+        """A new open secret scanning alert, with its ``secret``, as the list gives it without ``hide_secret``."""
+        return self._new_alert(
+            repo,
+            "secret_scanning_alert",
+            "security/secret-scanning",
+            {
+                "resolution": None,
+                "resolved_at": None,
+                "resolved_by": None,
+                "resolution_comment": None,
+                "secret_type": secret_type,
+                "secret_type_display_name": display_name,
+                "secret": secret,
+                "validity": validity,
+                "push_protection_bypassed": False,
+                "push_protection_bypassed_by": None,
+                "push_protection_bypassed_at": None,
+                "publicly_leaked": False,
+                "multi_repo": False,
+                "is_base64_encoded": False,
+            },
+            created_at,
+        )
+
+    def disable_alerts(
+        self, repo: str, kind: str, *, status: int | None = None, message: str | None = None
+    ) -> None:
+        """From now on the ``kind`` alert list answers as GitHub does when the feature is off (or the
+        token lacks the permission): by default 403 for Dependabot and code scanning, 404 for secret
+        scanning, with GitHub's message."""
+        self.add_repo(repo)
+        default_status, default_message = ALERT_REFUSALS[kind]
+        self._repos[repo].alerts_refused[kind] = (status or default_status, message or default_message)
+
+    def enable_alerts(self, repo: str, kind: str) -> None:
+        """The ``kind`` alert list answers again."""
+        self._repos[repo].alerts_refused.pop(kind, None)
+
     def fail_next(
         self, status: int, *, message: str | None = None, headers: dict[str, str] | None = None
     ) -> None:
@@ -426,6 +608,10 @@ class FakeGitHub(RecordingFake[Recorded]):
     def events(self, repo: str) -> list[dict[str, Any]]:
         """The repository's events feed, newest first."""
         return copy.deepcopy(self._repos[repo].events[::-1])
+
+    def alerts(self, repo: str, kind: str) -> list[dict[str, Any]]:
+        """The repository's alerts of ``kind``, newest first, secrets included."""
+        return copy.deepcopy(self._repos[repo].alerts[kind][::-1])
 
     # -- webhook bodies ------------------------------------------------------------------------
 
@@ -498,6 +684,24 @@ class FakeGitHub(RecordingFake[Recorded]):
             "repository": self._repo_full(repo),
             "sender": copy.deepcopy(release["author"]),
         }
+
+    def webhook_alert_created(self, repo: str, kind: str, number: int) -> dict[str, Any]:
+        """The ``dependabot_alert``, ``code_scanning_alert`` or ``secret_scanning_alert`` webhook body
+        (action ``created``), sent by GitHub's own account as GitHub sends it."""
+        alert = next((a for a in self._repos[repo].alerts[kind] if a["number"] == number), None)
+        if alert is None:
+            raise KeyError(f"no {kind} {number} in {repo}")
+        body: dict[str, Any] = {
+            "action": "created",
+            "alert": copy.deepcopy(alert),
+            "repository": self._repo_full(repo),
+            "sender": self._user("github", "Organization"),
+        }
+        if kind == "code_scanning_alert":
+            instance = alert["most_recent_instance"]
+            body["alert"]["instances"] = [copy.deepcopy(instance)]
+            body["ref"], body["commit_oid"] = instance["ref"], instance["commit_sha"]
+        return body
 
     def webhook_discussion_created(self, repo: str, number: int) -> dict[str, Any]:
         """The ``discussion`` webhook body (action ``created``)."""
@@ -698,6 +902,31 @@ class FakeGitHub(RecordingFake[Recorded]):
             }
         )
 
+    def _new_alert(
+        self, repo: str, kind: str, page: str, fields: dict[str, Any], created_at: str | None
+    ) -> dict[str, Any]:
+        """``created_at`` (GitHub's form) backdates the alert: one from before a poller started."""
+        self.add_repo(repo)
+        alerts = self._repos[repo].alerts[kind]
+        number = len(alerts) + 1
+        stamp = created_at or now_iso()
+        path = "/".join(ALERT_PATHS[kind])
+        alert = {
+            "number": number,
+            "state": "open",
+            "created_at": stamp,
+            "updated_at": stamp,
+            "url": self._api(f"/repos/{repo}/{path}/{number}"),
+            "html_url": f"{HTML_BASE}/{repo}/{page}/{number}",
+            **fields,
+        }
+        if kind == "code_scanning_alert":
+            alert["instances_url"] = self._api(f"/repos/{repo}/{path}/{number}/instances")
+        if kind == "secret_scanning_alert":
+            alert["locations_url"] = self._api(f"/repos/{repo}/{path}/{number}/locations")
+        alerts.append(alert)
+        return copy.deepcopy(alert)
+
     def _issue(self, repo: str, number: int) -> dict[str, Any]:
         state = self._repos.get(repo)
         if state is None or number not in state.issues:
@@ -835,6 +1064,13 @@ class FakeGitHub(RecordingFake[Recorded]):
                 return self._conditional(call, _page(issues, call.query), link=self._link(call, len(issues)))
             if method == "POST":
                 return self._json(self._create_issue(repo, self._object(call)), status=201)
+        if method == "GET" and tuple(rest) in ALERT_PATHS.values():
+            kind = next(k for k, path in ALERT_PATHS.items() if path == tuple(rest))
+            refused = self._repos[repo].alerts_refused.get(kind)
+            if refused is not None:
+                raise ApiError(*refused)
+            alerts = self._alerts(repo, kind, call.query)
+            return self._conditional(call, _page(alerts, call.query), link=self._link(call, len(alerts)))
         if method == "GET" and rest == ["actions", "runs"]:
             runs = self._runs(repo, call.query)
             body = {"total_count": len(runs), "workflow_runs": _page(runs, call.query)}
@@ -925,6 +1161,18 @@ class FakeGitHub(RecordingFake[Recorded]):
         # Ties (the same second) go by number, as creation order.
         items.sort(key=lambda i: (i[key], i["number"]), reverse=query.get("direction", "desc") != "asc")
         return items
+
+    def _alerts(self, repo: str, kind: str, query: dict[str, str]) -> list[dict[str, Any]]:
+        alerts = list(self._repos[repo].alerts[kind])
+        states = {s for s in query.get("state", "").split(",") if s}
+        if states:
+            alerts = [a for a in alerts if a["state"] in states]
+        key = "updated_at" if query.get("sort") == "updated" else "created_at"
+        # Ties (the same second) go by number, as creation order.
+        alerts.sort(key=lambda a: (a[key], a["number"]), reverse=query.get("direction", "desc") != "asc")
+        if kind == "secret_scanning_alert" and query.get("hide_secret") == "true":
+            alerts = [{k: v for k, v in a.items() if k != "secret"} for a in alerts]
+        return alerts
 
     def _runs(self, repo: str, query: dict[str, str]) -> list[dict[str, Any]]:
         runs = self._repos[repo].runs[::-1]
