@@ -15,7 +15,8 @@ The polling calls are conditional: given the ETag of the last page they send
 ``If-None-Match``, and a 304 (which GitHub does not count against the rate limit) comes
 back as a ``Page`` with ``changed=False``. A page carries the URL of the next one from its
 ``Link: <...>; rel="next"`` header, and ``next_page`` fetches it; a next URL that is not
-under the base URL is dropped, so the token goes nowhere else.
+under the base URL is dropped, so the token goes nowhere else. A secret scanning alert's leaked
+``secret`` is never asked for (``hide_secret=true``) and is dropped from every item that has it.
 """
 
 from __future__ import annotations
