@@ -119,6 +119,22 @@ async def test_alerts_created_between_two_polls_arrive_once_each_as_the_webhook_
             assert (await bridge.wire.poll(f"{kind}.reopened", "0"))["events"] == []
 
 
+async def test_a_bridge_that_polled_before_alerts_were_polled_takes_the_older_alerts_for_history(
+    tmp_path: Path, github: FakeGitHub
+) -> None:
+    half_an_hour_ago = (datetime.now(UTC) - timedelta(minutes=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    github.add_dependabot_alert(REPO, created_at=half_an_hour_ago)
+    async with in_process(tmp_path, github, repos=(REPO,)) as bridge:
+        # Its other feeds began an hour ago; its alert lists begin now.
+        bridge.server.log.set_state(f"{REPO}:since", AN_HOUR_AGO)
+        await bridge.bridge.poll_repo(REPO)
+        assert (await bridge.wire.poll("dependabot_alert.created", "0"))["events"] == []
+        alert = github.add_dependabot_alert(REPO)
+        await bridge.bridge.poll_repo(REPO)
+        polled = await bridge.wire.poll("dependabot_alert.created", "0")
+        assert [e["data"]["number"] for e in polled["events"]] == [alert["number"]]
+
+
 async def test_150_alerts_between_two_polls_are_read_over_two_pages_and_stored_once_each(
     tmp_path: Path, github: FakeGitHub, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -334,6 +334,13 @@ class GitHubBridge(Bridge):
         """New alerts of one kind, by number; a list GitHub refuses is given up until restart."""
         if (repo, kind) in self.alerts_off:
             return
+        # Its own start too: polled first by an upgraded bridge, the alerts before now are history.
+        log, started_key = self.server_of().log, f"{repo}:{kind}:since"
+        started = await anyio.to_thread.run_sync(log.get_state, started_key)
+        if started is None:
+            started = iso(datetime.now(UTC).replace(microsecond=0))
+            await anyio.to_thread.run_sync(log.set_state, started_key, started)
+        baseline = max(baseline, parse_iso(started) or baseline)
 
         def fetch(etag: str | None) -> Awaitable[Page]:
             return self.api.security_alerts(repo, kind, etag=etag)
