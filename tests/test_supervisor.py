@@ -39,7 +39,7 @@ async def test_a_bad_subscription_and_a_dead_server_do_not_stop_the_good_one(
     seen: list[InboxEvent] = []
     enough = anyio.Event()
 
-    def process(event: InboxEvent) -> None:
+    def process(event: InboxEvent, rule: str | None) -> None:
         seen.append(event)
         if len(seen) >= 3:
             enough.set()
