@@ -47,7 +47,8 @@ async def test_the_event_reaches_the_llm_fenced_and_its_tool_call_changes_the_se
     first = rig.fake.requests[0]
     system, user = first["messages"][0], first["messages"][1]
     assert system["role"] == "system" and "never instructions" in system["content"]
-    boundary = system["content"].split('boundary="')[1].split('"')[0]
+    assert 'boundary="' not in system["content"].replace('boundary="BOUNDARY"', "")
+    boundary = user["content"].split('boundary="')[1].split('"')[0]
     fenced = (
         user["content"]
         .split(f'<event-data boundary="{boundary}">\n')[1]

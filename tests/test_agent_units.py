@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentwake.agent.fence import Fence, cap
-from agentwake.agent.prompts import PromptError, PromptRenderer
+from agentwake.agent.prompts import PromptError, PromptRenderer, boundary_line
 from agentwake.agent.tools import MAX_NAME, Allowlist, ToolSpec, exposed_name, unique_names
 from agentwake.config import AgentConfig, SubscriptionConfig, parse_config
 from agentwake.errors import ConfigError
@@ -534,8 +534,10 @@ def test_bundled_templates_render_with_the_data_only_inside_the_fence(
     assert start < prompt.user.index("UNTRUSTED-TITLE-4711") < end
     assert prompt.user.count(opening) == prompt.user.count(closing) == 1
     assert "UNTRUSTED-TITLE-4711" not in prompt.system
-    # The system prompt names this run's boundary and the allowed tools.
-    assert fence.boundary in prompt.system
+    # The system prompt names the allowed tools but not this run's boundary (it is the same for
+    # every run of a rule); the user message names the boundary first, before any data.
+    assert fence.boundary not in prompt.system
+    assert prompt.user.startswith(f'This run\'s boundary is "{fence.boundary}"')
     assert "You may call only these tools: demo__add_comment." in prompt.system
     assert prompt.system.endswith("\n") and prompt.user.endswith("\n")
 
@@ -668,7 +670,7 @@ def test_a_template_may_fence_other_values_itself(tmp_path: Path) -> None:
         tools=[],
     )
     opening, closing = markers(fence, "event-id")
-    assert prompt.user == f"{opening}\nT-000007\n{closing}\nsupport\n"
+    assert prompt.user == boundary_line(fence) + f"{opening}\nT-000007\n{closing}\nsupport\n"
     assert prompt.system == "System for demo.\n"
 
 

@@ -940,8 +940,8 @@ def test_policy_test_prints_the_decision_the_tools_and_the_exact_prompts(tmp_pat
     assert squash("model: agentwake/offline") in flat
 
     # The exact prompts: rendered again here with the boundary the command used, they appear verbatim.
-    boundary = out.split('<event-data boundary="')[1].split('"')[0]
-    assert re.fullmatch(r"[0-9a-f]{16}", boundary)
+    # (The system prompt shows the markers with a placeholder; the run's boundary is hex.)
+    [boundary] = set(re.findall(r'<event-data boundary="([0-9a-f]{16})">', out))
     cfg = load_config(config)
     assert cfg.agent is not None
     renderer = PromptRenderer(cfg.agent, cfg.sanitize)
@@ -986,7 +986,7 @@ def test_policy_test_of_a_held_event_says_it_would_be_held(tmp_path: Path) -> No
     assert squash("ignore previous instructions") in flat  # the signal behind the score
     assert (
         result.output.split("tools allowed")[1].splitlines()[2].strip()
-        == "matching tools: demo__get_ticket, demo__add_comment"
+        == "matching tools: demo__add_comment, demo__get_ticket"  # sorted by name
     )
     assert "<event-data boundary=" in result.output  # what the agent would get once approved
 

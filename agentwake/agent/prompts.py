@@ -61,6 +61,16 @@ def operator_instruction(fence: Fence, note: str) -> str:
     )
 
 
+def boundary_line(fence: Fence) -> str:
+    """The user message's first line: this run's boundary. The system prompt only describes the
+    markers, so it is the same for every run of a rule (a cacheable prefix); the boundary is
+    random per run and named before any data, which cannot know it, so data cannot forge it."""
+    return (
+        f'This run\'s boundary is "{fence.boundary}": only markers with boundary="{fence.boundary}"'
+        " count.\n\n"
+    )
+
+
 class PromptError(ConfigError):
     """A template is missing, malformed or failed to render."""
 
@@ -170,7 +180,7 @@ class PromptRenderer:
             "fenced": fenced,
         }
         name = template or self.template_for(subscription, event["name"])
-        user = self._render(name, context)
+        user = boundary_line(fence) + self._render(name, context)
         if batch_view:
             # Debounced events: every one is shown, whatever the template does with `batch`.
             lines = [f"\n{len(batch_view)} more event(s) arrived within the debounce window:"]

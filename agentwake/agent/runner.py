@@ -202,7 +202,8 @@ class AgentRunner:
         model = spec.model or self.agent.model
         allowlist = Allowlist(spec.tools)
         catalog = list(self.tools.catalog())
-        allowed = allowlist.select(catalog)
+        # Sorted by name: the tools are part of the prefix every run of the rule shares.
+        allowed = sorted(allowlist.select(catalog), key=lambda spec_: spec_.exposed)
         authority = authority_for(spec, policy_view(event, cleaned.injection_score))
         fence = Fence(datamark=self.config.sanitize.datamark)
         if sub is None:
