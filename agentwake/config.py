@@ -588,6 +588,12 @@ class AgentConfig(_Model):
     tool_result_max_chars: int = Field(
         default=8_000, ge=256, description="one tool result in the prompt, at most"
     )
+    prompt_cache: Literal["auto", "off"] = Field(
+        default="auto",
+        description='"auto": mark the shared prefix (tools and system prompt) for providers with explicit'
+        " prompt caching (anthropic/, Claude and Nova on bedrock/) and rely on the automatic prefix"
+        ' caching of the others (OpenAI, Gemini, DeepSeek); "off": no cache markers',
+    )
 
     @field_validator("model")
     @classmethod

@@ -137,6 +137,8 @@ class FakeLLM:
         self.arrivals: list[float] = []
         self.model_lists = 0  # GET /v1/models requests (a reachability probe spends no tokens)
         self.responder: Callable[[dict[str, Any]], Reply] | None = None
+        # The usage of an answer from the request and the reply (e.g. fake_anthropic.OpenAIPrefixCache).
+        self.usage_for: Callable[[dict[str, Any], Reply], dict[str, Any]] | None = None
         self._queue: deque[Reply] = deque()
         self._call_ids = itertools.count(1)
         self._completion_ids = itertools.count(1)
@@ -312,7 +314,9 @@ class FakeLLM:
             "choices": []
             if reply.kind == "no_choices"
             else [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
-            "usage": {
+            "usage": self.usage_for(body, reply)
+            if self.usage_for is not None
+            else {
                 "prompt_tokens": reply.prompt_tokens,
                 "completion_tokens": reply.completion_tokens,
                 "total_tokens": reply.prompt_tokens + reply.completion_tokens,

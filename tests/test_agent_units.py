@@ -793,6 +793,7 @@ def test_agent_config_defaults() -> None:
         "system_prompt": "system.md.j2",
         "event_data_max_chars": 16_000,
         "tool_result_max_chars": 8_000,
+        "prompt_cache": "auto",
     }
     assert not agent.offline
     assert AgentConfig(model="agentwake/offline").offline

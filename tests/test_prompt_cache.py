@@ -8,11 +8,15 @@ from typing import Any
 
 import pytest
 from _rig import Rig
+from fake_anthropic import FakeAnthropic
 from fake_llm import text
 
+from agentwake.agent.llm import cache_points
 from agentwake.clock import utc_now
+from agentwake.config import parse_config
 from agentwake.decide import decide
 from agentwake.delivery.common import subscription_key
+from agentwake.errors import ConfigError
 from agentwake.policy import Policy
 from agentwake.store import IncomingEvent
 
@@ -67,3 +71,82 @@ async def test_two_runs_of_a_rule_share_their_prefix_and_differ_only_in_the_user
     boundary = one.split('boundary="')[1].split('"')[0]
     assert boundary not in system
     assert one.index(boundary) < one.index("printer 1")
+
+
+# ---- cache markers ------------------------------------------------------------------------------
+
+ANTHROPIC_MODEL = "anthropic/claude-sonnet-4-5"
+
+
+async def run_on_anthropic(rig: Rig, fake: FakeAnthropic, **agent: Any) -> None:
+    runner = rig.runner(
+        tools=["demo__get_*", "demo__add_comment"], model=ANTHROPIC_MODEL, api_base=fake.url, **agent
+    )
+    result = await rig.run(runner)
+    assert result.status == "completed", result.reason
+
+
+def marked(body: Any) -> bool:
+    return "cache_control" in json.dumps(body)
+
+
+async def test_auto_marks_the_end_of_the_system_prompt_for_anthropic(rig: Rig) -> None:
+    async with FakeAnthropic(min_cacheable=64) as fake:
+        fake.script(text("Nothing to do."))
+        await run_on_anthropic(rig, fake)
+        [request] = fake.requests
+    # One breakpoint, on the system prompt: it caches the tools and the system prompt before it.
+    *_, last = request["system"]
+    assert last["cache_control"] == {"type": "ephemeral"}
+    assert not marked(request["tools"]) and not marked(request["messages"])
+    assert not marked(request["system"][:-1])
+    # The provider wrote the prefix to its cache on the first run.
+    [usage] = fake.usages
+    assert usage["cache_creation_input_tokens"] > 0 and usage["cache_read_input_tokens"] == 0
+
+
+async def test_off_sends_no_cache_markers_to_anthropic(rig: Rig) -> None:
+    async with FakeAnthropic(min_cacheable=64) as fake:
+        fake.script(text("Nothing to do."))
+        await run_on_anthropic(rig, fake, prompt_cache="off")
+        [request] = fake.requests
+    assert not marked(request)
+    assert fake.usages[0]["cache_creation_input_tokens"] == 0
+
+
+async def test_openai_gets_no_markers_it_caches_the_prefix_itself(rig: Rig) -> None:
+    runner = rig.runner(tools=["demo__get_*", "demo__add_comment"], prompt_cache="auto")
+    rig.fake.script(text("Nothing to do."))
+    result = await rig.run(runner)
+    assert result.status == "completed", result.reason
+    [request] = rig.fake.requests
+    assert not marked(request)
+    assert set(request) <= {"model", "messages", "max_tokens", "tools", "temperature"}
+
+
+@pytest.mark.parametrize(
+    ("model", "mode", "marks"),
+    [
+        ("anthropic/claude-sonnet-4-5", "auto", True),
+        ("anthropic/claude-sonnet-4-5", "off", False),
+        ("bedrock/anthropic.claude-3-5-sonnet-20241022-v2:0", "auto", True),
+        ("bedrock/us.amazon.nova-pro-v1:0", "auto", True),
+        ("bedrock/meta.llama3-70b-instruct-v1:0", "auto", False),
+        ("openai/gpt-4.1", "auto", False),
+        ("gemini/gemini-2.5-flash", "auto", False),
+        ("deepseek/deepseek-chat", "auto", False),
+        ("ollama_chat/llama3", "auto", False),
+        ("agentwake/offline", "auto", False),
+    ],
+)
+def test_cache_points_only_for_providers_with_explicit_caching(model: str, mode: str, marks: bool) -> None:
+    points = cache_points(model, mode)
+    assert (points == [{"location": "message", "role": "system"}]) if marks else points is None
+
+
+def test_prompt_cache_takes_auto_or_off() -> None:
+    base = {"agent": {"model": "openai/x"}}
+    config = parse_config(base, env={})
+    assert config.agent is not None and config.agent.prompt_cache == "auto"
+    with pytest.raises(ConfigError, match=r"agent\.prompt_cache: Input should be 'auto' or 'off'"):
+        parse_config({"agent": {"model": "openai/x", "prompt_cache": "on"}}, env={})

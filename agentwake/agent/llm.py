@@ -208,6 +208,28 @@ class LLMSettings:
     retry_initial_s: float
     retry_max_s: float
     api_key_env: str | None = None  # where api_key came from, named in an authentication error
+    prompt_cache: str = "off"  # [agent] prompt_cache: "auto" marks the shared prefix where it pays
+
+
+# Providers whose prompt caching needs explicit markers (litellm turns cache_control into
+# Anthropic's cache_control blocks and Bedrock Converse's cachePoint). OpenAI, Gemini, DeepSeek and
+# xAI cache a repeated prefix by themselves; every other provider is sent nothing extra (litellm
+# would otherwise pass the marker through to an OpenAI-compatible endpoint).
+_EXPLICIT_CACHE_PROVIDERS: Final = frozenset({"anthropic"})
+_BEDROCK_CACHING_MODELS: Final = re.compile(r"claude|anthropic\.|nova", re.IGNORECASE)
+# The shared prefix ends with the system message: Anthropic (and Bedrock) cache tools, then system.
+SYSTEM_CACHE_POINT: Final = ({"location": "message", "role": "system"},)
+
+
+def cache_points(model: str, mode: str) -> list[dict[str, str]] | None:
+    """litellm's ``cache_control_injection_points`` for a call to ``model``, or None to send none."""
+    if mode != "auto" or "/" not in model:
+        return None
+    provider, name = model.split("/", 1)
+    explicit = provider in _EXPLICIT_CACHE_PROVIDERS or (
+        provider == "bedrock" and _BEDROCK_CACHING_MODELS.search(name) is not None
+    )
+    return [dict(point) for point in SYSTEM_CACHE_POINT] if explicit else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +276,7 @@ def settings_for(agent: AgentConfig, model: str) -> LLMSettings:
         retry_initial_s=agent.retry_initial_s,
         retry_max_s=agent.retry_max_s,
         api_key_env=agent.api_key_env,
+        prompt_cache=agent.prompt_cache,
     )
 
 
@@ -309,6 +332,9 @@ async def _complete(
     }
     if tools:
         kwargs["tools"] = tools
+    points = cache_points(settings.model, settings.prompt_cache)
+    if points:
+        kwargs["cache_control_injection_points"] = points
     if settings.api_base:
         kwargs["api_base"] = settings.api_base
     if settings.api_key:
