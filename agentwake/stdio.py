@@ -40,113 +40,70 @@ async context manager yielding ``(read_stream, write_stream)`` for ``mcp.Client`
   with ``notifications/cancelled``, an error answer or a closed connection is an ``MCPError``
   with the SDK's codes.
 
-Shutdown is the SDK's sequence: close stdin, wait, SIGTERM the process group, wait, SIGKILL, every
-wait bounded and shielded from cancellation so no server process outlives the context. The waits
-are shorter than the SDK's (1.5 s and 0.4 s, not 2 s each; an SDK server takes 0.5 to 1 s to exit
-on stdin's end): stdin closing and SIGTERM together fit inside the service's 2 s stop grace (``agentwake.service.STOP_GRACE_S``), so a server that ignores
-stdin's end but exits on SIGTERM stops cleanly, without the grace running out.
+Shutdown is the SDK's sequence, with shorter waits: close stdin, wait, SIGTERM the process group,
+wait, SIGKILL, every wait bounded and shielded from cancellation so no server process outlives the
+context; on Linux the server is also spawned so that it dies with agentwake
+(``agentwake.stdio_process`` says how and why).
 
-A server must not outlive agentwake either when agentwake itself dies (SIGKILL, OOM kill) and
-cannot run that sequence: on Linux it is started through a tiny wrapper (``python -I -S -c``) that
-sets ``PR_SET_PDEATHSIG`` to SIGKILL and execs the server in place (same pid, same process group),
-so the kernel kills the server when agentwake's process (the thread that spawned it: the event
-loop's) dies. A wrapper rather than ``preexec_fn``: anyio's ``open_process`` takes none, and a
-``preexec_fn`` runs Python between fork and exec in a process with threads (the store's), which
-the subprocess docs warn may deadlock. Neither a reaper process (one more process to keep alive,
-and the same question of who kills it) nor a process group watched from outside is needed for the
-server itself; the signal reaches the server only, not children it started in its group (those
-see their pipes close). The wrapper costs one short interpreter start per spawn (about 20 ms).
-Elsewhere than Linux servers are spawned directly.
-
-The module runs about 1,050 lines: the reader, the writer, the requests sent beside the session,
-the stderr copier and the bounded shutdown share one process's lifecycle and are easier to check
-side by side than split up.
-
-Limits (``StdioLimits`` fields; the defaults are the DEFAULT_* constants):
-
-    max_message_bytes    4 MiB  the longest stdout line (one message) kept; longer ones are dropped
-    log_preview_chars    200    how much of a bad stdout line a log record shows
-    bad_line_logs        1      bad stdout lines (unparsable, oversized, invalid UTF-8) logged per
-    bad_line_window_s    60 s   window; the rest are counted and summarised once a window
-    stderr_line_chars    2,000  the longest stderr line copied; longer ones are cut and marked
-    stderr_lines         100    stderr lines copied per window; the rest are counted and
-    stderr_window_s      10 s   summarised in one line
-    stdin_close_wait_s   1.5 s  for the server to exit once its stdin closes (the SDK: 2 s)
-    terminate_wait_s     0.4 s  from SIGTERM to SIGKILL of its process group (the SDK: 2 s)
-    kill_wait_s          2 s    for the exit to be seen after SIGKILL, before abandoning it
-    flush_wait_s         0.5 s  for accepted messages to be written before stdin closes
-    exit_report_wait_s   0.5 s  after stdout ends, for the exit status, so that the session
-                                learns of the closure with ``.exit`` already set
-    stderr_drain_wait_s  0.5 s  after the exit, for its last stderr lines to be copied
-    server_requests_per_s
-                         20/s   requests from the server handed on per second, in bursts of twice
-                                that; beyond, the reader waits ([limits] max_server_requests_per_s)
+The transport's other jobs are modules of their own, which this one uses and re-exports:
+``agentwake.stdio_limits`` (``StdioLimits``: every bound, and its default), ``agentwake.stdio_lines``
+(bounded line splitting, rate windows, cleaning what a server writes), ``agentwake.stdio_calls``
+(the requests sent beside the session), ``agentwake.stdio_stderr`` (the stderr copier) and
+``agentwake.stdio_process`` (spawning, ``ServerExit``, the steps of the bounded stop). What stays
+here shares the connection's state: the reader, the writer and the order of the shutdown.
 """
 
 from __future__ import annotations
 
 import codecs
-import errno
 import itertools
 import logging
-import os
-import re
-import shutil
-import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
-from dataclasses import dataclass, fields
 from types import TracebackType
 from typing import Any, Final, TextIO
 
 import anyio
 import mcp_types
-from anyio.abc import AsyncResource, ByteReceiveStream, Process
+from anyio.abc import Process
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.client.stdio import StdioServerParameters, get_default_environment
-from mcp.os.posix.utilities import terminate_posix_process_tree
-from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
-from mcp_types import (
-    CONNECTION_CLOSED,
-    REQUEST_TIMEOUT,
-    ErrorData,
-    JSONRPCError,
-    JSONRPCRequest,
-    JSONRPCResponse,
-)
+from mcp_types import ErrorData, JSONRPCError, JSONRPCRequest
 from pydantic import ValidationError
-from pydantic_core import from_json, to_json
+from pydantic_core import from_json
 
 from agentwake.ratelimit import ServerRequestLimit
-from agentwake.redaction import redact
+from agentwake.stdio_calls import CALL_ID_PREFIX as CALL_ID_PREFIX
+from agentwake.stdio_calls import CALL_MARK, CallsBesideSession
+from agentwake.stdio_limits import DEFAULT_BAD_LINE_LOGS as DEFAULT_BAD_LINE_LOGS
+from agentwake.stdio_limits import DEFAULT_BAD_LINE_WINDOW_S as DEFAULT_BAD_LINE_WINDOW_S
+from agentwake.stdio_limits import DEFAULT_EXIT_REPORT_WAIT_S as DEFAULT_EXIT_REPORT_WAIT_S
+from agentwake.stdio_limits import DEFAULT_FLUSH_WAIT_S as DEFAULT_FLUSH_WAIT_S
+from agentwake.stdio_limits import DEFAULT_KILL_WAIT_S as DEFAULT_KILL_WAIT_S
+from agentwake.stdio_limits import DEFAULT_LOG_PREVIEW_CHARS as DEFAULT_LOG_PREVIEW_CHARS
+from agentwake.stdio_limits import DEFAULT_MAX_MESSAGE_BYTES as DEFAULT_MAX_MESSAGE_BYTES
+from agentwake.stdio_limits import DEFAULT_SERVER_REQUESTS_PER_S as DEFAULT_SERVER_REQUESTS_PER_S
+from agentwake.stdio_limits import DEFAULT_STDERR_DRAIN_WAIT_S as DEFAULT_STDERR_DRAIN_WAIT_S
+from agentwake.stdio_limits import DEFAULT_STDERR_LINE_CHARS as DEFAULT_STDERR_LINE_CHARS
+from agentwake.stdio_limits import DEFAULT_STDERR_LINES as DEFAULT_STDERR_LINES
+from agentwake.stdio_limits import DEFAULT_STDERR_WINDOW_S as DEFAULT_STDERR_WINDOW_S
+from agentwake.stdio_limits import DEFAULT_STDIN_CLOSE_WAIT_S as DEFAULT_STDIN_CLOSE_WAIT_S
+from agentwake.stdio_limits import DEFAULT_TERMINATE_WAIT_S as DEFAULT_TERMINATE_WAIT_S
+from agentwake.stdio_limits import StdioLimits as StdioLimits
+from agentwake.stdio_lines import UTF8_MAX_BYTES, answered_request
+from agentwake.stdio_lines import Line as Line
+from agentwake.stdio_lines import LineSplitter as LineSplitter
+from agentwake.stdio_lines import Overflow as Overflow
+from agentwake.stdio_lines import OverflowEnd as OverflowEnd
+from agentwake.stdio_lines import RateWindow as RateWindow
+from agentwake.stdio_lines import clean_line as clean_line
+from agentwake.stdio_process import ServerExit as ServerExit
+from agentwake.stdio_process import close_quietly, drain, spawn_command, terminate_tree, wait_for_exit
+from agentwake.stdio_stderr import StderrCopier
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_MAX_MESSAGE_BYTES: Final = 4 * 1024 * 1024
-DEFAULT_LOG_PREVIEW_CHARS: Final = 200
-DEFAULT_BAD_LINE_LOGS: Final = 1
-DEFAULT_BAD_LINE_WINDOW_S: Final = 60.0
-DEFAULT_STDERR_LINE_CHARS: Final = 2_000
-DEFAULT_STDERR_LINES: Final = 100
-DEFAULT_STDERR_WINDOW_S: Final = 10.0
-# Together under the service's 2 s stop grace, leaving room for the SIGKILL and the rest of the stop.
-DEFAULT_STDIN_CLOSE_WAIT_S: Final = 1.5
-DEFAULT_TERMINATE_WAIT_S: Final = 0.4
-DEFAULT_KILL_WAIT_S: Final = 2.0
-DEFAULT_FLUSH_WAIT_S: Final = 0.5
-DEFAULT_EXIT_REPORT_WAIT_S: Final = 0.5
-DEFAULT_STDERR_DRAIN_WAIT_S: Final = 0.5
-# As [limits] max_server_requests_per_s's default.
-DEFAULT_SERVER_REQUESTS_PER_S: Final = 20.0
-
-_EXIT_POLL_S: Final = 0.01
-# UTF-8 needs at most 4 bytes a character: enough bytes of a stderr line to fill its character limit.
-_UTF8_MAX_BYTES: Final = 4
-# Control characters (C0 but tab, DEL, C1), Unicode line/paragraph separators and bidi overrides:
-# what could move the cursor, start a new log line or disguise one.
-_UNSAFE: Final = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 # The transport's look at a notification before the session gets it: True consumes it.
 Claim = Callable[[str, Mapping[str, Any] | None], bool]
@@ -154,60 +111,9 @@ Claim = Callable[[str, Mapping[str, Any] | None], bool]
 _NOTIFICATION_MARK: Final = '"notifications/'
 _NOTIFICATION_KEYS: Final = frozenset({"jsonrpc", "method", "params"})
 
-# The ids of ``call``'s requests: strings, so never one of the session's (integers).
-CALL_ID_PREFIX: Final = "agentwake-call-"
-# Only lines holding this may answer a ``call``.
-_CALL_MARK: Final = f'"{CALL_ID_PREFIX}'
-_RESULT_KEYS: Final = frozenset({"jsonrpc", "id", "result"})
-# The SDK's bound on writing the cancel of an abandoned request (its _ABANDON_WRITE_TIMEOUT).
-_CANCEL_WRITE_S: Final = 5.0
-# What a ``call`` still waiting gets once the connection has closed: the SDK's own outcome.
-_CLOSED: Final = ErrorData(code=CONNECTION_CLOSED, message="Connection closed")
-
 StdioStreams = tuple[
     MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class StdioLimits:
-    """Every bound the transport applies; see the module docstring."""
-
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    log_preview_chars: int = DEFAULT_LOG_PREVIEW_CHARS
-    bad_line_logs: int = DEFAULT_BAD_LINE_LOGS
-    bad_line_window_s: float = DEFAULT_BAD_LINE_WINDOW_S
-    stderr_line_chars: int = DEFAULT_STDERR_LINE_CHARS
-    stderr_lines: int = DEFAULT_STDERR_LINES
-    stderr_window_s: float = DEFAULT_STDERR_WINDOW_S
-    stdin_close_wait_s: float = DEFAULT_STDIN_CLOSE_WAIT_S
-    terminate_wait_s: float = DEFAULT_TERMINATE_WAIT_S
-    kill_wait_s: float = DEFAULT_KILL_WAIT_S
-    flush_wait_s: float = DEFAULT_FLUSH_WAIT_S
-    exit_report_wait_s: float = DEFAULT_EXIT_REPORT_WAIT_S
-    stderr_drain_wait_s: float = DEFAULT_STDERR_DRAIN_WAIT_S
-    server_requests_per_s: float = DEFAULT_SERVER_REQUESTS_PER_S
-
-    def __post_init__(self) -> None:
-        if not self.server_requests_per_s > 0:
-            raise ValueError("server_requests_per_s must be above 0")
-        for item in fields(self):
-            least = 1 if item.name in ("max_message_bytes", "log_preview_chars", "stderr_line_chars") else 0
-            if getattr(self, item.name) < least:
-                raise ValueError(f"{item.name} must be at least {least}")
-
-
-# The start of a JSON-RPC response: an id, and no method before it (a request or notification has one).
-_RESPONSE_ID: Final = re.compile(rb'^\s*\{(?:(?!"method")[^{}])*?"id"\s*:\s*(-?\d{1,18}|"[^"\\]{1,256}")')
-
-
-def answered_request(head: bytes) -> int | str | None:
-    """The id of the request an oversized line answers, when its first bytes show it is a response."""
-    match = _RESPONSE_ID.match(head[:4096])
-    if match is None or b'"method"' in head[: match.end()]:
-        return None
-    raw = match.group(1)
-    return int(raw) if raw[:1] != b'"' else raw[1:-1].decode("utf-8", "replace")
 
 
 class OversizedMessage(ValueError):
@@ -234,180 +140,10 @@ class UnparsableMessage(ValueError):
         self.preview = preview
 
 
-@dataclass(frozen=True, slots=True)
-class ServerExit:
-    """How a server process ended."""
-
-    server: str
-    returncode: int
-    stopped_by_agentwake: bool = False
-    """We sent SIGTERM (then SIGKILL) because it did not exit when its stdin closed."""
-    during_shutdown: bool = False
-    """It ended while we were closing the connection, not on its own mid-session."""
-
-    @property
-    def signal(self) -> str | None:
-        """The name of the signal that killed it, if one did."""
-        if self.returncode >= 0:
-            return None
-        try:
-            return signal.Signals(-self.returncode).name
-        except ValueError:
-            return f"signal {-self.returncode}"
-
-    def describe(self) -> str:
-        """``exited with code 3`` or ``was killed by SIGKILL``."""
-        name = self.signal
-        return f"was killed by {name}" if name else f"exited with code {self.returncode}"
-
-    def __str__(self) -> str:
-        return f"server {self.server!r} {self.describe()}"
-
-
-# ---- line splitting ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Line:
-    """A whole line, without its newline, within the limit."""
-
-    data: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Overflow:
-    """A line has just gone over the limit: its first ``limit`` bytes, and its size so far."""
-
-    head: bytes
-    size: int
-
-
-@dataclass(frozen=True, slots=True)
-class OverflowEnd:
-    """The newline (or end of stream) closing an overlong line, and the line's full size."""
-
-    size: int
-
-
-class LineSplitter:
-    """Splits a byte stream on ``\\n``, holding at most ``limit`` bytes of a line: the rest of an
-    overlong line is only counted, never kept, so memory stays bounded whatever the stream holds."""
-
-    def __init__(self, limit: int) -> None:
-        if limit < 1:
-            raise ValueError("limit must be at least 1")
-        self.limit = limit
-        self._buffer = bytearray()
-        self._skipped: int | None = None  # size of the overlong line being skipped
-
-    def feed(self, chunk: bytes) -> list[Line | Overflow | OverflowEnd]:
-        events: list[Line | Overflow | OverflowEnd] = []
-        start, size = 0, len(chunk)
-        while start < size:
-            newline = chunk.find(b"\n", start)
-            stop = size if newline < 0 else newline
-            if self._skipped is not None:
-                self._skipped += stop - start
-                if newline >= 0:
-                    events.append(OverflowEnd(self._skipped))
-                    self._skipped = None
-            elif len(self._buffer) + stop - start > self.limit:
-                seen = len(self._buffer) + stop - start
-                room = self.limit - len(self._buffer)
-                events.append(Overflow(bytes(self._buffer) + chunk[start : start + room], seen))
-                self._buffer = bytearray()  # a new one: clear() could keep the large allocation
-                if newline >= 0:
-                    events.append(OverflowEnd(seen))
-                else:
-                    self._skipped = seen
-            else:
-                self._buffer += chunk[start:stop]
-                if newline >= 0:
-                    events.append(Line(bytes(self._buffer)))
-                    self._buffer = bytearray()
-            if newline < 0:
-                break
-            start = newline + 1
-        return events
-
-    def restart(self, tail: bytes) -> list[Line | Overflow | OverflowEnd]:
-        """Forgets the line in progress, starting the next with ``tail`` (no newline in it): for a
-        reader that counted a chunk's lines without splitting them."""
-        self._buffer = bytearray()
-        self._skipped = None
-        return self.feed(tail)
-
-    def finish(self) -> Line | OverflowEnd | None:
-        """What is left at the end of the stream: an unterminated line, or the end of an overlong one."""
-        if self._skipped is not None:
-            skipped, self._skipped = self._skipped, None
-            return OverflowEnd(skipped)
-        if self._buffer:
-            rest, self._buffer = bytes(self._buffer), bytearray()
-            return Line(rest)
-        return None
-
-
-class RateWindow:
-    """At most ``limit`` events per fixed window of ``period`` seconds; the rest are counted."""
-
-    def __init__(self, limit: int, period: float) -> None:
-        self.limit = limit
-        self.period = period
-        self._start: float | None = None
-        self._count = 0
-        self._dropped = 0
-
-    def admit(self, now: float) -> tuple[bool, int]:
-        """Whether to let this event through, and how many the window that just ended dropped (to report)."""
-        ended = 0
-        if self._start is None or now - self._start >= self.period:
-            ended, self._dropped = self._dropped, 0
-            self._start, self._count = now, 0
-        if self._count < self.limit:
-            self._count += 1
-            return True, ended
-        self._dropped += 1
-        return False, ended
-
-    def full(self, now: float) -> bool:
-        """Whether every event until the window ends will be dropped."""
-        return self._start is not None and now - self._start < self.period and self._count >= self.limit
-
-    def drop(self, count: int) -> None:
-        """Counts ``count`` events as dropped without looking at them (the window being full)."""
-        self._dropped += count
-
-    def take_dropped(self) -> int:
-        """The events dropped and not yet reported (at the end of the stream)."""
-        dropped, self._dropped = self._dropped, 0
-        return dropped
-
-
-def clean_line(text: str) -> str:
-    """``text`` without control characters (tab excepted), line separators or bidi overrides."""
-    return _UNSAFE.sub("", text)
-
-
 # ---- the transport ----------------------------------------------------------------------------
 
 
-class _Call:
-    """A request of ``call``'s waiting for its answer: the result, or the error (the closure's included)."""
-
-    __slots__ = ("answered", "outcome")
-
-    def __init__(self) -> None:
-        self.answered = anyio.Event()
-        self.outcome: dict[str, Any] | ErrorData = _CLOSED
-
-    def settle(self, outcome: dict[str, Any] | ErrorData) -> None:
-        if not self.answered.is_set():
-            self.outcome = outcome
-            self.answered.set()
-
-
-class BoundedStdioClient:
+class BoundedStdioClient(CallsBesideSession):
     """The transport: an async context manager yielding ``(read_stream, write_stream)``.
 
     Attributes, once entered: ``pid``; ``exit`` (a ``ServerExit``, None while the process runs).
@@ -447,7 +183,7 @@ class BoundedStdioClient:
         self._escalated = False
         self._cm: AbstractAsyncContextManager[StdioStreams] | None = None
         # ``call``'s requests awaiting an answer, by id; None before the start and after the end.
-        self._calls: dict[str, _Call] | None = None
+        self._calls = None
         self._call_ids = itertools.count(1)
         self._write_send: MemoryObjectSendStream[SessionMessage | bytes] | None = None
         self.requests = ServerRequestLimit(name, self.limits.server_requests_per_s)
@@ -473,120 +209,13 @@ class BoundedStdioClient:
         assert self.exit is not None
         return self.exit
 
-    async def call(
-        self, method: str, params: Mapping[str, Any] | None, *, timeout_s: float | None
-    ) -> dict[str, Any]:
-        """Send a request beside the session's and wait for its result, as the SDK's dispatcher would.
-
-        ``params`` go as given (stamp them as the session does first). The id is a string of our own
-        (``CALL_ID_PREFIX``), so the session never mistakes the answer for one of its requests; the
-        line goes through the session's writer, in order with its messages. Raises ``MCPError`` as the
-        SDK's ``send_raw_request`` does: the error a server answered; REQUEST_TIMEOUT once
-        ``timeout_s`` has passed since the write (a ``notifications/cancelled`` follows, as it does
-        when the caller is cancelled); CONNECTION_CLOSED when the connection ends first, or has.
-        """
-        calls, write = self._calls, self._write_send
-        if calls is None or write is None:
-            raise MCPError(code=CONNECTION_CLOSED, message="Connection closed")
-        request_id = f"{CALL_ID_PREFIX}{next(self._call_ids)}"
-        request: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
-        if params:  # as the SDK: no "params" at all rather than empty ones
-            request["params"] = params
-        line = self._encode(request)
-        call = calls[request_id] = _Call()
-        written = False
-        try:
-            await anyio.lowlevel.checkpoint_if_cancelled()
-            # From here a cancelled write may still have been delivered: count it as sent, as the SDK does.
-            written = True
-            try:
-                try:
-                    write.send_nowait(line)  # to the writer waiting for it: no task switch of ours
-                except anyio.WouldBlock:
-                    await write.send(line)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                raise MCPError(code=CONNECTION_CLOSED, message="Connection closed") from None
-            with anyio.move_on_after(timeout_s) as clock:
-                await call.answered.wait()
-            if clock.cancelled_caught and not call.answered.is_set():  # an answer just in time counts
-                with anyio.move_on_after(_CANCEL_WRITE_S):
-                    await self._cancel_call(request_id, f"timed out after {timeout_s}s")
-                raise MCPError(code=REQUEST_TIMEOUT, message=f"Request {method!r} timed out")
-        except anyio.get_cancelled_exc_class():
-            if written:
-                with anyio.move_on_after(_CANCEL_WRITE_S, shield=True):
-                    await self._cancel_call(request_id, "caller cancelled")
-            raise
-        finally:
-            calls.pop(request_id, None)
-        outcome = call.outcome
-        if isinstance(outcome, ErrorData):
-            raise MCPError(code=outcome.code, message=outcome.message, data=outcome.data)
-        return outcome
-
-    async def _cancel_call(self, request_id: str, reason: str) -> None:
-        """The courtesy cancel of an abandoned ``call``; dropped when the connection is gone."""
-        if self._calls is None or self._write_send is None:
-            return
-        params = {"requestId": request_id, "reason": reason}
-        notice = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
-        with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-            await self._write_send.send(self._encode(notice))
-
-    def _encode(self, message: Mapping[str, Any]) -> bytes:
-        """One line of JSON, by the serializer the SDK's models use (pydantic-core's)."""
-        data = to_json(message)
-        if self._utf8:
-            return data + b"\n"
-        return (data.decode() + "\n").encode(self.params.encoding, errors=self._errors)
-
-    def _took_result(self, text: str) -> bool:
-        """Whether the line is a plain result for one of ``call``'s requests, now handed to it.
-
-        Parsed by pydantic-core's JSON parser, the one the SDK's validation uses; only the plain shape
-        is taken here (an object of ``jsonrpc`` "2.0", a string ``id`` and an object ``result``, no
-        other member), which the SDK reads as that very response. Anything else (an error answer
-        included) is left to the full validation every line gets, and ``_answered_call`` after it.
-        """
-        try:
-            message = from_json(text)
-        except ValueError:
-            return False
-        if type(message) is not dict or message.keys() != _RESULT_KEYS or message["jsonrpc"] != "2.0":
-            return False
-        result = message["result"]
-        return type(result) is dict and self._settle_call(message["id"], result)
-
-    def _answered_call(self, message: object) -> bool:
-        """Whether ``message`` answers one of ``call``'s requests; if so, that request has its outcome."""
-        if isinstance(message, JSONRPCResponse):
-            outcome: dict[str, Any] | ErrorData = message.result
-        elif isinstance(message, JSONRPCError):
-            outcome = message.error
-        else:
-            return False
-        return self._settle_call(message.id, outcome)
-
-    def _settle_call(self, request_id: object, outcome: dict[str, Any] | ErrorData) -> bool:
-        call = self._calls.pop(request_id, None) if self._calls and isinstance(request_id, str) else None
-        if call is None:
-            return False  # not ours, or late: the session drops it as it drops any unknown answer
-        call.settle(outcome)
-        return True
-
-    def _end_calls(self) -> None:
-        """The connection is over: every ``call`` still waiting gets CONNECTION_CLOSED, and new ones at once."""
-        calls, self._calls = self._calls, None
-        for call in (calls or {}).values():
-            call.settle(_CLOSED)
-
     @asynccontextmanager
     async def _run(self) -> AsyncIterator[StdioStreams]:
         params = self.params
         self._exited = anyio.Event()
         env = get_default_environment() | (params.env or {})
         process = await anyio.open_process(
-            _spawn_command(params.command, list(params.args), env, params.cwd),
+            spawn_command(params.command, list(params.args), env, params.cwd),
             env=env,
             cwd=params.cwd,
             # Its own process group, so the shutdown reaches its children too.
@@ -674,7 +303,7 @@ class BoundedStdioClient:
                     # Nothing more will be read: what still waits for an answer learns it now, as the
                     # session does when the read stream ends.
                     self._end_calls()
-                    await _drain(stdout)
+                    await drain(stdout)
         except anyio.ClosedResourceError:
             pass  # our shutdown closed stdout under the read
         except (anyio.BrokenResourceError, OSError) as exc:
@@ -699,7 +328,7 @@ class BoundedStdioClient:
         if isinstance(event, Overflow):
             self._report_bad_line(
                 f"a line over the {limits.max_message_bytes}-byte message limit (dropped)",
-                event.head[: limits.log_preview_chars * _UTF8_MAX_BYTES],
+                event.head[: limits.log_preview_chars * UTF8_MAX_BYTES],
             )
             request_id = answered_request(event.head)
             if request_id is not None:
@@ -728,7 +357,7 @@ class BoundedStdioClient:
             text = data.decode(self.params.encoding, errors=self._errors)
             replaced = True
         if (self.claim is not None and _NOTIFICATION_MARK in text and self._claimed(text)) or (
-            self._calls and _CALL_MARK in text and self._took_result(text)
+            self._calls and CALL_MARK in text and self._took_result(text)
         ):
             if replaced:
                 self._report_bad_line("invalid UTF-8 (replaced with U+FFFD, message kept)", data)
@@ -741,7 +370,7 @@ class BoundedStdioClient:
             return UnparsableMessage(_reason(exc), text[: self.limits.log_preview_chars])
         if replaced:
             self._report_bad_line("invalid UTF-8 (replaced with U+FFFD, message kept)", data)
-        if self._calls and _CALL_MARK in text and self._answered_call(message):
+        if self._calls and CALL_MARK in text and self._answered_call(message):
             return None
         return SessionMessage(message)
 
@@ -782,7 +411,7 @@ class BoundedStdioClient:
         if ended:
             self._log_bad_line_summary(ended)
         if allowed:
-            preview = data[: self.limits.log_preview_chars * _UTF8_MAX_BYTES].decode(
+            preview = data[: self.limits.log_preview_chars * UTF8_MAX_BYTES].decode(
                 self.params.encoding, errors="replace"
             )[: self.limits.log_preview_chars]
             logger.warning("server %r sent %s: %r", self.name, what, preview)
@@ -797,59 +426,8 @@ class BoundedStdioClient:
 
     async def _read_stderr(self, process: Process, done: anyio.Event) -> None:
         assert process.stderr is not None
-        limits = self.limits
-        splitter = LineSplitter(limits.stderr_line_chars * _UTF8_MAX_BYTES)
-        window = RateWindow(limits.stderr_lines, limits.stderr_window_s)
-        head = b""
-        # Shielded: the pipe must be read while the server shuts down, or a server writing its last
-        # words blocks on a full pipe. It ends at EOF, or when the shutdown closes the pipe.
-        with anyio.CancelScope(shield=True):
-            try:
-                async for chunk in process.stderr:
-                    if window.full(anyio.current_time()) and b"\n" in chunk:
-                        # Flooded: count the chunk's lines at C speed instead of splitting them.
-                        window.drop(chunk.count(b"\n"))
-                        events = splitter.restart(chunk[chunk.rindex(b"\n") + 1 :])
-                        head = b""
-                    else:
-                        events = splitter.feed(chunk)
-                    for event in events:
-                        if isinstance(event, Overflow):
-                            head = event.head
-                        elif isinstance(event, OverflowEnd):
-                            self._copy_stderr(window, head, event.size)
-                            head = b""
-                        else:
-                            self._copy_stderr(window, event.data, len(event.data))
-                rest = splitter.finish()
-                if isinstance(rest, OverflowEnd):
-                    self._copy_stderr(window, head, rest.size)
-                elif isinstance(rest, Line):
-                    self._copy_stderr(window, rest.data, len(rest.data))
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-                pass  # closed by our shutdown, or the pipe broke: nothing more to copy
-            finally:
-                dropped = window.take_dropped()
-                if dropped:
-                    self._write_errlog(self._dropped_note(dropped))
-                done.set()
-
-    def _copy_stderr(self, window: RateWindow, data: bytes, size: int) -> None:
-        allowed, ended = window.admit(anyio.current_time())
-        if ended:
-            self._write_errlog(self._dropped_note(ended))
-        if not allowed:
-            return
-        limit = self.limits.stderr_line_chars
-        text = clean_line(data.decode(self.params.encoding, errors="replace"))
-        if size > len(data) or len(text) > limit:
-            text = f"{text[:limit]}… [truncated: the line had {size} bytes]"
-        # A server's own logs may quote a token: redacted as agentwake's log lines are.
-        self._write_errlog(redact(text)[0])
-
-    def _dropped_note(self, count: int) -> str:
-        per = f"at most {self.limits.stderr_lines} per {self.limits.stderr_window_s:g}s"
-        return f"… [{count} stderr lines dropped: {per}]"
+        copier = StderrCopier(self.limits, self.params.encoding, self._write_errlog)
+        await copier.run(process.stderr, done)
 
     def _write_errlog(self, text: str) -> None:
         # A closed or broken errlog must not take the connection down.
@@ -921,11 +499,11 @@ class BoundedStdioClient:
     async def _stop(self, process: Process, stderr_done: anyio.Event) -> None:
         """Closes stdin, waits, then terminates the process group; the SDK's sequence."""
         limits = self.limits
-        await _close_quietly(process.stdin)
-        if not await _wait_for_exit(process, limits.stdin_close_wait_s):
+        await close_quietly(process.stdin)
+        if not await wait_for_exit(process, limits.stdin_close_wait_s):
             self._escalated = True
-            await _terminate_tree(process, limits.terminate_wait_s)
-            if not await _wait_for_exit(process, limits.kill_wait_s):
+            await terminate_tree(process, limits.terminate_wait_s)
+            if not await wait_for_exit(process, limits.kill_wait_s):
                 logger.warning(
                     "server %r (pid %d) is still alive after SIGKILL; abandoning it", self.name, process.pid
                 )
@@ -942,7 +520,7 @@ class BoundedStdioClient:
                 await process.aclose()
         else:
             for pipe in (process.stdin, process.stdout, process.stderr):
-                await _close_quietly(pipe)
+                await close_quietly(pipe)
 
 
 def bounded_stdio_client(
@@ -992,84 +570,3 @@ def _reason(exc: ValueError) -> str:
     if isinstance(exc, ValidationError) and exc.error_count():
         return str(exc.errors(include_url=False, include_input=False)[0]["msg"])
     return str(exc)[:DEFAULT_LOG_PREVIEW_CHARS]
-
-
-async def _drain(stream: ByteReceiveStream) -> None:
-    """Discards the rest of stdout until EOF or until the shutdown closes it, so a server
-    flushing output can still exit; shielded."""
-    with (
-        anyio.CancelScope(shield=True),
-        suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError),
-    ):
-        while True:
-            await stream.receive()
-
-
-async def _close_quietly(stream: AsyncResource | None) -> None:
-    if stream is not None:
-        with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
-            await stream.aclose()
-
-
-async def _wait_for_exit(process: Process, within_s: float) -> bool:
-    """Whether the process died within ``within_s``, polling its returncode.
-
-    Not ``process.wait()``: on some anyio/asyncio versions it also waits for the pipes to
-    close, and a child holding them would make an exited server look hung.
-    """
-    with anyio.move_on_after(within_s):
-        while process.returncode is None:  # noqa: ASYNC110 - no event fires on exit alone everywhere
-            await anyio.sleep(_EXIT_POLL_S)
-        return True
-    return False
-
-
-# Run by ``python -I -S -c``: argv is [-c, parent pid, program path, argv[0], args...]. 1 is
-# PR_SET_PDEATHSIG; the parent check closes the race of a parent that died before the prctl.
-_PDEATHSIG_WRAPPER: Final = """\
-import ctypes, os, signal, sys
-if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0) != 0:
-    sys.stderr.write("agentwake: prctl(PR_SET_PDEATHSIG) failed\\n")
-    os._exit(127)
-if os.getppid() != int(sys.argv[1]):
-    os._exit(1)
-try:
-    os.execv(sys.argv[2], sys.argv[3:])
-except OSError as exc:
-    sys.stderr.write(f"agentwake: cannot run {sys.argv[2]}: {exc.strerror}\\n")
-    os._exit(127)
-"""
-
-
-def _spawn_command(command: str, args: list[str], env: Mapping[str, str], cwd: Any) -> list[str]:
-    """What to spawn for ``command args``: on Linux the PR_SET_PDEATHSIG wrapper around it, so the
-    server dies with this process (see the module docstring); elsewhere the command itself.
-
-    The program is looked up here, on the server's PATH and relative to its ``cwd``, so that a
-    missing or non-executable one still raises (FileNotFoundError, PermissionError) at spawn, as
-    without the wrapper, rather than becoming an exit code.
-    """
-    if sys.platform != "linux" or not sys.executable or not command:
-        return [command, *args]
-    if os.sep in command:
-        program = os.path.join(os.fspath(cwd), command) if cwd is not None else command
-        if not os.path.exists(program):
-            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command)
-        if os.path.isdir(program) or not os.access(program, os.X_OK):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), command)
-    else:
-        found = shutil.which(command, path=env.get("PATH", os.defpath))
-        if found is None:
-            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command)
-        program = found
-    # Absolute: the wrapper runs in ``cwd``, and a relative ``cwd`` is itself taken from here.
-    program = os.path.abspath(program)
-    return [sys.executable, "-I", "-S", "-c", _PDEATHSIG_WRAPPER, str(os.getpid()), program, command, *args]
-
-
-async def _terminate_tree(process: Process, terminate_wait_s: float) -> None:
-    """SIGTERM the process group, SIGKILL what is left after ``terminate_wait_s``."""
-    if sys.platform == "win32":  # pragma: no cover - agentwake runs servers on POSIX
-        process.kill()
-    else:
-        await terminate_posix_process_tree(process, terminate_wait_s)

@@ -11,8 +11,10 @@ worker's business (``agentwake.worker``), not this module's: the loops only wake
 Each loop runs only while this process holds its subscription (``agentwake.ownership``: several
 processes may share a PostgreSQL store).
 
-Some 700 lines: connecting, planning, reloading and the webhook bookkeeping share the task group,
-the scopes and the routes that split modules would have to pass around.
+Connecting, planning and reloading share the task group and the scopes, so they stay here. The
+webhook bookkeeping (retiring webhook subscriptions, unsubscribing them) is a mixin of its own
+(``agentwake.webhook_bookkeeping``), and what a connected server says about itself changing, with
+the watch over its tools, is ``agentwake.server_signals``.
 """
 
 from __future__ import annotations
@@ -47,8 +49,10 @@ from agentwake.errors import (
 from agentwake.logs import event_fields
 from agentwake.mcp import ServerConnection
 from agentwake.ownership import Ownership, ownership_for
+from agentwake.server_signals import ServerSignals, watch_tools
 from agentwake.store import Store
 from agentwake.text import peer
+from agentwake.webhook_bookkeeping import WebhookBookkeeping
 
 if TYPE_CHECKING:
     from agentwake.agent.tools import ConnectionPool
@@ -75,45 +79,7 @@ def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
 
 
 @dataclass
-class ServerSignals:
-    """What a connected server said since it was last looked at: its event types or its tools changed."""
-
-    events_changed: anyio.Event = field(default_factory=anyio.Event)
-    tools_changed: anyio.Event = field(default_factory=anyio.Event)
-    # Set with tools_changed when nothing is known to have changed: a precautionary relist.
-    tools_recheck_only: bool = False
-    # Whether the server said its event types changed since the last take_server_change (a reload
-    # that changed only this server's subscriptions sets events_changed without it).
-    server_said: bool = False
-
-    def on_events_changed(self) -> None:
-        """The server says its event types changed (list_changed, or the liveness probe saw it)."""
-        self.server_said = True
-        self.events_changed.set()
-
-    def on_config_changed(self) -> None:
-        """A reload changed this server's subscriptions: plan them again, on what is listed."""
-        self.events_changed.set()
-
-    def take_server_change(self) -> bool:
-        said, self.server_said = self.server_said, False
-        return said
-
-    async def on_tools_changed(self) -> None:
-        self.tools_recheck_only = False
-        self.tools_changed.set()
-
-    async def next_events_change(self) -> None:
-        await self.events_changed.wait()
-        self.events_changed = anyio.Event()
-
-    async def next_tools_change(self) -> None:
-        await self.tools_changed.wait()
-        self.tools_changed = anyio.Event()
-
-
-@dataclass
-class Supervisor:
+class Supervisor(WebhookBookkeeping):
     """The service's task group. ``worker`` handles what the loops store (None: store only)."""
 
     config: AgentwakeConfig
@@ -319,124 +285,6 @@ class Supervisor:
             if name not in configured and row["status"] not in REMOVED_STATUSES:
                 await self.store.set_state(name, status="removed")
 
-    # ---- webhook bookkeeping ----------------------------------------------------
-
-    async def _retire_unconfigured_webhooks(self) -> None:
-        """Webhook subscriptions whose subscription left the config (or moved) are retired, to be unsubscribed.
-
-        A restart with the same config retires nothing: the refresh picks up where it was.
-        """
-        configured = {s.name: s for s in self.config.subscriptions}
-        for record in await self.store.webhooks():
-            sub = configured.get(record.subscription)
-            if sub is None:
-                reason = "removed from the config"
-            elif self.config.webhook is None:
-                reason = "the config has no [webhook] section any more"
-            elif not record.same_key(subscription_key(sub), self.config.webhook.callback_url(sub.name)):
-                reason = "its server, event, arguments or callback url changed"
-            else:
-                continue
-            await self._retire(record.subscription, reason)
-
-    async def _retire(self, name: str, reason: str, *, unsubscribed: bool = False) -> None:
-        record = await self.store.retire_webhook(name, reason, unsubscribed=unsubscribed)
-        self.routes.unbind(name)
-        if record is not None and record.webhook_id is not None:
-            self.routes.retire(record.webhook_id)
-        if record is not None and not unsubscribed:
-            logger.info(
-                "subscription %s: webhook subscription retired (%s); unsubscribing it",
-                name,
-                reason,
-                extra=event_fields(subscription=name),
-            )
-
-    async def _on_terminated(self, name: str, error: dict[str, object]) -> None:
-        """A ``terminated`` envelope: the server dropped the subscription; it ends here too."""
-        data = error.get("data")
-        detail = data.get("reason") if isinstance(data, dict) else None
-        reason = f"{error.get('message') or 'terminated'} ({error.get('code')})" + (
-            f": {detail}" if detail else ""
-        )
-        await self._retire(name, f"terminated by the server: {reason}", unsubscribed=True)
-        sub = next((s for s in self.config.subscriptions if s.name == name), None)
-        if sub is not None:
-            await self._end(sub, f"the server ended the webhook subscription: {reason}")
-        self.routes.end(name, reason)
-
-    async def _unsubscribe_stale(
-        self, server: str, conn: ServerConnection, plans: list[SubscriptionPlan]
-    ) -> None:
-        """Retire this server's webhook subscriptions that no planned subscription uses, then unsubscribe them."""
-        webhook = self.config.webhook
-        planned = {p.subscription.name: p.subscription for p in plans if p.mode == "webhook"}
-        for record in await self.store.webhooks():
-            if record.server != server:
-                continue
-            sub = planned.get(record.subscription)
-            if sub is None:
-                await self._retire(record.subscription, "the subscription no longer uses webhook delivery")
-            elif webhook is not None and not record.same_key(
-                subscription_key(sub), webhook.callback_url(sub.name)
-            ):
-                await self._retire(record.subscription, "its event, arguments or callback url changed")
-        for retired in await self.store.to_unsubscribe(server):
-            try:
-                await conn.unsubscribe(
-                    retired.event, retired.arguments, retired.url, subscription=retired.subscription
-                )
-            except TransientEventsError as exc:
-                logger.warning(
-                    "subscription %s: events/unsubscribe failed, retrying later: %s",
-                    retired.subscription,
-                    exc,
-                    extra=event_fields(subscription=retired.subscription),
-                )
-                await self.store.record_error(
-                    retired.subscription, f"events/unsubscribe failed, retrying at the next connection: {exc}"
-                )
-                continue
-            except EventsCallError as exc:
-                if exc.code != protocol.NOT_FOUND:
-                    lapse = (
-                        "it lapses at its TTL, or, if it was granted no expiry, stays until it is"
-                        " removed on the server"
-                    )
-                    logger.warning(
-                        "subscription %s: events/unsubscribe refused (%s); %s",
-                        retired.subscription,
-                        exc,
-                        lapse,
-                        extra=event_fields(subscription=retired.subscription),
-                    )
-                    await self._note_lingering(
-                        retired.subscription, f"events/unsubscribe refused by the server: {exc}; {lapse}"
-                    )
-            else:
-                logger.info(
-                    "subscription %s: webhook unsubscribed on server %s (%s)",
-                    retired.subscription,
-                    server,
-                    retired.url,
-                    extra=event_fields(subscription=retired.subscription),
-                )
-                if not any(s.name == retired.subscription for s in self.config.subscriptions):
-                    await self.store.set_state(retired.subscription, status="unsubscribed")
-            await self.store.mark_unsubscribed(retired.id)
-
-    async def _note_lingering(self, name: str, reason: str) -> None:
-        """A webhook subscription the server would not drop: ``status`` says so.
-
-        A subscription still running under another key keeps its own state (its loop
-        reports it); the refusal stays in its recent errors.
-        """
-        running = any(s.name == name for s in self.config.subscriptions) and name not in self._ended
-        if running:
-            await self.store.record_error(name, reason)
-        else:
-            await self.store.set_state(name, status="lingering", error=reason)
-
     # ---- delivery --------------------------------------------------------------
 
     async def _server_forever(self, server: str) -> None:
@@ -581,7 +429,7 @@ class Supervisor:
             await self.store.set_state(sub.name, status="unsupported", error=reason)
         async with anyio.create_task_group() as tg:
             if self.pool is not None:
-                tg.start_soon(self._watch_tools, conn, signals, name=f"tools:{server}")
+                tg.start_soon(watch_tools, self.pool, conn, signals, name=f"tools:{server}")
             while True:
                 await signals.next_events_change()
                 if signals.take_server_change():
@@ -598,7 +446,7 @@ class Supervisor:
     async def _serve_listing(self, server: str, conn: ServerConnection, signals: ServerSignals) -> None:
         if not self.subscriptions_of(server) and self.pool is not None:
             logger.info("server %s: connected for its tools only (no subscription on it)", server)
-            await self._watch_tools(conn, signals)
+            await watch_tools(self.pool, conn, signals)
             return
         if not conn.advertises_events:
             await self._without_events(server, conn, signals)
@@ -611,7 +459,7 @@ class Supervisor:
                 descriptors = {d.name: d for d in await conn.list_events()}
             async with anyio.create_task_group() as tg:
                 if self.pool is not None:
-                    tg.start_soon(self._watch_tools, conn, signals, name=f"tools:{server}")
+                    tg.start_soon(watch_tools, self.pool, conn, signals, name=f"tools:{server}")
                 plans: list[SubscriptionPlan] = []
                 invalid = 0
                 for sub in self.subscriptions_of(server):
@@ -683,40 +531,6 @@ class Supervisor:
                 else:
                     logger.info("server %s: its subscriptions changed; planning them again", server)
                 tg.cancel_scope.cancel()
-
-    async def _watch_tools(self, conn: ServerConnection, signals: ServerSignals) -> None:
-        """Refresh the server's tools when it says they changed (either protocol generation)."""
-        assert self.pool is not None
-        pool = self.pool
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._listen_tools, conn, signals)
-            while True:
-                await signals.next_tools_change()
-                if signals.tools_recheck_only:
-                    signals.tools_recheck_only = False
-                    logger.debug(
-                        "server %s: listing tools once more, now that changes are watched", conn.name
-                    )
-                else:
-                    logger.info("server %s: tools changed; listing them again", conn.name)
-                await pool.refresh(conn.name)
-
-    async def _listen_tools(self, conn: ServerConnection, signals: ServerSignals) -> None:
-        # 2026-07-28 servers announce changes on a subscriptions/listen stream, not a notification.
-        if not conn.offers_tools:
-            return  # no tools capability: nothing to watch, and nothing to ask it
-        try:
-            async with conn.client.listen(tools_list_changed=True) as changes:
-                # A change between the first listing and this stream's start would be missed: list once more.
-                signals.tools_recheck_only = True
-                signals.tools_changed.set()
-                async for _change in changes:
-                    signals.tools_recheck_only = False
-                    signals.tools_changed.set()
-        except (
-            Exception
-        ) as exc:  # not offered (older protocol, or the server declines): the notification path stays
-            logger.debug("server %s: no tools change stream: %s", conn.name, exc)
 
     async def _run_loop(self, loop: PollLoop | PushLoop | WebhookLoop, mode: protocol.DeliveryMode) -> None:
         """Run one subscription's loop while this process holds it (``agentwake.ownership``), its

@@ -1,0 +1,169 @@
+"""Requests of our own sent beside the session's on a stdio connection, answered off the reader's path.
+
+``call`` writes a request under a string id of its own (``CALL_ID_PREFIX``; the SDK's are
+integers) through the session's writer, and the transport's reader hands its answer straight back
+(``_took_result`` on the raw line, ``_answered_call`` after the full validation) instead of through
+the session, whose request machinery costs most of a quiet poll's round trip. It keeps the
+session's contract: the timeout counts from the write, an abandoned request is cancelled with
+``notifications/cancelled``, an error answer or a closed connection is an ``MCPError`` with the
+SDK's codes. ``agentwake.stdio.BoundedStdioClient`` is the one user of this mixin.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from contextlib import suppress
+from typing import Any, Final
+
+import anyio
+from anyio.streams.memory import MemoryObjectSendStream
+from mcp.client.stdio import StdioServerParameters
+from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
+from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, ErrorData, JSONRPCError, JSONRPCResponse
+from pydantic_core import from_json, to_json
+
+# The ids of ``call``'s requests: strings, so never one of the session's (integers).
+CALL_ID_PREFIX: Final = "agentwake-call-"
+# Only lines holding this may answer a ``call``.
+CALL_MARK: Final = f'"{CALL_ID_PREFIX}'
+RESULT_KEYS: Final = frozenset({"jsonrpc", "id", "result"})
+# The SDK's bound on writing the cancel of an abandoned request (its _ABANDON_WRITE_TIMEOUT).
+CANCEL_WRITE_S: Final = 5.0
+# What a ``call`` still waiting gets once the connection has closed: the SDK's own outcome.
+CLOSED: Final = ErrorData(code=CONNECTION_CLOSED, message="Connection closed")
+
+
+class _Call:
+    """A request of ``call``'s waiting for its answer: the result, or the error (the closure's included)."""
+
+    __slots__ = ("answered", "outcome")
+
+    def __init__(self) -> None:
+        self.answered = anyio.Event()
+        self.outcome: dict[str, Any] | ErrorData = CLOSED
+
+    def settle(self, outcome: dict[str, Any] | ErrorData) -> None:
+        if not self.answered.is_set():
+            self.outcome = outcome
+            self.answered.set()
+
+
+class CallsBesideSession:
+    """``call`` and the reader's side of it, for the transport (which sets these attributes)."""
+
+    params: StdioServerParameters
+    # ``call``'s requests awaiting an answer, by id; None before the start and after the end.
+    _calls: dict[str, _Call] | None
+    _call_ids: itertools.count[int]
+    _write_send: MemoryObjectSendStream[SessionMessage | bytes] | None
+    _utf8: bool
+    _errors: str
+
+    async def call(
+        self, method: str, params: Mapping[str, Any] | None, *, timeout_s: float | None
+    ) -> dict[str, Any]:
+        """Send a request beside the session's and wait for its result, as the SDK's dispatcher would.
+
+        ``params`` go as given (stamp them as the session does first). The id is a string of our own
+        (``CALL_ID_PREFIX``), so the session never mistakes the answer for one of its requests; the
+        line goes through the session's writer, in order with its messages. Raises ``MCPError`` as the
+        SDK's ``send_raw_request`` does: the error a server answered; REQUEST_TIMEOUT once
+        ``timeout_s`` has passed since the write (a ``notifications/cancelled`` follows, as it does
+        when the caller is cancelled); CONNECTION_CLOSED when the connection ends first, or has.
+        """
+        calls, write = self._calls, self._write_send
+        if calls is None or write is None:
+            raise MCPError(code=CONNECTION_CLOSED, message="Connection closed")
+        request_id = f"{CALL_ID_PREFIX}{next(self._call_ids)}"
+        request: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+        if params:  # as the SDK: no "params" at all rather than empty ones
+            request["params"] = params
+        line = self._encode(request)
+        call = calls[request_id] = _Call()
+        written = False
+        try:
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            # From here a cancelled write may still have been delivered: count it as sent, as the SDK does.
+            written = True
+            try:
+                try:
+                    write.send_nowait(line)  # to the writer waiting for it: no task switch of ours
+                except anyio.WouldBlock:
+                    await write.send(line)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                raise MCPError(code=CONNECTION_CLOSED, message="Connection closed") from None
+            with anyio.move_on_after(timeout_s) as clock:
+                await call.answered.wait()
+            if clock.cancelled_caught and not call.answered.is_set():  # an answer just in time counts
+                with anyio.move_on_after(CANCEL_WRITE_S):
+                    await self._cancel_call(request_id, f"timed out after {timeout_s}s")
+                raise MCPError(code=REQUEST_TIMEOUT, message=f"Request {method!r} timed out")
+        except anyio.get_cancelled_exc_class():
+            if written:
+                with anyio.move_on_after(CANCEL_WRITE_S, shield=True):
+                    await self._cancel_call(request_id, "caller cancelled")
+            raise
+        finally:
+            calls.pop(request_id, None)
+        outcome = call.outcome
+        if isinstance(outcome, ErrorData):
+            raise MCPError(code=outcome.code, message=outcome.message, data=outcome.data)
+        return outcome
+
+    async def _cancel_call(self, request_id: str, reason: str) -> None:
+        """The courtesy cancel of an abandoned ``call``; dropped when the connection is gone."""
+        if self._calls is None or self._write_send is None:
+            return
+        params = {"requestId": request_id, "reason": reason}
+        notice = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
+        with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await self._write_send.send(self._encode(notice))
+
+    def _encode(self, message: Mapping[str, Any]) -> bytes:
+        """One line of JSON, by the serializer the SDK's models use (pydantic-core's)."""
+        data = to_json(message)
+        if self._utf8:
+            return data + b"\n"
+        return (data.decode() + "\n").encode(self.params.encoding, errors=self._errors)
+
+    def _took_result(self, text: str) -> bool:
+        """Whether the line is a plain result for one of ``call``'s requests, now handed to it.
+
+        Parsed by pydantic-core's JSON parser, the one the SDK's validation uses; only the plain shape
+        is taken here (an object of ``jsonrpc`` "2.0", a string ``id`` and an object ``result``, no
+        other member), which the SDK reads as that very response. Anything else (an error answer
+        included) is left to the full validation every line gets, and ``_answered_call`` after it.
+        """
+        try:
+            message = from_json(text)
+        except ValueError:
+            return False
+        if type(message) is not dict or message.keys() != RESULT_KEYS or message["jsonrpc"] != "2.0":
+            return False
+        result = message["result"]
+        return type(result) is dict and self._settle_call(message["id"], result)
+
+    def _answered_call(self, message: object) -> bool:
+        """Whether ``message`` answers one of ``call``'s requests; if so, that request has its outcome."""
+        if isinstance(message, JSONRPCResponse):
+            outcome: dict[str, Any] | ErrorData = message.result
+        elif isinstance(message, JSONRPCError):
+            outcome = message.error
+        else:
+            return False
+        return self._settle_call(message.id, outcome)
+
+    def _settle_call(self, request_id: object, outcome: dict[str, Any] | ErrorData) -> bool:
+        call = self._calls.pop(request_id, None) if self._calls and isinstance(request_id, str) else None
+        if call is None:
+            return False  # not ours, or late: the session drops it as it drops any unknown answer
+        call.settle(outcome)
+        return True
+
+    def _end_calls(self) -> None:
+        """The connection is over: every ``call`` still waiting gets CONNECTION_CLOSED, and new ones at once."""
+        calls, self._calls = self._calls, None
+        for call in (calls or {}).values():
+            call.settle(CLOSED)
