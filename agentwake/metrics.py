@@ -132,6 +132,7 @@ AGENT_RUN_DURATION: Final = Histogram(
     buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800),
     registry=REGISTRY,
 )
+# kind: prompt, completion, and cached (the prompt tokens read from the provider's prompt cache).
 LLM_TOKENS: Final = Counter("agentwake_llm_tokens", "LLM tokens used by runs", ["kind"], registry=REGISTRY)
 LLM_COST: Final = Counter("agentwake_llm_cost_usd", "Cost of the runs' LLM calls in USD", registry=REGISTRY)
 TOOL_CALLS: Final = Counter(
@@ -244,15 +245,25 @@ def observe_delivery_status(subscription: str, status: dict[str, Any] | None) ->
 
 
 def observe_run(
-    status: str, duration_ms: int, prompt_tokens: int, completion_tokens: int, cost_usd: float | None
+    status: str,
+    duration_ms: int,
+    prompt_tokens: int,
+    completion_tokens: int,
+    cost_usd: float | None,
+    cached_tokens: int = 0,
 ) -> None:
-    """An agent run that ended with ``status`` (a RunStatus); a cost of None is one litellm could not price."""
+    """An agent run that ended with ``status`` (a RunStatus); a cost of None is one litellm could not price.
+
+    ``cached_tokens``: of the prompt tokens, those read from the provider's prompt cache (kind "cached";
+    they are counted in "prompt" too)."""
     AGENT_RUNS.labels(status).inc()
     AGENT_RUN_DURATION.observe(max(duration_ms, 0) / 1000)
     if prompt_tokens > 0:
         LLM_TOKENS.labels("prompt").inc(prompt_tokens)
     if completion_tokens > 0:
         LLM_TOKENS.labels("completion").inc(completion_tokens)
+    if cached_tokens > 0:
+        LLM_TOKENS.labels("cached").inc(cached_tokens)
     if cost_usd is not None and cost_usd > 0:
         LLM_COST.inc(cost_usd)
 

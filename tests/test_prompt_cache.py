@@ -4,13 +4,17 @@ sorted by name) and only the user message, which holds the event, differs from r
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from _rig import Rig
 from fake_anthropic import FakeAnthropic
 from fake_llm import text
+from rich.console import Console
+from typer.testing import CliRunner
 
+from agentwake import cli, metrics
 from agentwake.agent.llm import cache_points
 from agentwake.clock import utc_now
 from agentwake.config import parse_config
@@ -19,6 +23,8 @@ from agentwake.delivery.common import subscription_key
 from agentwake.errors import ConfigError
 from agentwake.policy import Policy
 from agentwake.store import IncomingEvent
+from agentwake.web.pages import run_shown
+from agentwake.web.templates import TEMPLATES
 
 pytestmark = pytest.mark.anyio
 
@@ -28,8 +34,8 @@ def prefix(request: dict[str, Any]) -> str:
     return json.dumps([request["messages"][0], request.get("tools")], ensure_ascii=False)
 
 
-async def run_two_events(rig: Rig) -> list[dict[str, Any]]:
-    runner = rig.runner(tools=["demo__get_*", "demo__add_comment", "demo__close_ticket"])
+async def run_two_events(rig: Rig, **agent: Any) -> list[dict[str, Any]]:
+    runner = rig.runner(tools=["demo__get_*", "demo__add_comment", "demo__close_ticket"], **agent)
     sub = runner.config.subscriptions[0]
     key = subscription_key(sub)
     await rig.store.register(key)
@@ -45,7 +51,8 @@ async def run_two_events(rig: Rig) -> list[dict[str, Any]]:
     await rig.store.ingest(key, events, "1")
     claimed = await rig.store.claim(2)
     assert len(claimed) == 2
-    rig.fake.script(text("Nothing to do."), text("Nothing to do."))
+    if "model" not in agent:
+        rig.fake.script(text("Nothing to do."), text("Nothing to do."))
     for event in claimed:
         outcome = await decide(event, config=runner.config, policy=Policy(), now=utc_now(), flow=None)
         result = await runner.run(outcome)
@@ -150,3 +157,66 @@ def test_prompt_cache_takes_auto_or_off() -> None:
     assert config.agent is not None and config.agent.prompt_cache == "auto"
     with pytest.raises(ConfigError, match=r"agent\.prompt_cache: Input should be 'auto' or 'off'"):
         parse_config({"agent": {"model": "openai/x", "prompt_cache": "on"}}, env={})
+
+
+# ---- cached tokens, their price and where they are shown ----------------------------------------
+
+# litellm's prices of claude-sonnet-4-5 (its local price map), USD per token.
+SONNET_IN, SONNET_CACHED, SONNET_WRITE, SONNET_OUT = 3e-6, 3e-7, 3.75e-6, 15e-6
+
+
+def priced(usage: dict[str, int]) -> float:
+    return (
+        usage["input_tokens"] * SONNET_IN
+        + usage["cache_read_input_tokens"] * SONNET_CACHED
+        + usage["cache_creation_input_tokens"] * SONNET_WRITE
+        + usage["output_tokens"] * SONNET_OUT
+    )
+
+
+def cached_metric() -> float:
+    return metrics.REGISTRY.get_sample_value("agentwake_llm_tokens_total", {"kind": "cached"}) or 0.0
+
+
+async def test_cache_reads_are_recorded_priced_at_the_cached_rate_and_shown(
+    rig: Rig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = cached_metric()
+    async with FakeAnthropic(min_cacheable=64) as fake:
+        fake.script(text("Nothing to do."), text("Nothing to do."))
+        await run_two_events(rig, model=ANTHROPIC_MODEL, api_base=fake.url)
+        first_usage, second_usage = fake.usages
+    assert first_usage["cache_creation_input_tokens"] > 0 and first_usage["cache_read_input_tokens"] == 0
+    read = second_usage["cache_read_input_tokens"]
+    assert (
+        read == first_usage["cache_creation_input_tokens"]
+        and second_usage["cache_creation_input_tokens"] == 0
+    )
+
+    [one] = rig.store.core.find_events("T-900001")[0]["runs"]
+    [two] = rig.store.core.find_events("T-900002")[0]["runs"]
+    assert one["cached_tokens"] == 0 and two["cached_tokens"] == read
+    # The input tokens are all of them, read, written or neither (as litellm reports them).
+    assert two["prompt_tokens"] == sum(v for k, v in second_usage.items() if k != "output_tokens")
+    # Cache writes and reads at their own rates: the second run's input costs a fraction of the first's.
+    assert one["cost_usd"] == pytest.approx(priced(first_usage))
+    assert two["cost_usd"] == pytest.approx(priced(second_usage))
+    assert two["cost_usd"] < one["cost_usd"] / 2
+    assert cached_metric() - before == read
+
+    # The action log, `show` and the operator page show them.
+    [latest] = rig.store.core.actions(1)
+    assert latest["cached_tokens"] == read
+    config = tmp_path / "show.toml"
+    config.write_text(f'[store]\npath = "{tmp_path / "aw.db"}"\n')
+    monkeypatch.setattr(cli, "out", Console(width=250, markup=False))
+    shown = CliRunner().invoke(cli.app, ["show", "T-900002", "-c", str(config)])
+    assert shown.exit_code == 0, shown.output
+    assert f"in ({read} cached) /" in " ".join(shown.output.split())
+    listed = CliRunner().invoke(cli.app, ["actions", "--json", "-c", str(config)])
+    assert listed.exit_code == 0, listed.output
+    assert [row["cached_tokens"] for row in json.loads(listed.output)] == [read, 0]
+    table = CliRunner().invoke(cli.app, ["actions", "-c", str(config)])
+    assert table.exit_code == 0 and "cached" in table.output
+    page = TEMPLATES.get_template("macros.html").module.run_block(run_shown(two))  # type: ignore[attr-defined]
+    assert f"({read} cached)" in str(page)

@@ -134,8 +134,8 @@ def litellm_loaded() -> bool:
 class LLMError(Exception):
     """An LLM call failed; ``transient`` says whether another attempt may succeed.
 
-    ``prompt_tokens``, ``completion_tokens`` and ``cost_usd``: what the provider reported for the
-    call's failed attempts (an answer without choices still used tokens).
+    ``prompt_tokens``, ``completion_tokens``, ``cached_tokens`` and ``cost_usd``: what the provider
+    reported for the call's failed attempts (an answer without choices still used tokens).
     """
 
     def __init__(self, message: str, *, transient: bool, usage: _Usage | None = None) -> None:
@@ -143,6 +143,7 @@ class LLMError(Exception):
         self.transient = transient
         self.prompt_tokens = usage.prompt_tokens if usage else 0
         self.completion_tokens = usage.completion_tokens if usage else 0
+        self.cached_tokens = usage.cached_tokens if usage else 0
         self.cost_usd = usage.cost_usd if usage else None
 
 
@@ -239,9 +240,12 @@ class Completion:
     completion_tokens: int
     cost_usd: float | None
     attempts: int
+    cached_tokens: int = 0  # of prompt_tokens, read from the provider's prompt cache
 
 
 def _cost(litellm: ModuleType, response: Any) -> float | None:
+    """litellm's price of the answer from its usage: cache reads at the model's cached rate, cache
+    writes at its cache-write rate (Anthropic's cache_creation_input_tokens), the rest at full rate."""
     try:
         return float(litellm.completion_cost(completion_response=response))
     except Exception:  # unknown model or provider: the offline price map has no entry
@@ -404,15 +408,33 @@ class _Usage:
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
     cost_usd: float | None = None
 
     def add(self, litellm: ModuleType, response: Any) -> None:
         reported = getattr(response, "usage", None)
         self.prompt_tokens += int(getattr(reported, "prompt_tokens", 0) or 0)
         self.completion_tokens += int(getattr(reported, "completion_tokens", 0) or 0)
+        self.cached_tokens += cached_tokens(reported)
         cost = _cost(litellm, response)
         if cost is not None:
             self.cost_usd = (self.cost_usd or 0.0) + cost
+
+
+def cached_tokens(usage: Any) -> int:
+    """The prompt tokens a provider read from its cache, as litellm reports them: OpenAI's
+    ``prompt_tokens_details.cached_tokens`` (litellm fills it from Anthropic's and Bedrock's cache
+    reads too), else Anthropic's ``cache_read_input_tokens``. Cache writes are not reads: not counted."""
+    details = getattr(usage, "prompt_tokens_details", None)
+    found = getattr(details, "cached_tokens", None)
+    if found is None and isinstance(details, dict):
+        found = details.get("cached_tokens")
+    if not found:
+        found = getattr(usage, "cache_read_input_tokens", None)
+    try:
+        return max(int(found or 0), 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _completion(response: Any, usage: _Usage, attempts: int) -> Completion:
@@ -429,6 +451,7 @@ def _completion(response: Any, usage: _Usage, attempts: int) -> Completion:
         completion_tokens=usage.completion_tokens,
         cost_usd=usage.cost_usd,
         attempts=attempts,
+        cached_tokens=usage.cached_tokens,
     )
 
 

@@ -123,10 +123,16 @@ class _Transcript:
     completion_tokens: int = 0
     cost_usd: float | None = None
     calls: list[ToolCallRecord] = field(default_factory=list)
+    cached_tokens: int = 0
 
     def progress(self) -> RunProgress:
         return RunProgress(
-            list(self.messages), self.steps, self.prompt_tokens, self.completion_tokens, self.cost_usd
+            list(self.messages),
+            self.steps,
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.cost_usd,
+            self.cached_tokens,
         )
 
 
@@ -336,6 +342,7 @@ class AgentRunner:
                 point.prompt_tokens,
                 point.completion_tokens,
                 point.cost_usd,
+                cached_tokens=point.cached_tokens,
             )
             journal = journaled_for(pending_calls(point.messages), point.calls)
             await self.store.adopt_run(run_id, point.run_id, list(journal), transcript.progress())
@@ -475,6 +482,7 @@ class AgentRunner:
             transcript.prompt_tokens,
             transcript.completion_tokens,
             transcript.cost_usd,
+            transcript.cached_tokens,
         )
 
     def _verdict(self, event: InboxEvent, failure: _RunFailed | None) -> EventVerdict:
@@ -522,12 +530,14 @@ class AgentRunner:
                 # Answers that came back unusable still cost tokens: the run's usage counts them.
                 transcript.prompt_tokens += exc.prompt_tokens
                 transcript.completion_tokens += exc.completion_tokens
+                transcript.cached_tokens += exc.cached_tokens
                 if exc.cost_usd is not None:
                     transcript.cost_usd = (transcript.cost_usd or 0.0) + exc.cost_usd
                 raise _RunFailed(f"LLM call failed: {exc}", transient=exc.transient) from None
             transcript.steps += 1
             transcript.prompt_tokens += completion.prompt_tokens
             transcript.completion_tokens += completion.completion_tokens
+            transcript.cached_tokens += completion.cached_tokens
             if completion.cost_usd is not None:
                 transcript.cost_usd = (transcript.cost_usd or 0.0) + completion.cost_usd
             transcript.messages.append(completion.message)

@@ -457,6 +457,7 @@ ACTIONS_COLUMNS = (
     "status",
     "tools",
     "tokens",
+    "cached",
     "cost",
     "ms",
 )
@@ -492,6 +493,7 @@ def actions(
             r["status"],
             tools,
             str(r["prompt_tokens"] + r["completion_tokens"]),
+            str(r.get("cached_tokens") or 0),
             "-" if r["cost_usd"] is None else f"${r['cost_usd']:.4f}",
             str(r["duration_ms"] if r["duration_ms"] is not None else "-"),
             r["reason"] or "",
@@ -595,8 +597,10 @@ def print_run(run: dict[str, Any]) -> None:
         highlight=False,
     )
     cost = f", cost ${run['cost_usd']:.6f}" if run.get("cost_usd") is not None else ""
+    # Of the input tokens, those the provider read from its prompt cache (billed at its cached rate).
+    cached = f" ({run['cached_tokens']} cached)" if run.get("cached_tokens") else ""
     out.print(
-        f"steps: {run['steps']}, tokens: {run['prompt_tokens']} in / {run['completion_tokens']} out{cost}, "
+        f"steps: {run['steps']}, tokens: {run['prompt_tokens']} in{cached} / {run['completion_tokens']} out{cost}, "
         f"duration: {run['duration_ms'] if run['duration_ms'] is not None else '-'} ms",
         highlight=False,
     )

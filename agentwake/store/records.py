@@ -266,6 +266,8 @@ class RunProgress:
     prompt_tokens: int
     completion_tokens: int
     cost_usd: float | None
+    # Of prompt_tokens, those the provider read from its prompt cache (billed at its cached rate).
+    cached_tokens: int = 0
 
 
 # A run's summary (its final answer) as the action log and the service's log show it, at most.
@@ -333,6 +335,7 @@ class ResumePoint:
     completion_tokens: int
     cost_usd: float | None
     calls: dict[str, JournaledCall]
+    cached_tokens: int = 0
 
 
 # Journal states whose reply the model already got: a rerun gives it the same reply, sends nothing.

@@ -213,6 +213,7 @@ def run_shown(run: dict[str, Any]) -> dict[str, Any]:
         "steps": run.get("steps") or 0,
         "prompt_tokens": run.get("prompt_tokens") or 0,
         "completion_tokens": run.get("completion_tokens") or 0,
+        "cached_tokens": run.get("cached_tokens") or 0,
         "cost": f"${cost:.4f}" if isinstance(cost, int | float) else "unknown",
         "summary": shown(run["summary"], 500) if run.get("summary") else None,
         "system_prompt": block(run.get("system_prompt")),

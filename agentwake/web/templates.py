@@ -56,7 +56,7 @@ _MACROS = """
     <dt>attempt</dt><dd>{{ r.attempt }}</dd>
     <dt>model</dt><dd>{{ r.model }}</dd>
     <dt>started, finished</dt><dd>{{ r.started_at }}, {{ r.finished_at or "not yet" }}{% if r.duration_ms is not none %} ({{ r.duration_ms }} ms){% endif %}</dd>
-    <dt>steps, tokens, cost</dt><dd>{{ r.steps }}, {{ r.prompt_tokens }} + {{ r.completion_tokens }}, {{ r.cost }}</dd>
+    <dt>steps, tokens, cost</dt><dd>{{ r.steps }}, {{ r.prompt_tokens }}{% if r.cached_tokens %} ({{ r.cached_tokens }} cached){% endif %} + {{ r.completion_tokens }}, {{ r.cost }}</dd>
     {% if r.rule %}<dt>rule</dt><dd><code>{{ r.rule }}</code></dd>{% endif %}
     {% if r.summary %}<dt>answer</dt><dd>{{ r.summary }}</dd>{% endif %}
   </dl>

@@ -44,7 +44,8 @@ def merge_patch(target: Any, patch: Any) -> Any:
 
 async def _write_progress(conn: psycopg.AsyncConnection[Any], run_id: int, progress: RunProgress) -> None:
     await conn.execute(
-        "UPDATE runs SET messages = %s, steps = %s, prompt_tokens = %s, completion_tokens = %s, cost_usd = %s"
+        "UPDATE runs SET messages = %s, steps = %s, prompt_tokens = %s, completion_tokens = %s, cost_usd = %s,"
+        " cached_tokens = %s"
         " WHERE id = %s",
         [
             encode_json(progress.messages),
@@ -52,6 +53,7 @@ async def _write_progress(conn: psycopg.AsyncConnection[Any], run_id: int, progr
             progress.prompt_tokens,
             progress.completion_tokens,
             progress.cost_usd,
+            progress.cached_tokens,
             run_id,
         ],
     )
@@ -268,7 +270,7 @@ class ActionLog(PostgresBase):
         """
         async with self.transaction() as conn:
             cur = await conn.execute(
-                "SELECT id, messages, steps, prompt_tokens, completion_tokens, cost_usd FROM runs"
+                "SELECT id, messages, steps, prompt_tokens, completion_tokens, cost_usd, cached_tokens FROM runs"
                 " WHERE event_row = %s AND kind = 'agent' ORDER BY id DESC",
                 [event_row],
             )
@@ -294,7 +296,7 @@ class ActionLog(PostgresBase):
                 for r in journal
             ]
         )
-        return ResumePoint(row[0], messages, row[2], row[3], row[4], row[5], calls)
+        return ResumePoint(row[0], messages, row[2], row[3], row[4], row[5], calls, row[6])
 
     async def agent_usage(self, since_hour: str, since_day: str) -> tuple[int, float]:
         """Agent runs started since ``since_hour``, and LLM spend (USD) of every run started since ``since_day``."""

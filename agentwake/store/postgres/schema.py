@@ -262,6 +262,9 @@ _RETENTION: Final = (
     *RETENTION_INDEXES,
 )
 
+# Of a run's prompt tokens, those the provider read from its prompt cache (SQLite's 0019_cached_tokens).
+_CACHED_TOKENS: Final = ("ALTER TABLE runs ADD COLUMN cached_tokens bigint NOT NULL DEFAULT 0",)
+
 # In order; a new one is appended (never edited once released): its name is recorded when applied.
 MIGRATIONS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
     ("0001_initial", _INITIAL),
@@ -271,6 +274,7 @@ MIGRATIONS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
     ("0005_pauses", _PAUSES),
     ("0006_retention", _RETENTION),
     ("0007_operator_sessions", _OPERATOR_SESSIONS),
+    ("0008_cached_tokens", _CACHED_TOKENS),
 )
 MIGRATION_NAMES: Final = tuple(name for name, _ in MIGRATIONS)
 

@@ -131,6 +131,7 @@ _ACTION_KEYS: Final = (
     "steps",
     "prompt_tokens",
     "completion_tokens",
+    "cached_tokens",
     "cost_usd",
     "started_at",
     "duration_ms",
@@ -153,7 +154,8 @@ def actions(limit: int) -> View[list[dict[str, Any]]]:
     """The most recent runs, newest first, one summary each."""
     rows = yield (
         "SELECT r.id, e.event_id, e.server, e.subscription, e.name, r.kind, r.attempt, r.model, r.status,"
-        " r.reason, r.steps, r.prompt_tokens, r.completion_tokens, r.cost_usd, r.started_at, r.duration_ms,"
+        " r.reason, r.steps, r.prompt_tokens, r.completion_tokens, r.cached_tokens, r.cost_usd, r.started_at,"
+        " r.duration_ms,"
         " (SELECT count(*) FROM tool_calls t WHERE t.run_id = r.id),"
         " (SELECT count(*) FROM tool_calls t WHERE t.run_id = r.id AND t.status = 'refused'),"
         " (SELECT array_agg(t.tool ORDER BY t.id) FROM tool_calls t WHERE t.run_id = r.id),"
@@ -203,6 +205,7 @@ _RUN_KEYS: Final = (
     "steps",
     "prompt_tokens",
     "completion_tokens",
+    "cached_tokens",
     "cost_usd",
     "started_at",
     "finished_at",
@@ -247,7 +250,8 @@ def _find_events(where: str, args: list[Any]) -> View[list[dict[str, Any]]]:
     # Every run of these events, then every call of those runs: three queries, not one per row.
     run_rows = yield (
         "SELECT event_row, id, kind, attempt, model, status, reason, decision, system_prompt, user_prompt,"
-        " messages, steps, prompt_tokens, completion_tokens, cost_usd, started_at, finished_at, duration_ms"
+        " messages, steps, prompt_tokens, completion_tokens, cached_tokens, cost_usd, started_at, finished_at,"
+        " duration_ms"
         " FROM runs WHERE event_row = ANY(%s) ORDER BY id",
         [[event["id"] for event in events]],
     )

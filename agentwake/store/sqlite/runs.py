@@ -71,7 +71,8 @@ class ActionLog(SqliteBase):
 
     def _write_progress(self, run_id: int, progress: RunProgress) -> None:
         self.conn.execute(
-            "UPDATE runs SET messages = ?, steps = ?, prompt_tokens = ?, completion_tokens = ?, cost_usd = ?"
+            "UPDATE runs SET messages = ?, steps = ?, prompt_tokens = ?, completion_tokens = ?, cost_usd = ?,"
+            " cached_tokens = ?"
             " WHERE id = ?",
             [
                 encode_json(progress.messages),
@@ -79,6 +80,7 @@ class ActionLog(SqliteBase):
                 progress.prompt_tokens,
                 progress.completion_tokens,
                 progress.cost_usd,
+                progress.cached_tokens,
                 run_id,
             ],
         )
@@ -241,7 +243,7 @@ class ActionLog(SqliteBase):
         """
         found = None
         for row in self.conn.execute(
-            "SELECT id, messages, steps, prompt_tokens, completion_tokens, cost_usd FROM runs"
+            "SELECT id, messages, steps, prompt_tokens, completion_tokens, cost_usd, cached_tokens FROM runs"
             " WHERE event_row = ? AND kind = 'agent' ORDER BY id DESC",
             [event_row],
         ).fetchall():
@@ -263,7 +265,7 @@ class ActionLog(SqliteBase):
                 )
             ]
         )
-        return ResumePoint(row[0], messages, row[2], row[3], row[4], row[5], calls)
+        return ResumePoint(row[0], messages, row[2], row[3], row[4], row[5], calls, row[6])
 
     def agent_usage(self, since_hour: str, since_day: str) -> tuple[int, float]:
         """Agent runs started since ``since_hour``, and LLM spend (USD) of every run started since ``since_day``."""

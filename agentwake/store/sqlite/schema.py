@@ -351,3 +351,9 @@ def _operator_sessions(db: sqlite_utils.Database) -> None:
     # Operator sessions of the service endpoint, so a restart logs nobody out (agentwake.store.sessions).
     db.execute(SESSIONS_TABLE)
     db.execute(SESSIONS_INDEX)
+
+
+@migrations(name="0019_cached_tokens")
+def _cached_tokens(db: sqlite_utils.Database) -> None:
+    # Of a run's prompt tokens, those the provider read from its prompt cache.
+    db.execute("ALTER TABLE runs ADD COLUMN cached_tokens INTEGER NOT NULL DEFAULT 0")

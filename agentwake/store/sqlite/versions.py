@@ -29,4 +29,5 @@ MIGRATION_NAMES: Final = (
     "0016_pauses",
     "0017_retention",
     "0018_operator_sessions",
+    "0019_cached_tokens",
 )

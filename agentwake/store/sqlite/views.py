@@ -76,7 +76,8 @@ class Views(SqliteBase):
         """The most recent runs, newest first, one summary each."""
         rows = self.conn.execute(
             "SELECT r.id, e.event_id, e.server, e.subscription, e.name, r.kind, r.attempt, r.model, r.status,"
-            " r.reason, r.steps, r.prompt_tokens, r.completion_tokens, r.cost_usd, r.started_at, r.duration_ms,"
+            " r.reason, r.steps, r.prompt_tokens, r.completion_tokens, r.cached_tokens, r.cost_usd, r.started_at,"
+            " r.duration_ms,"
             " (SELECT count(*) FROM tool_calls t WHERE t.run_id = r.id),"
             " (SELECT count(*) FROM tool_calls t WHERE t.run_id = r.id AND t.status = 'refused'),"
             " (SELECT json_group_array(tool) FROM (SELECT t.tool FROM tool_calls t WHERE t.run_id = r.id"
@@ -102,6 +103,7 @@ class Views(SqliteBase):
             "steps",
             "prompt_tokens",
             "completion_tokens",
+            "cached_tokens",
             "cost_usd",
             "started_at",
             "duration_ms",
@@ -173,7 +175,7 @@ class Views(SqliteBase):
     def _runs_of(self, event_row: int) -> list[dict[str, Any]]:
         rows = self.conn.execute(
             "SELECT id, kind, attempt, model, status, reason, decision, system_prompt, user_prompt, messages, steps,"
-            " prompt_tokens, completion_tokens, cost_usd, started_at, finished_at, duration_ms"
+            " prompt_tokens, completion_tokens, cached_tokens, cost_usd, started_at, finished_at, duration_ms"
             " FROM runs WHERE event_row = ? ORDER BY id",
             [event_row],
         ).fetchall()
@@ -191,6 +193,7 @@ class Views(SqliteBase):
             "steps",
             "prompt_tokens",
             "completion_tokens",
+            "cached_tokens",
             "cost_usd",
             "started_at",
             "finished_at",
