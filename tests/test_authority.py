@@ -366,7 +366,13 @@ async def test_an_obedient_model_cannot_act_on_another_object_and_is_told_why(
     replies = [m for m in rig.fake.requests[1]["messages"] if m["role"] == "tool"]
     assert replies[0]["content"].startswith("refused: argument 'ticket_id' must be")
     offered = {t["function"]["name"]: t["function"]["parameters"] for t in rig.fake.requests[0]["tools"]}
-    assert offered["demo__add_comment"]["properties"]["ticket_id"]["const"] == own
+    # The pin to this event is in the user message (fenced: it is the event's value), not in the
+    # tools, which stay the same for every event of the rule (a prefix providers can cache).
+    pinned = offered["demo__add_comment"]["properties"]["ticket_id"]
+    assert "const" not in pinned and "Bound by the policy to this event" in pinned["description"]
+    user = rig.fake.requests[0]["messages"][1]["content"]
+    bound = user.split('<bound-arguments boundary="')[1].split("</bound-arguments")[0]
+    assert f'- demo__add_comment: ticket_id = "{own}" (from {{{{ data.ticketId }}}})' in bound
     assert offered["demo__close_ticket"]["properties"]["ticket_id"]["enum"] == ["T-none"]
     # Counted: the argument refusals under the tool, the made-up name under one shared label.
     assert (refused_here._value.get(), refused_elsewhere._value.get()) == (before[0] + 2, before[1] + 1)

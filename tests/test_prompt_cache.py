@@ -21,7 +21,7 @@ from agentwake.config import parse_config
 from agentwake.decide import decide
 from agentwake.delivery.common import subscription_key
 from agentwake.errors import ConfigError
-from agentwake.policy import Policy
+from agentwake.policy import Policy, load_file
 from agentwake.store import IncomingEvent
 from agentwake.web.pages import run_shown
 from agentwake.web.templates import TEMPLATES
@@ -34,7 +34,7 @@ def prefix(request: dict[str, Any]) -> str:
     return json.dumps([request["messages"][0], request.get("tools")], ensure_ascii=False)
 
 
-async def run_two_events(rig: Rig, **agent: Any) -> list[dict[str, Any]]:
+async def run_two_events(rig: Rig, policy: Policy | None = None, **agent: Any) -> list[dict[str, Any]]:
     runner = rig.runner(tools=["demo__get_*", "demo__add_comment", "demo__close_ticket"], **agent)
     sub = runner.config.subscriptions[0]
     key = subscription_key(sub)
@@ -54,7 +54,9 @@ async def run_two_events(rig: Rig, **agent: Any) -> list[dict[str, Any]]:
     if "model" not in agent:
         rig.fake.script(text("Nothing to do."), text("Nothing to do."))
     for event in claimed:
-        outcome = await decide(event, config=runner.config, policy=Policy(), now=utc_now(), flow=None)
+        outcome = await decide(
+            event, config=runner.config, policy=policy or Policy(), now=utc_now(), flow=None
+        )
         result = await runner.run(outcome)
         assert result.status == "completed", result.reason
     return rig.fake.requests
@@ -78,6 +80,35 @@ async def test_two_runs_of_a_rule_share_their_prefix_and_differ_only_in_the_user
     boundary = one.split('boundary="')[1].split('"')[0]
     assert boundary not in system
     assert one.index(boundary) < one.index("printer 1")
+
+
+PINNED_RULE = """
+[[rules]]
+name = "comment-on-its-ticket"
+action = "agent"
+tools = ["demo__get_ticket", "demo__add_comment", "demo__close_ticket"]
+args."demo__add_comment" = { ticket_id = "{{ data.ticketId }}", body = { max_length = 40 } }
+args."demo__close_ticket" = { ticket_id = { in = ["T-none"] } }
+"""
+
+
+async def test_arguments_bound_to_the_event_are_in_the_user_message_not_in_the_tools(
+    rig: Rig, tmp_path: Path
+) -> None:
+    (tmp_path / "rules.toml").write_text(PINNED_RULE)
+    first, second = await run_two_events(rig, Policy(rules=load_file(tmp_path / "rules.toml")))
+    # The rule's tools are the same for both events: its static bounds are in them, the event's are not.
+    assert prefix(first) == prefix(second)
+    tools = {t["function"]["name"]: t["function"]["parameters"] for t in first["tools"]}
+    assert tools["demo__close_ticket"]["properties"]["ticket_id"]["enum"] == ["T-none"]
+    assert tools["demo__add_comment"]["properties"]["body"]["maxLength"] == 40
+    assert "const" not in tools["demo__add_comment"]["properties"]["ticket_id"]
+    for request, ticket in ((first, "T-900001"), (second, "T-900002")):
+        user = request["messages"][1]["content"]
+        boundary = user.split('boundary="')[1].split('"')[0]
+        bound = user.split(f'<bound-arguments boundary="{boundary}">\n')[1].split("\n</bound-arguments")[0]
+        assert bound == f'- demo__add_comment: ticket_id = "{ticket}" (from {{{{ data.ticketId }}}})'
+        assert user.index("printer") < user.index("<bound-arguments")  # after the event
 
 
 # ---- cache markers ------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from agentwake.agent.llm import LLMError, LLMSettings, complete, load_litellm_as
 from agentwake.agent.prompts import PromptError, PromptRenderer, RenderedPrompt
 from agentwake.agent.stopping import stop_reason
 from agentwake.agent.tools import Allowlist, ToolHost, ToolSpec, elapsed_ms
-from agentwake.authority import Authority
+from agentwake.authority import Authority, BoundConstraint
 from agentwake.backoff import backoff_s
 from agentwake.clock import iso, utc_now
 from agentwake.config import OFFLINE_MODEL, AgentConfig, AgentwakeConfig, SubscriptionConfig
@@ -108,11 +108,55 @@ class RunPlan:
     authority: Authority
 
     def offered(self) -> list[ToolSpec]:
-        """The allowed tools as the model is shown them: schemas narrowed by the rule's ``args``."""
+        """The allowed tools as the model is shown them: schemas narrowed by the rule's ``args``.
+
+        Only by what is the same for every event of the rule: a value bound to the event (a pin
+        or list from ``{{ data.* }}``) would make the tools, the start of every request, differ
+        from run to run, and no provider could cache them. Those bounds are stated in the user
+        message instead (``bound_arguments``); every call is checked against them all the same.
+        """
         return [
-            replace(spec, input_schema=self.authority.schema(spec.exposed, spec.input_schema))
+            replace(spec, input_schema=stable_schema(self.authority, spec.exposed, spec.input_schema))
             for spec in self.allowed
         ]
+
+    def bound_arguments(self, limit: int) -> str:
+        """What the user message says of the arguments the rule binds to this event ("" if none)."""
+        lines = [
+            f"- {spec.exposed}: " + "; ".join(c.describe() for c in found)
+            for spec in self.allowed
+            if (found := _event_bound(self.authority, spec.exposed, spec.input_schema))
+        ]
+        if not lines:
+            return ""
+        return (
+            "\n\nThe policy binds these tool arguments to this event; a call with other values is"
+            " refused:\n" + self.fence.wrap("\n".join(lines), kind="bound-arguments", limit=limit) + "\n"
+        )
+
+
+_BOUND_NOTE: Final = "Bound by the policy to this event: the user message gives the value."
+
+
+def _event_bound(authority: Authority, tool: str, schema: dict[str, Any]) -> list[BoundConstraint]:
+    """The tool's constraints whose bounds come from the event (templates over its data)."""
+    return [c for c in authority.constraints(tool, schema) if c.source.templates() and c.problem is None]
+
+
+def stable_schema(authority: Authority, tool: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """``Authority.schema`` without the event's values: the same for every event of a rule."""
+    bound = {c.argument for c in _event_bound(authority, tool, schema)}
+    shown = authority.schema(tool, schema)
+    if not bound:
+        return shown
+    original = dict(schema.get("properties") or {})
+    properties = dict(shown.get("properties") or {})
+    for argument in bound:
+        own = dict(original.get(argument) or {})
+        described = str(own.get("description") or "").strip()
+        own["description"] = f"{described} {_BOUND_NOTE}".strip()
+        properties[argument] = own
+    return {**shown, "properties": properties}
 
 
 @dataclass
@@ -264,9 +308,14 @@ class AgentRunner:
             )
         except PromptError as exc:
             prompt_error = str(exc)
-        return RunPlan(
+        plan = RunPlan(
             model, allowlist, allowed, catalog, fence, cleaned, record, prompt, prompt_error, authority
         )
+        bound = plan.bound_arguments(self.agent.event_data_max_chars)
+        if prompt is not None and bound:
+            # After the rule's prompt and the event: the tools before them stay the same for the rule.
+            plan = replace(plan, prompt=replace(prompt, user=prompt.user.rstrip("\n") + bound))
+        return plan
 
     async def run(
         self, outcome: Outcome, *, kind: RunKind = "agent", batch: Sequence[InboxEvent] = ()
