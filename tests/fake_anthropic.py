@@ -190,7 +190,8 @@ class FakeAnthropic:
 class OpenAIPrefixCache:
     """Usage as OpenAI reports it with automatic prefix caching; ``FakeLLM.usage_for = cache.usage``."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, enabled: bool = True) -> None:
+        self.enabled = enabled  # False: no prefix is ever cached (what the same requests cost without)
         self._seen: set[str] = set()
 
     def usage(self, body: dict[str, Any], reply: Reply) -> dict[str, Any]:
@@ -208,7 +209,7 @@ class OpenAIPrefixCache:
             if end // 4 >= OPENAI_MIN_CACHED:
                 boundaries.append((end // 4, digest.hexdigest()))
         for tokens, key in boundaries:
-            if key in self._seen:
+            if self.enabled and key in self._seen:
                 cached = tokens
         self._seen.update(key for _, key in boundaries)
         return {

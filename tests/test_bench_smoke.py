@@ -71,6 +71,11 @@ pytestmark = pytest.mark.slow
             {"claim_p99_ratio", "status_ratio", "soak_sizes", "soak_levels_off"},
         ),
         (
+            "bench/prompt_cost.py",
+            ["--quick"],
+            {"series", "saving_anthropic", "saving_openai", "within_target", "per_event_tools", "split"},
+        ),
+        (
             "bench/soak.py",
             ["--subscriptions", "20", "--seconds", "2", "--rate", "0", "--no-agent"],
             {"soak", "baseline", "rss_ratio", "pass_rss", "pass_cpu"},
