@@ -5,7 +5,7 @@ event done, so a crash before that leaves the event 'processing' (and the run
 'running'); on restart the run is marked interrupted and the event runs again.
 An event marked done is never run again by the service.
 
-Its 700-odd lines are one run, kept in one place so that what happens before a tool call is sent
+Its 800-odd lines are one run, kept in one place so that what happens before a tool call is sent
 (the name check, the rule's argument constraints, the journal) reads top to bottom.
 """
 
