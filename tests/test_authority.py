@@ -368,8 +368,8 @@ async def test_an_obedient_model_cannot_act_on_another_object_and_is_told_why(
     offered = {t["function"]["name"]: t["function"]["parameters"] for t in rig.fake.requests[0]["tools"]}
     # The pin to this event is in the user message (fenced: it is the event's value), not in the
     # tools, which stay the same for every event of the rule (a prefix providers can cache).
-    pinned = offered["demo__add_comment"]["properties"]["ticket_id"]
-    assert "const" not in pinned and "Bound by the policy to this event" in pinned["description"]
+    # Pinned to the event: taken out of the schema; the runtime fills it in, and refuses another value.
+    assert "ticket_id" not in offered["demo__add_comment"]["properties"]
     user = rig.fake.requests[0]["messages"][1]["content"]
     bound = user.split('<bound-arguments boundary="')[1].split("</bound-arguments")[0]
     assert f'- demo__add_comment: ticket_id = "{own}" (from {{{{ data.ticketId }}}})' in bound

@@ -102,7 +102,9 @@ async def test_arguments_bound_to_the_event_are_in_the_user_message_not_in_the_t
     tools = {t["function"]["name"]: t["function"]["parameters"] for t in first["tools"]}
     assert tools["demo__close_ticket"]["properties"]["ticket_id"]["enum"] == ["T-none"]
     assert tools["demo__add_comment"]["properties"]["body"]["maxLength"] == 40
-    assert "const" not in tools["demo__add_comment"]["properties"]["ticket_id"]
+    # Pinned to the event: out of the schema, filled in by the runtime (issue 28's second form).
+    assert "ticket_id" not in tools["demo__add_comment"]["properties"]
+    assert "ticket_id" not in tools["demo__add_comment"].get("required", [])
     for request, ticket in ((first, "T-900001"), (second, "T-900002")):
         user = request["messages"][1]["content"]
         boundary = user.split('boundary="')[1].split('"')[0]

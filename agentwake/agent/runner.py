@@ -130,8 +130,8 @@ class RunPlan:
         if not lines:
             return ""
         return (
-            "\n\nThe policy binds these tool arguments to this event; a call with other values is"
-            " refused:\n" + self.fence.wrap("\n".join(lines), kind="bound-arguments", limit=limit) + "\n"
+            "\n\nThe policy binds these tool arguments to this event (a pinned one is filled in for you);"
+            " a call with other values is refused:\n" + self.fence.wrap("\n".join(lines), kind="bound-arguments", limit=limit) + "\n"
         )
 
 
@@ -144,19 +144,32 @@ def _event_bound(authority: Authority, tool: str, schema: dict[str, Any]) -> lis
 
 
 def stable_schema(authority: Authority, tool: str, schema: dict[str, Any]) -> dict[str, Any]:
-    """``Authority.schema`` without the event's values: the same for every event of a rule."""
-    bound = {c.argument for c in _event_bound(authority, tool, schema)}
+    """``Authority.schema`` without the event's values: the same for every event of a rule.
+
+    An argument pinned to the event is taken out of the schema: the runtime fills it in (and refuses
+    any other value the model sends). One bound otherwise (a list or glob over the event's data) stays,
+    its bound stated in the user message."""
+    bound = _event_bound(authority, tool, schema)
     shown = authority.schema(tool, schema)
     if not bound:
         return shown
     original = dict(schema.get("properties") or {})
     properties = dict(shown.get("properties") or {})
-    for argument in bound:
+    required = [name for name in shown.get("required") or [] if isinstance(name, str)]
+    for constraint in bound:
+        argument = constraint.argument
+        if constraint.source.pinned:
+            properties.pop(argument, None)
+            required = [name for name in required if name != argument]
+            continue
         own = dict(original.get(argument) or {})
         described = str(own.get("description") or "").strip()
         own["description"] = f"{described} {_BOUND_NOTE}".strip()
         properties[argument] = own
-    return {**shown, "properties": properties}
+    stable = {**shown, "properties": properties}
+    if "required" in shown:
+        stable["required"] = required
+    return stable
 
 
 @dataclass
