@@ -131,7 +131,9 @@ class RunPlan:
             return ""
         return (
             "\n\nThe policy binds these tool arguments to this event (a pinned one is filled in for you);"
-            " a call with other values is refused:\n" + self.fence.wrap("\n".join(lines), kind="bound-arguments", limit=limit) + "\n"
+            " a call with other values is refused:\n"
+            + self.fence.wrap("\n".join(lines), kind="bound-arguments", limit=limit)
+            + "\n"
         )
 
 
