@@ -291,6 +291,12 @@ async def test_an_approver_pauses_the_held_events_rule_from_slack_and_resumes_it
         assert (await r.held.detail(row))["state"] == "held"  # pausing answers nothing
 
         resume_ts = str(r.slack.messages(OPS)[-1]["ts"])
+        # The bridge keeps the note's ts once chat.postMessage has answered: a click before that is
+        # not on a message of its own (as Slack could deliver it, a moment after the post).
+        assert r.bridge.approvals is not None
+        with anyio.fail_after(60):
+            while resume_ts not in await r.bridge.approvals._pause_messages():  # noqa: ASYNC110 - a state file
+                await anyio.sleep(0.01)
         click = r.click(row, RESUME_RULE)
         click["message"] = {"ts": resume_ts}
         by_someone = {**click, "user": {"id": HUMAN}}

@@ -141,11 +141,15 @@ class SqliteBase:
             conn = sqlite3.connect(path, check_same_thread=False, timeout=busy_timeout_ms / 1000)
             default_isolation = conn.isolation_level
             conn.isolation_level = None  # journal_mode cannot change inside a transaction
-            if path.stat().st_size == 0:
-                # A new store gives pruned pages back (agentwake.store.retention); set before anything
-                # is written, WAL mode included, or it has no effect.
-                conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
-            conn.execute("PRAGMA journal_mode=WAL")
+            if str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                # One opener at a time switches a new file: two switching at once each hold the lock
+                # the other waits for, and SQLite answers one of them "locked" at once.
+                with migrating(path):
+                    if path.stat().st_size == 0:
+                        # A new store gives pruned pages back (agentwake.store.retention); set before
+                        # anything is written, WAL mode included, or it has no effect.
+                        conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+                    conn.execute("PRAGMA journal_mode=WAL")
             conn.isolation_level = default_isolation
             conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
             conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
