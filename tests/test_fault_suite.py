@@ -461,10 +461,15 @@ async def kill_the_server(service: RunningService, rig: Rig) -> ServerKill:
     mark = len(service.lines)
     os.kill(demo, signal.SIGKILL)  # mid-stream: the other two may or may not be stored yet
     outcome.opened += rig.tickets.open(2)  # while it is down
-    await until(
-        lambda: [pid for pid in demo_servers(service) if pid != demo], "the demo server started again"
-    )
-    outcome.pids = (demo, next(pid for pid in demo_servers(service) if pid != demo))
+    restarted: list[int] = []
+
+    def started_again() -> bool:
+        # The pid seen here is the one kept: a second look may fall between two of its restarts.
+        restarted[:] = [pid for pid in demo_servers(service) if pid != demo]
+        return bool(restarted)
+
+    await until(started_again, "the demo server started again")
+    outcome.pids = (demo, restarted[0])
     outcome.drained = await drained(service, rig, cursor_at_head=True)
     outcome.lines_after_kill = service.lines[mark:]
     return outcome
