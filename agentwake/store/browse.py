@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from agentwake.store.records import final_answer, summary_line
+from agentwake.store.shapes import page_event_view
 
 Rows = list[tuple[Any, ...]]
 Query = tuple[str, Sequence[Any]]
@@ -42,22 +43,6 @@ class RunFilter:
     subscription: str | None = None
 
 
-_EVENT_KEYS: Final = (
-    "id",
-    "server",
-    "subscription",
-    "event",
-    "event_id",
-    "timestamp",
-    "received_at",
-    "state",
-    "attempts",
-    "data",
-    "last_error",
-    "decision",
-)
-
-
 def event_page(
     filters: EventFilter, offset: int, limit: int, *, rule_sql: str
 ) -> Generator[Query, Rows, tuple[list[dict[str, Any]], int]]:
@@ -80,11 +65,7 @@ def event_page(
         f" last_error, decision FROM events{clause} ORDER BY id DESC LIMIT %s OFFSET %s",
         [*args, limit, offset],
     )
-    events = [dict(zip(_EVENT_KEYS, r, strict=True)) for r in rows]
-    for event in events:
-        event["data"] = json.loads(event["data"])
-        event["decision"] = json.loads(event["decision"]) if event["decision"] else None
-    return events, int(total)
+    return [page_event_view(r) for r in rows], int(total)
 
 
 _RUN_KEYS: Final = (

@@ -1,13 +1,14 @@
 """The read-only views' SQL and row shapes that both backends share, so `status` prints the same dicts
-whichever store it reads (the SQL here is plain enough for SQLite and PostgreSQL alike)."""
+whichever store it reads (the SQL here is plain enough for SQLite and PostgreSQL alike). Where a
+view's SQL differs between the engines, each backend keeps its own and shapes the rows here."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
-from agentwake.store.records import InboxEvent
+from agentwake.store.records import EVENT_STATES, InboxEvent, final_answer, summary_line
 
 # A subscription's events waiting for a decision, counted no further than a bound (the claim index
 # serves it; the bound keeps a huge backlog from costing a full count). Parameters: name, bound.
@@ -146,3 +147,224 @@ def subscription_view(r: Sequence[Any]) -> dict[str, Any]:
             "previous_secret_until": r[22],
         },
     }
+
+
+# The answers shown with events (each held event has one, unless held again after a retry).
+MAX_EVENT_ANSWERS: Final = 1000
+
+SERVICE_COLUMNS: Final = (
+    "id",
+    "pid",
+    "host",
+    "version",
+    "started_at",
+    "heartbeat_at",
+    "heartbeat_s",
+    "stopped_at",
+    "paused",
+)
+
+# The keys of each view's dicts, in the order of the columns the backends select for it.
+INBOX_KEYS: Final = (
+    "id",
+    "server",
+    "subscription",
+    "event",
+    "event_id",
+    "timestamp",
+    "received_at",
+    "state",
+    "attempts",
+    "data",
+    "last_error",
+)
+ACTION_KEYS: Final = (
+    "run_id",
+    "event_id",
+    "server",
+    "subscription",
+    "event",
+    "kind",
+    "attempt",
+    "model",
+    "status",
+    "reason",
+    "steps",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "cost_usd",
+    "started_at",
+    "duration_ms",
+    "tool_calls",
+    "refused",
+    "tools",
+    "summary",
+)
+EVENT_KEYS: Final = (
+    "id",
+    "server",
+    "subscription",
+    "event",
+    "event_id",
+    "timestamp",
+    "received_at",
+    "state",
+    "attempts",
+    "data",
+    "meta",
+    "last_error",
+    "injection_score",
+    "sanitize_report",
+    "decision",
+    "approved_at",
+    "approval_note",
+)
+RUN_KEYS: Final = (
+    "run_id",
+    "kind",
+    "attempt",
+    "model",
+    "status",
+    "reason",
+    "decision",
+    "system_prompt",
+    "user_prompt",
+    "messages",
+    "steps",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "cost_usd",
+    "started_at",
+    "finished_at",
+    "duration_ms",
+)
+CALL_KEYS: Final = (
+    "step",
+    "call_id",
+    "tool",
+    "server",
+    "name",
+    "arguments",
+    "status",
+    "result",
+    "duration_ms",
+)
+HELD_KEYS: Final = (
+    "id",
+    "server",
+    "subscription",
+    "event",
+    "event_id",
+    "timestamp",
+    "received_at",
+    "decision",
+    "data",
+    "injection_score",
+)
+GAP_KEYS: Final = ("subscription", "server", "event", "detected_at", "cursor_before", "cursor_after")
+
+
+def json_or_none(text: str | None) -> Any:
+    """A stored JSON column that may be empty (NULL or '')."""
+    return json.loads(text) if text else None
+
+
+def inbox_view(r: Sequence[Any]) -> dict[str, Any]:
+    """One row of INBOX_KEYS' columns as `inbox` lists it."""
+    event = dict(zip(INBOX_KEYS, r, strict=True))
+    event["data"] = json.loads(event["data"])
+    return event
+
+
+def page_event_view(r: Sequence[Any]) -> dict[str, Any]:
+    """One row of INBOX_KEYS' columns and the decision: an event of the operator page's list."""
+    event = inbox_view(r[:-1])
+    event["decision"] = json_or_none(r[-1])
+    return event
+
+
+def action_view(r: Sequence[Any], tools: list[str] | None, summary: str | None) -> dict[str, Any]:
+    """One row of ACTION_KEYS' columns, with the tools and one-line summary the backend read from its own."""
+    action = dict(zip(ACTION_KEYS, r, strict=True))
+    action["tools"] = tools or []
+    action["summary"] = summary
+    return action
+
+
+def event_view(r: Sequence[Any]) -> dict[str, Any]:
+    """One row of EVENT_KEYS' columns as `show` prints it; the caller adds its "runs", then its "answers"."""
+    event = dict(zip(EVENT_KEYS, r, strict=True))
+    event["data"] = json.loads(event["data"])
+    event["sanitize_report"] = json_or_none(event["sanitize_report"])
+    event["meta"] = json_or_none(event["meta"])
+    event["decision"] = json_or_none(event["decision"])
+    return event
+
+
+def run_view(r: Sequence[Any]) -> dict[str, Any]:
+    """One row of RUN_KEYS' columns, with its final answer's summary; the caller adds its "tool_calls"."""
+    run = dict(zip(RUN_KEYS, r, strict=True))
+    run["decision"] = json.loads(run["decision"])
+    run["messages"] = json.loads(run["messages"])
+    run["summary"] = summary_line(final_answer(run["messages"]))
+    return run
+
+
+def call_view(r: Sequence[Any]) -> dict[str, Any]:
+    """One row of CALL_KEYS' columns."""
+    call = dict(zip(CALL_KEYS, r, strict=True))
+    call["arguments"] = json_or_none(call["arguments"])
+    return call
+
+
+def held_view(r: Sequence[Any]) -> dict[str, Any]:
+    """One row of HELD_KEYS' columns: an event waiting for approval."""
+    event = dict(zip(HELD_KEYS, r, strict=True))
+    event["decision"] = json_or_none(event["decision"])
+    event["data"] = json.loads(event["data"])
+    return event
+
+
+def gap_view(r: Sequence[Any]) -> dict[str, Any]:
+    return dict(zip(GAP_KEYS, r, strict=True))
+
+
+def service_view(r: Sequence[Any]) -> dict[str, Any]:
+    return dict(zip(SERVICE_COLUMNS, r, strict=True))
+
+
+# ``run_counts``' three queries, the same text in both backends.
+RUNS_BY_STATUS_SQL: Final = (
+    "SELECT e.subscription, r.status, count(*) FROM runs r JOIN events e ON e.id = r.event_row"
+    " WHERE r.kind = 'agent' GROUP BY e.subscription, r.status"
+)
+EVENTS_BY_STATE_SQL: Final = "SELECT subscription, state, count(*) FROM events GROUP BY subscription, state"
+LAST_FAILURES_SQL: Final = (
+    "SELECT subscription, last_error FROM events WHERE id IN"
+    " (SELECT max(id) FROM events WHERE state IN ('failed', 'dead') GROUP BY subscription)"
+)
+
+
+def run_counts_of(
+    runs: Iterable[Sequence[Any]], states: Iterable[Sequence[Any]], failures: Iterable[Sequence[Any]]
+) -> dict[str, dict[str, Any]]:
+    """The rows of those three queries as ``run_counts``: per subscription, agent runs by status,
+    events by state and the last failure (failed or dead)."""
+    counts: dict[str, dict[str, Any]] = {}
+    for sub, status, count in runs:
+        counts.setdefault(sub, {})[f"runs_{status}"] = count
+    for sub, state, count in states:
+        counts.setdefault(sub, {})[f"events_{state}"] = count
+    for sub, error in failures:
+        counts.setdefault(sub, {})["last_failure"] = error
+    return counts
+
+
+def state_counts_of(rows: Iterable[Sequence[Any]]) -> dict[str, int]:
+    """(state, count) rows as a count for every state, the absent ones 0."""
+    counts: dict[str, int] = dict.fromkeys(EVENT_STATES, 0)
+    for state, count in rows:
+        counts[state] = count
+    return counts

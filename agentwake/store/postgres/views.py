@@ -10,19 +10,33 @@ from __future__ import annotations
 
 import json
 from collections.abc import Generator, Sequence
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentwake.store.pauses import PAUSES_SQL, Pause, pause_of
-from agentwake.store.records import EVENT_STATES, final_answer, summary_line
+from agentwake.store.records import final_answer, summary_line
 from agentwake.store.shapes import (
     ANSWERS_SQL,
+    EVENTS_BY_STATE_SQL,
+    LAST_FAILURES_SQL,
+    MAX_EVENT_ANSWERS,
+    RUNS_BY_STATUS_SQL,
+    SERVICE_COLUMNS,
     SUBSCRIPTIONS_SQL,
     UNDECIDED_SQL,
+    action_view,
     answer_view,
+    call_view,
+    event_view,
+    gap_view,
+    held_view,
+    inbox_view,
+    run_counts_of,
+    run_view,
+    service_view,
+    state_counts_of,
     subscription_view,
 )
 from agentwake.store.sqlite.owners import OWNER_COLUMNS
-from agentwake.store.sqlite.service import _COLUMNS as SERVICE_COLUMNS
 
 if TYPE_CHECKING:
     import psycopg
@@ -54,10 +68,6 @@ def run_sync(conn: psycopg.Connection[Any], view: View[T]) -> T:
         return result
 
 
-def _json(text: str | None) -> Any:
-    return json.loads(text) if text else None
-
-
 def subscriptions() -> View[list[dict[str, Any]]]:
     rows = yield (SUBSCRIPTIONS_SQL, ())
     return [subscription_view(r) for r in rows]
@@ -65,43 +75,10 @@ def subscriptions() -> View[list[dict[str, Any]]]:
 
 def run_counts() -> View[dict[str, dict[str, Any]]]:
     """Per subscription: agent runs by status, events by state and the last failure (failed or dead)."""
-    counts: dict[str, dict[str, Any]] = {}
-    for sub, status, count in (
-        yield (
-            "SELECT e.subscription, r.status, count(*) FROM runs r JOIN events e ON e.id = r.event_row"
-            " WHERE r.kind = 'agent' GROUP BY e.subscription, r.status",
-            (),
-        )
-    ):
-        counts.setdefault(sub, {})[f"runs_{status}"] = count
-    for sub, state, count in (
-        yield ("SELECT subscription, state, count(*) FROM events GROUP BY subscription, state", ())
-    ):
-        counts.setdefault(sub, {})[f"events_{state}"] = count
-    for sub, error in (
-        yield (
-            "SELECT subscription, last_error FROM events WHERE id IN"
-            " (SELECT max(id) FROM events WHERE state IN ('failed', 'dead') GROUP BY subscription)",
-            (),
-        )
-    ):
-        counts.setdefault(sub, {})["last_failure"] = error
-    return counts
-
-
-_INBOX_KEYS: Final = (
-    "id",
-    "server",
-    "subscription",
-    "event",
-    "event_id",
-    "timestamp",
-    "received_at",
-    "state",
-    "attempts",
-    "data",
-    "last_error",
-)
+    runs = yield (RUNS_BY_STATUS_SQL, ())
+    states = yield (EVENTS_BY_STATE_SQL, ())
+    failures = yield (LAST_FAILURES_SQL, ())
+    return run_counts_of(runs, states, failures)
 
 
 def inbox(limit: int, state: str | None = None) -> View[list[dict[str, Any]]]:
@@ -111,35 +88,7 @@ def inbox(limit: int, state: str | None = None) -> View[list[dict[str, Any]]]:
         f" last_error FROM events {where} ORDER BY id DESC LIMIT %s",
         [*args, limit],
     )
-    found = [dict(zip(_INBOX_KEYS, r, strict=True)) for r in rows]
-    for event in found:
-        event["data"] = json.loads(event["data"])
-    return found
-
-
-_ACTION_KEYS: Final = (
-    "run_id",
-    "event_id",
-    "server",
-    "subscription",
-    "event",
-    "kind",
-    "attempt",
-    "model",
-    "status",
-    "reason",
-    "steps",
-    "prompt_tokens",
-    "completion_tokens",
-    "cached_tokens",
-    "cost_usd",
-    "started_at",
-    "duration_ms",
-    "tool_calls",
-    "refused",
-    "tools",
-    "summary",
-)
+    return [inbox_view(r) for r in rows]
 
 
 def _summary(messages_text: str) -> str | None:
@@ -164,64 +113,8 @@ def actions(limit: int) -> View[list[dict[str, Any]]]:
         " FROM runs r JOIN events e ON e.id = r.event_row ORDER BY r.id DESC LIMIT %s",
         [limit],
     )
-    found = [dict(zip(_ACTION_KEYS, r, strict=True)) for r in rows]
-    for action in found:
-        action["tools"] = action["tools"] or []
-        # One line of at most SUMMARY_CHARS; `show` has the whole answer.
-        action["summary"] = _summary(action["summary"])
-    return found
-
-
-_EVENT_KEYS: Final = (
-    "id",
-    "server",
-    "subscription",
-    "event",
-    "event_id",
-    "timestamp",
-    "received_at",
-    "state",
-    "attempts",
-    "data",
-    "meta",
-    "last_error",
-    "injection_score",
-    "sanitize_report",
-    "decision",
-    "approved_at",
-    "approval_note",
-)
-_RUN_KEYS: Final = (
-    "run_id",
-    "kind",
-    "attempt",
-    "model",
-    "status",
-    "reason",
-    "decision",
-    "system_prompt",
-    "user_prompt",
-    "messages",
-    "steps",
-    "prompt_tokens",
-    "completion_tokens",
-    "cached_tokens",
-    "cost_usd",
-    "started_at",
-    "finished_at",
-    "duration_ms",
-)
-_CALL_KEYS: Final = (
-    "step",
-    "call_id",
-    "tool",
-    "server",
-    "name",
-    "arguments",
-    "status",
-    "result",
-    "duration_ms",
-)
+    # One line of at most SUMMARY_CHARS; `show` has the whole answer.
+    return [action_view(r, r[-2], _summary(r[-1])) for r in rows]
 
 
 def find_events(event_id: str, server: str | None = None) -> View[list[dict[str, Any]]]:
@@ -244,24 +137,20 @@ def _find_events(where: str, args: list[Any]) -> View[list[dict[str, Any]]]:
         f" FROM events WHERE {where} ORDER BY id",
         args,
     )
-    events = [dict(zip(_EVENT_KEYS, r, strict=True)) for r in rows]
-    if not events:
-        return events
+    if not rows:
+        return []
     # Every run of these events, then every call of those runs: three queries, not one per row.
     run_rows = yield (
         "SELECT event_row, id, kind, attempt, model, status, reason, decision, system_prompt, user_prompt,"
         " messages, steps, prompt_tokens, completion_tokens, cached_tokens, cost_usd, started_at, finished_at,"
         " duration_ms"
         " FROM runs WHERE event_row = ANY(%s) ORDER BY id",
-        [[event["id"] for event in events]],
+        [[r[0] for r in rows]],
     )
     runs_of: dict[int, list[dict[str, Any]]] = {}
     calls_of: dict[int, list[dict[str, Any]]] = {}
     for r in run_rows:
-        run = dict(zip(_RUN_KEYS, r[1:], strict=True))
-        run["decision"] = json.loads(run["decision"])
-        run["messages"] = json.loads(run["messages"])
-        run["summary"] = summary_line(final_answer(run["messages"]))
+        run = run_view(r[1:])
         run["tool_calls"] = calls_of.setdefault(run["run_id"], [])
         runs_of.setdefault(r[0], []).append(run)
     if calls_of:
@@ -272,39 +161,22 @@ def _find_events(where: str, args: list[Any]) -> View[list[dict[str, Any]]]:
                 [list(calls_of)],
             )
         ):
-            call = dict(zip(_CALL_KEYS, c[1:], strict=True))
-            call["arguments"] = _json(call["arguments"])
-            calls_of[c[0]].append(call)
+            calls_of[c[0]].append(call_view(c[1:]))
     answers_of: dict[int, list[dict[str, Any]]] = {}
     for a in (
         yield (
             ANSWERS_SQL.format(where=" WHERE a.event_row = ANY(%s)", mark="%s"),
-            [[event["id"] for event in events], MAX_EVENT_ANSWERS],
+            [[r[0] for r in rows], MAX_EVENT_ANSWERS],
         )
     ):
         answers_of.setdefault(a[1], []).insert(0, answer_view(a))
-    for event in events:
-        event["data"] = json.loads(event["data"])
-        event["sanitize_report"] = _json(event["sanitize_report"])
-        event["meta"] = _json(event["meta"])
-        event["decision"] = _json(event["decision"])
+    events = []
+    for r in rows:
+        event = event_view(r)
         event["runs"] = runs_of.get(event["id"], [])
         event["answers"] = answers_of.get(event["id"], [])  # after runs, as the SQLite store's
+        events.append(event)
     return events
-
-
-_HELD_KEYS: Final = (
-    "id",
-    "server",
-    "subscription",
-    "event",
-    "event_id",
-    "timestamp",
-    "received_at",
-    "decision",
-    "data",
-    "injection_score",
-)
 
 
 def approvals() -> View[list[dict[str, Any]]]:
@@ -313,15 +185,7 @@ def approvals() -> View[list[dict[str, Any]]]:
         " injection_score FROM events WHERE state = 'held' ORDER BY id",
         (),
     )
-    held = [dict(zip(_HELD_KEYS, r, strict=True)) for r in rows]
-    for event in held:
-        event["decision"] = _json(event["decision"])
-        event["data"] = json.loads(event["data"])
-    return held
-
-
-# The answers shown with events (each held event has one, unless held again after a retry).
-MAX_EVENT_ANSWERS: Final = 1000
+    return [held_view(r) for r in rows]
 
 
 def answers(limit: int = 50, event_row: int | None = None) -> View[list[dict[str, Any]]]:
@@ -333,9 +197,6 @@ def answers(limit: int = 50, event_row: int | None = None) -> View[list[dict[str
     return [answer_view(r) for r in rows]
 
 
-_GAP_KEYS: Final = ("subscription", "server", "event", "detected_at", "cursor_before", "cursor_after")
-
-
 def gaps(subscription: str | None = None) -> View[list[dict[str, Any]]]:
     where, args = ("WHERE subscription = %s", [subscription]) if subscription is not None else ("", [])
     rows = yield (
@@ -343,7 +204,7 @@ def gaps(subscription: str | None = None) -> View[list[dict[str, Any]]]:
         " ORDER BY id",
         args,
     )
-    return [dict(zip(_GAP_KEYS, r, strict=True)) for r in rows]
+    return [gap_view(r) for r in rows]
 
 
 def event_ids(subscription: str | None = None) -> View[list[str]]:
@@ -364,16 +225,13 @@ def oldest_pending_at() -> View[str | None]:
 
 
 def state_counts() -> View[dict[str, int]]:
-    counts: dict[str, int] = dict.fromkeys(EVENT_STATES, 0)
-    for state, count in (yield ("SELECT state, count(*) FROM events GROUP BY state", ())):
-        counts[state] = count
-    return counts
+    return state_counts_of((yield ("SELECT state, count(*) FROM events GROUP BY state", ())))
 
 
 def services(limit: int = 5) -> View[list[dict[str, Any]]]:
     """The most recent starts of the service, newest first."""
     rows = yield (f"SELECT {', '.join(SERVICE_COLUMNS)} FROM service ORDER BY id DESC LIMIT %s", [limit])
-    return [dict(zip(SERVICE_COLUMNS, r, strict=True)) for r in rows]
+    return [service_view(r) for r in rows]
 
 
 def subscription_owners() -> View[list[dict[str, Any]]]:

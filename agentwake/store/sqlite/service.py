@@ -5,22 +5,11 @@ from __future__ import annotations
 from typing import Any, Final
 
 from agentwake.clock import now_iso
+from agentwake.store.shapes import SERVICE_COLUMNS, service_view
 from agentwake.store.sqlite.base import SqliteBase
 
 # Starts kept in the store; older rows go when a service starts.
 SERVICE_ROWS_KEPT: Final = 20
-
-_COLUMNS: Final = (
-    "id",
-    "pid",
-    "host",
-    "version",
-    "started_at",
-    "heartbeat_at",
-    "heartbeat_s",
-    "stopped_at",
-    "paused",
-)
 
 
 class ServiceLog(SqliteBase):
@@ -65,6 +54,6 @@ class ServiceLog(SqliteBase):
         """The most recent starts of the service, newest first (as recorded; whether one still runs
         is for the reader to judge from its heartbeat and pid)."""
         rows = self.conn.execute(
-            f"SELECT {', '.join(_COLUMNS)} FROM service ORDER BY id DESC LIMIT ?", [limit]
+            f"SELECT {', '.join(SERVICE_COLUMNS)} FROM service ORDER BY id DESC LIMIT ?", [limit]
         ).fetchall()
-        return [dict(zip(_COLUMNS, r, strict=True)) for r in rows]
+        return [service_view(r) for r in rows]

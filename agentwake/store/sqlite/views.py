@@ -2,25 +2,35 @@
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from pathlib import Path
 from typing import Any, Final
 
-from agentwake.store.records import EVENT_STATES, final_answer, summary_line
+from agentwake.store.records import summary_line
 from agentwake.store.shapes import (
     ANSWERS_SQL,
+    EVENTS_BY_STATE_SQL,
+    LAST_FAILURES_SQL,
+    MAX_EVENT_ANSWERS,
+    RUNS_BY_STATUS_SQL,
     SUBSCRIPTIONS_SQL,
     UNDECIDED_SQL,
+    action_view,
     answer_view,
+    call_view,
+    event_view,
+    gap_view,
+    held_view,
+    inbox_view,
+    json_or_none,
+    run_counts_of,
+    run_view,
+    state_counts_of,
     subscription_view,
 )
 from agentwake.store.sqlite.base import SqliteBase
 
 AUTO_VACUUM_MODES: Final = {0: "none", 1: "full", 2: "incremental"}
-
-# The answers shown with events (each held event has one, unless held again after a retry).
-MAX_EVENT_ANSWERS: Final = 1000
 
 
 class Views(SqliteBase):
@@ -29,22 +39,12 @@ class Views(SqliteBase):
 
     def run_counts(self) -> dict[str, dict[str, Any]]:
         """Per subscription: agent runs by status, events by state and the last failure (failed or dead)."""
-        counts: dict[str, dict[str, Any]] = {}
-        for sub, status, count in self.conn.execute(
-            "SELECT e.subscription, r.status, count(*) FROM runs r JOIN events e ON e.id = r.event_row"
-            " WHERE r.kind = 'agent' GROUP BY e.subscription, r.status"
-        ).fetchall():
-            counts.setdefault(sub, {})[f"runs_{status}"] = count
-        for sub, state, count in self.conn.execute(
-            "SELECT subscription, state, count(*) FROM events GROUP BY subscription, state"
-        ).fetchall():
-            counts.setdefault(sub, {})[f"events_{state}"] = count
-        for sub, error in self.conn.execute(
-            "SELECT subscription, last_error FROM events WHERE id IN"
-            " (SELECT max(id) FROM events WHERE state IN ('failed', 'dead') GROUP BY subscription)"
-        ).fetchall():
-            counts.setdefault(sub, {})["last_failure"] = error
-        return counts
+        execute = self.conn.execute
+        return run_counts_of(
+            execute(RUNS_BY_STATUS_SQL).fetchall(),
+            execute(EVENTS_BY_STATE_SQL).fetchall(),
+            execute(LAST_FAILURES_SQL).fetchall(),
+        )
 
     def inbox(self, limit: int, *, state: str | None = None) -> list[dict[str, Any]]:
         where, args = "", []
@@ -55,22 +55,7 @@ class Views(SqliteBase):
             f" last_error FROM events {where} ORDER BY id DESC LIMIT ?",
             [*args, limit],
         ).fetchall()
-        return [
-            {
-                "id": r[0],
-                "server": r[1],
-                "subscription": r[2],
-                "event": r[3],
-                "event_id": r[4],
-                "timestamp": r[5],
-                "received_at": r[6],
-                "state": r[7],
-                "attempts": r[8],
-                "data": json.loads(r[9]),
-                "last_error": r[10],
-            }
-            for r in rows
-        ]
+        return [inbox_view(r) for r in rows]
 
     def actions(self, limit: int) -> list[dict[str, Any]]:
         """The most recent runs, newest first, one summary each."""
@@ -89,38 +74,7 @@ class Views(SqliteBase):
             " FROM runs r JOIN events e ON e.id = r.event_row ORDER BY r.id DESC LIMIT ?",
             [limit],
         ).fetchall()
-        keys = (
-            "run_id",
-            "event_id",
-            "server",
-            "subscription",
-            "event",
-            "kind",
-            "attempt",
-            "model",
-            "status",
-            "reason",
-            "steps",
-            "prompt_tokens",
-            "completion_tokens",
-            "cached_tokens",
-            "cost_usd",
-            "started_at",
-            "duration_ms",
-            "tool_calls",
-            "refused",
-            "tools",
-            "summary",
-        )
-        actions = [dict(zip(keys, r, strict=True)) for r in rows]
-        for action in actions:
-            action["tools"] = json.loads(action["tools"]) if action["tools"] else []
-            # One line of at most SUMMARY_CHARS; `show` has the whole answer.
-            summary = action["summary"]
-            action["summary"] = (
-                summary_line(summary) if isinstance(summary, str) and summary.strip() else None
-            )
-        return actions
+        return [action_view(r, json_or_none(r[-2]), _answer_line(r[-1])) for r in rows]
 
     def find_events(self, event_id: str, server: str | None = None) -> list[dict[str, Any]]:
         """Stored events with this eventId (one per server at most), with their runs and tool calls."""
@@ -141,35 +95,12 @@ class Views(SqliteBase):
             f" FROM events WHERE {where} ORDER BY id",
             args,
         ).fetchall()
-        keys = (
-            "id",
-            "server",
-            "subscription",
-            "event",
-            "event_id",
-            "timestamp",
-            "received_at",
-            "state",
-            "attempts",
-            "data",
-            "meta",
-            "last_error",
-            "injection_score",
-            "sanitize_report",
-            "decision",
-            "approved_at",
-            "approval_note",
-        )
-        events = [dict(zip(keys, r, strict=True)) for r in rows]
-        for event in events:
-            event["data"] = json.loads(event["data"])
-            event["sanitize_report"] = (
-                json.loads(event["sanitize_report"]) if event["sanitize_report"] else None
-            )
-            event["meta"] = json.loads(event["meta"]) if event["meta"] else None
-            event["decision"] = json.loads(event["decision"]) if event["decision"] else None
+        events = []
+        for r in rows:
+            event = event_view(r)
             event["runs"] = self._runs_of(event["id"])
             event["answers"] = self.answers(MAX_EVENT_ANSWERS, event["id"])[::-1]
+            events.append(event)
         return events
 
     def _runs_of(self, event_row: int) -> list[dict[str, Any]]:
@@ -179,74 +110,27 @@ class Views(SqliteBase):
             " FROM runs WHERE event_row = ? ORDER BY id",
             [event_row],
         ).fetchall()
-        keys = (
-            "run_id",
-            "kind",
-            "attempt",
-            "model",
-            "status",
-            "reason",
-            "decision",
-            "system_prompt",
-            "user_prompt",
-            "messages",
-            "steps",
-            "prompt_tokens",
-            "completion_tokens",
-            "cached_tokens",
-            "cost_usd",
-            "started_at",
-            "finished_at",
-            "duration_ms",
-        )
-        runs = [dict(zip(keys, r, strict=True)) for r in rows]
-        call_keys = (
-            "step",
-            "call_id",
-            "tool",
-            "server",
-            "name",
-            "arguments",
-            "status",
-            "result",
-            "duration_ms",
-        )
-        for run in runs:
-            run["decision"] = json.loads(run["decision"])
-            run["messages"] = json.loads(run["messages"])
-            run["summary"] = summary_line(final_answer(run["messages"]))
-            calls = self.conn.execute(
-                "SELECT step, call_id, tool, server, name, arguments, status, result, duration_ms"
-                " FROM tool_calls WHERE run_id = ? ORDER BY id",
-                [run["run_id"]],
-            ).fetchall()
-            run["tool_calls"] = [dict(zip(call_keys, c, strict=True)) for c in calls]
-            for call in run["tool_calls"]:
-                call["arguments"] = json.loads(call["arguments"]) if call["arguments"] else None
+        runs = []
+        for r in rows:
+            run = run_view(r)
+            run["tool_calls"] = self._calls_of(run["run_id"])
+            runs.append(run)
         return runs
+
+    def _calls_of(self, run_id: int) -> list[dict[str, Any]]:
+        calls = self.conn.execute(
+            "SELECT step, call_id, tool, server, name, arguments, status, result, duration_ms"
+            " FROM tool_calls WHERE run_id = ? ORDER BY id",
+            [run_id],
+        ).fetchall()
+        return [call_view(c) for c in calls]
 
     def approvals(self) -> list[dict[str, Any]]:
         rows = self.conn.execute(
             "SELECT id, server, subscription, name, event_id, timestamp, received_at, decision, data, injection_score"
             " FROM events WHERE state = 'held' ORDER BY id"
         ).fetchall()
-        keys = (
-            "id",
-            "server",
-            "subscription",
-            "event",
-            "event_id",
-            "timestamp",
-            "received_at",
-            "decision",
-            "data",
-            "injection_score",
-        )
-        held = [dict(zip(keys, r, strict=True)) for r in rows]
-        for event in held:
-            event["decision"] = json.loads(event["decision"]) if event["decision"] else None
-            event["data"] = json.loads(event["data"])
-        return held
+        return [held_view(r) for r in rows]
 
     def answers(self, limit: int = 50, event_row: int | None = None) -> list[dict[str, Any]]:
         """The approvals' audit trail, newest first."""
@@ -267,8 +151,7 @@ class Views(SqliteBase):
             " ORDER BY id",
             args,
         ).fetchall()
-        keys = ("subscription", "server", "event", "detected_at", "cursor_before", "cursor_after")
-        return [dict(zip(keys, r, strict=True)) for r in rows]
+        return [gap_view(r) for r in rows]
 
     def event_ids(self, subscription: str | None = None) -> list[str]:
         where, args = "", []
@@ -289,14 +172,18 @@ class Views(SqliteBase):
         return str(row[0]) if row and row[0] is not None else None
 
     def state_counts(self) -> dict[str, int]:
-        counts: dict[str, int] = dict.fromkeys(EVENT_STATES, 0)
-        for state, count in self.conn.execute("SELECT state, count(*) FROM events GROUP BY state").fetchall():
-            counts[state] = count
-        return counts
+        return state_counts_of(
+            self.conn.execute("SELECT state, count(*) FROM events GROUP BY state").fetchall()
+        )
 
     def storage(self) -> dict[str, Any]:
         """The store's size and its oldest kept event, for ``status``."""
         return sqlite_storage(self.conn, self.path)
+
+
+def _answer_line(answer: Any) -> str | None:
+    """The final answer the SQL picked out, as one line of at most SUMMARY_CHARS (`show` has it whole)."""
+    return summary_line(answer) if isinstance(answer, str) and answer.strip() else None
 
 
 def wal_path(path: Path) -> Path:
