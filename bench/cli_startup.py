@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/cli_startup.py              # 5 timed runs of each, after one warm-up
     .venv/bin/python bench/cli_startup.py --repeat 9 --json
+    .venv/bin/python bench/cli_startup.py --load 2     # the same, beside 2 busy-looping processes
 
 Each command runs as a new process (the ``agentwake`` console script next to this Python,
 else ``python -m agentwake.cli``), against a temp config and a store holding one
@@ -10,19 +11,27 @@ process is measured, from spawn to exit; the commands take turns in every round,
 from elsewhere hits them alike. Two baselines run in the same rounds: ``python -c pass``
 (the interpreter with this environment's site-packages and the editable install's
 finder) and ``python -c "import typer"`` (the floor for any typer CLI). The target is a
-median of at most TARGET_S for every command; the figures are noisy on a loaded machine,
-so the best run of each is reported too.
+median of at most TARGET_S for every command, each judged PASS or FAIL; the figures are
+noisy on a loaded machine, so the best run of each is reported too.
+
+``--load N`` makes the loaded figure reproducible: N processes spinning ``while True: pass``
+(this Python) run for the timed rounds, started after the warm-up and stopped before the
+report, which gives the load averages seen before and after the timed rounds. On a machine
+with N cores, N of them are "a CPU-bound process beside each core": what a second bench, a
+test run or a build does to a person typing ``agentwake status``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -35,6 +44,9 @@ WARMUP: Final = 1
 TARGET_S: Final = 0.3
 EVENTS: Final = 5
 COLUMNS: Final = 160
+BUSY_LOOP: Final = "while True: pass"
+# How long the busy loops spin before the first timed round: long enough to be running on a core.
+LOAD_SETTLE_S: Final = 0.5
 PYTHON_PASS: Final = "python -c pass"
 IMPORT_TYPER: Final = "python -c 'import typer'"
 CONFIG_TEXT: Final = """
@@ -62,6 +74,7 @@ class Timing:
     best_s: float
     ratio_to_python: float
     ratio_to_typer: float
+    within_target: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +82,10 @@ class Figures:
     repeat: int
     launcher: str
     target_s: float
+    cpus: int | None
+    load: int  # busy-looping processes beside the timed rounds (--load)
+    loadavg_before: list[float]  # 1, 5 and 15 minutes, as the timed rounds began
+    loadavg_after: list[float]  # ... and as they ended
     python_pass: Timing
     import_typer: Timing
     commands: list[Timing]
@@ -120,7 +137,35 @@ def timed(argv: list[str], cwd: Path, env: dict[str, str]) -> float:
     return elapsed
 
 
-def measure(folder: Path, repeat: int) -> Figures:
+def loadavg() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # not on this platform
+        return []
+
+
+@contextlib.contextmanager
+def busy_loops(count: int) -> Iterator[None]:
+    """``count`` processes spinning on a core each for as long as the block runs; stopped (and
+    reaped) on the way out, whatever happens in the block."""
+    spinning = [
+        subprocess.Popen([sys.executable, "-c", BUSY_LOOP], stdin=subprocess.DEVNULL) for _ in range(count)
+    ]
+    try:
+        if spinning:
+            time.sleep(LOAD_SETTLE_S)
+            for process in spinning:
+                if process.poll() is not None:
+                    raise BenchFailure(f"a busy loop exited {process.returncode} before the timed rounds")
+        yield
+    finally:
+        for process in spinning:
+            process.kill()
+        for process in spinning:
+            process.wait()
+
+
+def measure(folder: Path, repeat: int, load: int = 0) -> Figures:
     config = folder / "agentwake.toml"
     config.write_text(CONFIG_TEXT)
     anyio.run(make_store, config)
@@ -135,18 +180,29 @@ def measure(folder: Path, repeat: int) -> Figures:
     }
     runs: dict[str, list[float]] = {name: [] for name in cases}
     env = child_env()
-    for round_ in range(WARMUP + repeat):
-        for name, argv in cases.items():
-            elapsed = timed(argv, folder, env)
-            if round_ >= WARMUP:
-                runs[name].append(elapsed)
+    for _ in range(WARMUP):  # compiles every module once, unloaded: then the timed rounds
+        for argv in cases.values():
+            timed(argv, folder, env)
+    with busy_loops(load):
+        before = loadavg()
+        for _ in range(repeat):
+            for name, argv in cases.items():
+                runs[name].append(timed(argv, folder, env))
+        after = loadavg()
     python_s = statistics.median(runs[PYTHON_PASS])
     typer_s = statistics.median(runs[IMPORT_TYPER])
 
     def timing(name: str) -> Timing:
         median = statistics.median(runs[name])
         return Timing(
-            name, cases[name], runs[name], median, min(runs[name]), median / python_s, median / typer_s
+            name,
+            cases[name],
+            runs[name],
+            median,
+            min(runs[name]),
+            median / python_s,
+            median / typer_s,
+            median <= TARGET_S,
         )
 
     commands = [timing(name) for name in cases if name.startswith("agentwake")]
@@ -155,6 +211,10 @@ def measure(folder: Path, repeat: int) -> Figures:
         repeat,
         " ".join(cli),
         TARGET_S,
+        os.cpu_count(),
+        load,
+        before,
+        after,
         timing(PYTHON_PASS),
         timing(IMPORT_TYPER),
         commands,
@@ -165,16 +225,31 @@ def measure(folder: Path, repeat: int) -> Figures:
 
 def report(f: Figures) -> None:
     print(f"CLI start-up, median and best of {f.repeat} runs each (after {WARMUP} warm-up), via {f.launcher}")
+    beside = f"{f.load} busy-looping process(es)" if f.load else "no load of its own"
+    print(
+        f"{f.cpus} CPU(s), {beside}; load average {_loads(f.loadavg_before)} before the timed rounds,"
+        f" {_loads(f.loadavg_after)} after"
+    )
     print(f"{'':28} {'median':>8} {'best':>8} {'x python':>9} {'x typer':>8}")
-    for t in (f.python_pass, f.import_typer, *f.commands):
-        print(
-            f"{t.name:28} {t.median_s * 1000:6.0f}ms {t.best_s * 1000:6.0f}ms"
-            f" {t.ratio_to_python:8.2f}x {t.ratio_to_typer:7.2f}x"
-        )
+    for t in (f.python_pass, f.import_typer):
+        print(_row(t))
+    for t in f.commands:
+        print(f"{_row(t)}  {'PASS' if t.within_target else 'FAIL'}")
     verdict = "PASS" if f.within_target else "FAIL"
     print(
         f"target: every median <= {f.target_s * 1000:.0f}ms: {verdict} (slowest {f.slowest_median_s * 1000:.0f}ms)"
     )
+
+
+def _row(t: Timing) -> str:
+    return (
+        f"{t.name:28} {t.median_s * 1000:6.0f}ms {t.best_s * 1000:6.0f}ms"
+        f" {t.ratio_to_python:8.2f}x {t.ratio_to_typer:7.2f}x"
+    )
+
+
+def _loads(figures: list[float]) -> str:
+    return " ".join(f"{x:.2f}" for x in figures) if figures else "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,12 +257,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--repeat", type=int, default=DEFAULT_REPEAT, help="timed runs of each command (default 5)"
     )
+    parser.add_argument(
+        "--load",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run N busy-looping processes beside the timed rounds (default 0; N = cores: fully loaded)",
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
+    if args.load < 0:
+        parser.error("--load must be 0 or more")
     with tempfile.TemporaryDirectory(prefix="agentwake-cli-bench-") as folder:
-        return finish(lambda: measure(Path(folder), args.repeat), as_json=args.json, report=report)
+        return finish(lambda: measure(Path(folder), args.repeat, args.load), as_json=args.json, report=report)
 
 
 if __name__ == "__main__":
