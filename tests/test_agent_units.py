@@ -535,9 +535,11 @@ def test_bundled_templates_render_with_the_data_only_inside_the_fence(
     assert prompt.user.count(opening) == prompt.user.count(closing) == 1
     assert "UNTRUSTED-TITLE-4711" not in prompt.system
     # The system prompt names the allowed tools but not this run's boundary (it is the same for
-    # every run of a rule); the user message names the boundary first, before any data.
+    # every run of a rule); the user message names the boundary after the rule's shared
+    # instructions (the template's text before {{ cache_point }}) and before any data.
     assert fence.boundary not in prompt.system
-    assert prompt.user.startswith(f'This run\'s boundary is "{fence.boundary}"')
+    assert prompt.shared and prompt.user.startswith(prompt.shared) and fence.boundary not in prompt.shared
+    assert prompt.user[len(prompt.shared) :].startswith(f'This run\'s boundary is "{fence.boundary}"')
     assert "You may call only these tools: demo__add_comment." in prompt.system
     assert prompt.system.endswith("\n") and prompt.user.endswith("\n")
 

@@ -1020,7 +1020,7 @@ def test_policy_test_reads_a_whole_event_file(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     assert squash("rule: triage") in squash(result.output)
-    assert "(event E-77 from " in result.output
+    assert "(id E-77) from " in result.output
 
 
 def test_policy_test_without_an_event_name_says_how_to_give_one(tmp_path: Path) -> None:

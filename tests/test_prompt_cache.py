@@ -10,12 +10,14 @@ from typing import Any
 import pytest
 from _rig import Rig
 from fake_anthropic import FakeAnthropic
-from fake_llm import text
+from fake_llm import text, tool_calls
 from rich.console import Console
 from typer.testing import CliRunner
 
 from agentwake import cli, metrics
+from agentwake.agent.fence import Fence
 from agentwake.agent.llm import cache_points
+from agentwake.agent.prompts import PromptError, PromptRenderer
 from agentwake.clock import utc_now
 from agentwake.config import parse_config
 from agentwake.decide import decide
@@ -130,19 +132,102 @@ def marked(body: Any) -> bool:
     return "cache_control" in json.dumps(body)
 
 
-async def test_auto_marks_the_end_of_the_system_prompt_for_anthropic(rig: Rig) -> None:
+EPHEMERAL = {"type": "ephemeral"}
+
+
+async def test_auto_marks_the_system_prompt_the_rules_instructions_and_the_last_message_for_anthropic(
+    rig: Rig,
+) -> None:
     async with FakeAnthropic(min_cacheable=64) as fake:
         fake.script(text("Nothing to do."))
         await run_on_anthropic(rig, fake)
         [request] = fake.requests
-    # One breakpoint, on the system prompt: it caches the tools and the system prompt before it.
+    # The end of the system prompt: it caches the tools and the system prompt before it.
     *_, last = request["system"]
-    assert last["cache_control"] == {"type": "ephemeral"}
-    assert not marked(request["tools"]) and not marked(request["messages"])
-    assert not marked(request["system"][:-1])
-    # The provider wrote the prefix to its cache on the first run.
+    assert last["cache_control"] == EPHEMERAL
+    assert not marked(request["tools"]) and not marked(request["system"][:-1])
+    # The end of the rule's instructions (the template's text before {{ cache_point }}): the same
+    # for every run of the rule, before the boundary and the event.
+    [user] = request["messages"]
+    shared, event = user["content"]
+    assert shared["cache_control"] == EPHEMERAL
+    assert shared["text"].startswith("A new ticket was opened.") and "boundary" not in shared["text"]
+    assert event["text"].startswith("This run's boundary is") and "<event-data" in event["text"]
+    # Tools are offered, so the model may call one: the end of the request is marked too, for the
+    # run's next call to read.
+    assert event["cache_control"] == EPHEMERAL
     [usage] = fake.usages
     assert usage["cache_creation_input_tokens"] > 0 and usage["cache_read_input_tokens"] == 0
+
+
+async def test_the_calls_after_a_tool_call_read_the_whole_request_before_them_from_the_cache(
+    rig: Rig,
+) -> None:
+    async with FakeAnthropic(min_cacheable=64) as fake:
+        fake.script(
+            tool_calls(("demo__get_ticket", json.dumps({"ticket_id": rig.ticket["id"]}))), text("Read it.")
+        )
+        await run_on_anthropic(rig, fake)
+        _, second = fake.requests
+        first_usage, second_usage = fake.usages
+    # The tool's answer, the last message of the second call, carries the mark.
+    assert second["messages"][-1]["content"][-1]["cache_control"] == EPHEMERAL
+    assert marked(second["messages"][0])  # the rule's instructions stay marked
+    whole_first = sum(v for k, v in first_usage.items() if k != "output_tokens")
+    assert first_usage["cache_creation_input_tokens"] == whole_first
+    assert second_usage["cache_read_input_tokens"] == whole_first
+
+
+async def test_without_tools_only_the_shared_prefix_is_marked(rig: Rig) -> None:
+    async with FakeAnthropic(min_cacheable=64) as fake:
+        fake.script(text("Nothing to do."))
+        runner = rig.runner(tools=[], model=ANTHROPIC_MODEL, api_base=fake.url)
+        result = await rig.run(runner)
+        assert result.status == "completed", result.reason
+        [request] = fake.requests
+    shared, event = request["messages"][0]["content"]
+    assert shared["cache_control"] == EPHEMERAL and "cache_control" not in event
+
+
+async def test_a_template_without_a_cache_point_is_one_user_message_after_the_boundary(
+    rig: Rig, tmp_path: Path
+) -> None:
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    (prompts / "ticket.created.md.j2").write_text("A ticket.\n\n{{ event.data_block }}\n\nLabel it.\n")
+    async with FakeAnthropic(min_cacheable=64) as fake:
+        fake.script(text("Nothing to do."))
+        runner = rig.runner(tools=[], model=ANTHROPIC_MODEL, api_base=fake.url, prompts=str(prompts))
+        result = await rig.run(runner)
+        assert result.status == "completed", result.reason
+        [request] = fake.requests
+    assert request["system"][-1]["cache_control"] == EPHEMERAL
+    [user] = request["messages"]
+    assert not marked(user)
+    [block] = user["content"] if isinstance(user["content"], list) else [{"text": user["content"]}]
+    assert block["text"].startswith("This run's boundary is")
+
+
+def test_a_cache_point_with_event_data_before_it_or_twice_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "before.md.j2").write_text("{{ event.data_block }}\n{{ cache_point }}\nLabel it.\n")
+    (tmp_path / "twice.md.j2").write_text(
+        "Label it.\n{{ cache_point }}\n{{ event.data_block }}\n{{ cache_point }}\n"
+    )
+    config = parse_config({"agent": {"model": "openai/x", "prompts": str(tmp_path)}}, env={})
+    assert config.agent is not None
+    renderer = PromptRenderer(config.agent)
+    event = {"event_id": "T-1", "name": "ticket.created", "timestamp": "2026-01-01T00:00:00Z", "data": {}}
+    event["subscription"] = "tickets"
+    for template, reason in (("before", "puts event data before"), ("twice", "more than one")):
+        with pytest.raises(PromptError, match=reason):
+            renderer.render(
+                fence=Fence(),
+                event=event,
+                subscription=None,
+                server="demo",
+                tools=[],
+                template=f"{template}.md.j2",
+            )
 
 
 async def test_off_sends_no_cache_markers_to_anthropic(rig: Rig) -> None:
@@ -162,6 +247,8 @@ async def test_openai_gets_no_markers_it_caches_the_prefix_itself(rig: Rig) -> N
     [request] = rig.fake.requests
     assert not marked(request)
     assert set(request) <= {"model", "messages", "max_tokens", "tools", "temperature"}
+    # One string, as before caching: OpenAI caches the longest prefix it has seen by itself.
+    assert all(isinstance(message["content"], str) for message in request["messages"])
 
 
 @pytest.mark.parametrize(
@@ -220,11 +307,11 @@ async def test_cache_reads_are_recorded_priced_at_the_cached_rate_and_shown(
         await run_two_events(rig, model=ANTHROPIC_MODEL, api_base=fake.url)
         first_usage, second_usage = fake.usages
     assert first_usage["cache_creation_input_tokens"] > 0 and first_usage["cache_read_input_tokens"] == 0
+    # The second run reads the shared prefix (tools, system prompt, the rule's instructions) and
+    # writes its own event for a next call it might make.
     read = second_usage["cache_read_input_tokens"]
-    assert (
-        read == first_usage["cache_creation_input_tokens"]
-        and second_usage["cache_creation_input_tokens"] == 0
-    )
+    assert 0 < read < first_usage["cache_creation_input_tokens"]
+    assert second_usage["cache_creation_input_tokens"] > 0
 
     [one] = rig.store.core.find_events("T-900001")[0]["runs"]
     [two] = rig.store.core.find_events("T-900002")[0]["runs"]

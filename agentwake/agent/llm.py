@@ -27,6 +27,7 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 
+from agentwake.agent.caching import cache_points, marked_messages
 from agentwake.backoff import backoff_s
 from agentwake.config import OFFLINE_MODEL
 from agentwake.errors import ConfigError
@@ -212,27 +213,6 @@ class LLMSettings:
     prompt_cache: str = "off"  # [agent] prompt_cache: "auto" marks the shared prefix where it pays
 
 
-# Providers whose prompt caching needs explicit markers (litellm turns cache_control into
-# Anthropic's cache_control blocks and Bedrock Converse's cachePoint). OpenAI, Gemini, DeepSeek and
-# xAI cache a repeated prefix by themselves; every other provider is sent nothing extra (litellm
-# would otherwise pass the marker through to an OpenAI-compatible endpoint).
-_EXPLICIT_CACHE_PROVIDERS: Final = frozenset({"anthropic"})
-_BEDROCK_CACHING_MODELS: Final = re.compile(r"claude|anthropic\.|nova", re.IGNORECASE)
-# The shared prefix ends with the system message: Anthropic (and Bedrock) cache tools, then system.
-SYSTEM_CACHE_POINT: Final = ({"location": "message", "role": "system"},)
-
-
-def cache_points(model: str, mode: str) -> list[dict[str, str]] | None:
-    """litellm's ``cache_control_injection_points`` for a call to ``model``, or None to send none."""
-    if mode != "auto" or "/" not in model:
-        return None
-    provider, name = model.split("/", 1)
-    explicit = provider in _EXPLICIT_CACHE_PROVIDERS or (
-        provider == "bedrock" and _BEDROCK_CACHING_MODELS.search(name) is not None
-    )
-    return [dict(point) for point in SYSTEM_CACHE_POINT] if explicit else None
-
-
 @dataclass(frozen=True, slots=True)
 class Completion:
     message: dict[str, Any]  # the assistant message, OpenAI-shaped
@@ -294,12 +274,13 @@ async def probe(settings: LLMSettings) -> LLMError | None:
 
 
 async def complete(
-    settings: LLMSettings, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    settings: LLMSettings, messages: list[dict[str, Any]], tools: list[dict[str, Any]], *, shared: str = ""
 ) -> Completion:
-    """One chat completion; see ``_complete``. An observer (``observed_by``) is told how it ended."""
+    """One chat completion; see ``_complete``. An observer (``observed_by``) is told how it ended.
+    ``shared``: the start of the first user message that every run of the rule sends alike."""
     observer = _observer.get()
     try:
-        done = await _complete(settings, messages, tools)
+        done = await _complete(settings, messages, tools, shared=shared)
     except LLMError as exc:
         if observer is not None and settings.model != OFFLINE_MODEL:
             observer(settings.model, exc)
@@ -310,7 +291,7 @@ async def complete(
 
 
 async def _complete(
-    settings: LLMSettings, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    settings: LLMSettings, messages: list[dict[str, Any]], tools: list[dict[str, Any]], *, shared: str = ""
 ) -> Completion:
     """One chat completion. Transient failures are retried with backoff; the last one raises LLMError.
 
@@ -339,6 +320,7 @@ async def _complete(
     points = cache_points(settings.model, settings.prompt_cache)
     if points:
         kwargs["cache_control_injection_points"] = points
+        kwargs["messages"] = marked_messages(messages, shared, tools_offered=bool(tools))
     if settings.api_base:
         kwargs["api_base"] = settings.api_base
     if settings.api_key:

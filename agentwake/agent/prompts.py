@@ -62,7 +62,8 @@ def operator_instruction(fence: Fence, note: str) -> str:
 
 
 def boundary_line(fence: Fence) -> str:
-    """The user message's first line: this run's boundary. The system prompt only describes the
+    """This run's boundary, named in the user message before any data (after the rule's shared
+    instructions, if its template has a ``{{ cache_point }}``). The system prompt only describes the
     markers, so it is the same for every run of a rule (a cacheable prefix); the boundary is
     random per run and named before any data, which cannot know it, so data cannot forge it."""
     return (
@@ -80,6 +81,28 @@ class RenderedPrompt:
     system: str
     user: str
     template: str
+    # The start of ``user`` that is the same for every run of the rule: what its template wrote
+    # before ``{{ cache_point }}`` ("" without one). A provider can cache it with the system prompt.
+    shared: str = ""
+
+
+def split_at_cache_point(rendered: str, point: str, fence: Fence, name: str) -> tuple[str, str]:
+    """The template's text before its ``{{ cache_point }}`` and after it (("", all) without one).
+
+    Before it goes what every run of the rule shares; the event (its data, the boundary) after.
+    """
+    if point not in rendered:
+        return "", rendered
+    shared, _, rest = rendered.partition(point)
+    if point in rest:
+        raise PromptError(f"prompt template {name!r} has more than one {{{{ cache_point }}}}")
+    if fence.boundary in shared:
+        raise PromptError(
+            f"prompt template {name!r} puts event data before {{{{ cache_point }}}}: the text before"
+            " it is shared by every run of the rule, so the event's data_block and fenced() go after it"
+        )
+    shared = shared.strip()
+    return (shared + "\n\n" if shared else ""), rest.lstrip("\n")
 
 
 class PromptRenderer:
@@ -178,9 +201,12 @@ class PromptRenderer:
             "batch": batch_view,
             "boundary": fence.boundary,
             "fenced": fenced,
+            # Marks where a rule's shared instructions end and its event begins (see RenderedPrompt).
+            "cache_point": (point := f"\x00{fence.boundary}-cache-point\x00"),
         }
         name = template or self.template_for(subscription, event["name"])
-        user = boundary_line(fence) + self._render(name, context)
+        shared, rest = split_at_cache_point(self._render(name, context), point, fence, name)
+        user = shared + boundary_line(fence) + rest
         if batch_view:
             # Debounced events: every one is shown, whatever the template does with `batch`.
             lines = [f"\n{len(batch_view)} more event(s) arrived within the debounce window:"]
@@ -190,7 +216,10 @@ class PromptRenderer:
         if approval_note and approval_note.strip():
             user += operator_instruction(fence, approval_note)
         return RenderedPrompt(
-            system=self._render(self.agent.system_prompt, context), user=user, template=name
+            system=self._render(self.agent.system_prompt, context).replace(point, ""),
+            user=user,
+            template=name,
+            shared=shared,
         )
 
     def _render(self, name: str, context: dict[str, Any]) -> str:

@@ -574,6 +574,7 @@ class AgentRunner:
         allowed_names = {spec.exposed: spec for spec in plan.allowed}
         known = {spec.exposed: spec for spec in plan.catalog}
         authority = plan.authority
+        shared = plan.prompt.shared if plan.prompt else ""
         # A resumed run first answers the calls its predecessor was making when it stopped.
         pending = pending_calls(transcript.messages)
         if pending:
@@ -589,7 +590,7 @@ class AgentRunner:
             )
         for _ in range(self.agent.max_steps):
             try:
-                completion = await complete(settings, transcript.messages, declarations)
+                completion = await complete(settings, transcript.messages, declarations, shared=shared)
             except LLMError as exc:
                 # Answers that came back unusable still cost tokens: the run's usage counts them.
                 transcript.prompt_tokens += exc.prompt_tokens
