@@ -9,20 +9,17 @@ advances are locked first, in name order, so two ingests never wait on each othe
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 import psycopg
 
 from agentwake.clock import now_iso
 from agentwake.faults import crash_point
-from agentwake.jsontext import encode_json
 from agentwake.store.postgres.base import PostgresBase
 from agentwake.store.postgres.owners import check_fence
 from agentwake.store.records import (
     DUPLICATE,
     INSERTED,
-    NEITHER,
     HeldBatch,
     IncomingEvent,
     IngestResult,
@@ -30,6 +27,7 @@ from agentwake.store.records import (
     SubscriptionKey,
     WebhookDelivery,
 )
+from agentwake.store.rows import DeliveryTally, event_values, first_sight, rejected_data
 
 # One statement for a whole batch: its columns as arrays, in order (ids follow the batch's order).
 _INSERT_EVENTS_SQL: Final = (
@@ -50,6 +48,8 @@ _INSERT_REJECTED_SQL: Final = (
     " ORDER BY u.ord ON CONFLICT ON CONSTRAINT events_dedup DO NOTHING"
 )
 # A batch's effect on its subscription: the cursor (a null one keeps the stored one), counters, status.
+# The arrays _INSERT_EVENTS_SQL takes, in the order of rows.event_values.
+_EVENT_ARRAYS: Final = ("server", "subscription", "name", "event_id", "ts", "data", "meta")
 _ADVANCE_SQL: Final = (
     "UPDATE subscriptions SET"
     " cursor = coalesce(%(cursor)s::text, cursor),"
@@ -66,20 +66,6 @@ _INSERT_GAP_SQL: Final = (
 Ident = tuple[str, str, str]
 
 
-@dataclass(slots=True)
-class _Tally:
-    """One subscription's share of a group commit."""
-
-    key: SubscriptionKey
-    inserted: int = 0
-    duplicates: int = 0
-    cursor: str | None = None
-    cursor_known: bool = False
-    last_cursor: str | None = None
-    gaps: list[tuple[str | None, str | None, str | None]] = field(default_factory=list)
-    rejected: list[RejectedEvent] = field(default_factory=list)
-
-
 async def _lock_subscriptions(conn: psycopg.AsyncConnection[Any], names: Sequence[str]) -> None:
     await conn.execute(
         "SELECT name FROM subscriptions WHERE name = ANY(%s) ORDER BY name FOR UPDATE", [sorted(set(names))]
@@ -92,19 +78,9 @@ async def _insert_events(
     """Insert the events not stored yet; the (server, name, eventId) of those this inserted."""
     if not rows:
         return set()
-    cur = await conn.execute(
-        _INSERT_EVENTS_SQL,
-        {
-            "now": now,
-            "server": [key.server for key, _ in rows],
-            "subscription": [key.name for key, _ in rows],
-            "name": [event.name for _, event in rows],
-            "event_id": [event.event_id for _, event in rows],
-            "ts": [event.timestamp for _, event in rows],
-            "data": [encode_json(event.data) for _, event in rows],
-            "meta": [encode_json(event.meta) if event.meta else None for _, event in rows],
-        },
-    )
+    values = zip(*(event_values(key, event) for key, event in rows), strict=True)
+    columns = dict(zip(_EVENT_ARRAYS, map(list, values), strict=True))
+    cur = await conn.execute(_INSERT_EVENTS_SQL, {"now": now, **columns})
     return {(r[0], r[1], r[2]) for r in await cur.fetchall()}
 
 
@@ -123,7 +99,7 @@ async def _insert_rejected(
             "name": [r.name for r in rejected],
             "event_id": [r.event_id for r in rejected],
             "ts": [r.timestamp for r in rejected],
-            "data": [encode_json({"rejected": r.reason, "preview": r.preview}) for r in rejected],
+            "data": [rejected_data(r) for r in rejected],
             "reason": [r.reason for r in rejected],
         },
     )
@@ -262,7 +238,7 @@ class Inbox(PostgresBase):
         """
         now = now_iso()
         results: list[IngestResult] = []
-        tallies: dict[str, _Tally] = {}
+        tallies: dict[str, DeliveryTally] = {}
         rows: list[tuple[SubscriptionKey, IncomingEvent]] = []
         placed: dict[Ident, int] = {}  # a new event's delivery, by its identity
         async with self.transaction() as conn:
@@ -275,18 +251,12 @@ class Inbox(PostgresBase):
                 key = delivery.key
                 tally = tallies.get(key.name)
                 if tally is None:
-                    tally = tallies[key.name] = _Tally(key)
-                result = NEITHER
+                    tally = tallies[key.name] = DeliveryTally(key)
                 event = delivery.event
-                if event is not None:
-                    ident = (key.server, event.name, event.event_id)
-                    if ident in seen:
-                        result = DUPLICATE
-                    else:
-                        seen.add(ident)
-                        result = INSERTED
-                        placed[ident] = len(results)
-                        rows.append((key, event))
+                result = first_sight(delivery, seen)
+                if event is not None and result is INSERTED:
+                    placed[(key.server, event.name, event.event_id)] = len(results)
+                    rows.append((key, event))
                 if (
                     delivery.truncated
                     and delivery.control_id is not None
@@ -294,24 +264,11 @@ class Inbox(PostgresBase):
                 ):
                     results.append(DUPLICATE)
                     continue
-                if delivery.rejected is not None:
-                    tally.rejected.append(delivery.rejected)
-                if delivery.truncated or delivery.rejected is not None:
-                    if not tally.cursor_known:
-                        cur = await conn.execute(
-                            "SELECT cursor FROM subscriptions WHERE name = %s", [key.name]
-                        )
-                        row = await cur.fetchone()
-                        tally.cursor, tally.cursor_known = (row[0] if row else None), True
-                    tally.gaps.append((tally.cursor, delivery.cursor, delivery.control_id))
-                if delivery.cursor is not None:
-                    tally.cursor, tally.cursor_known, tally.last_cursor = (
-                        delivery.cursor,
-                        True,
-                        delivery.cursor,
-                    )
-                tally.inserted += result.inserted
-                tally.duplicates += result.duplicates
+                if tally.wants_stored_cursor(delivery):
+                    cur = await conn.execute("SELECT cursor FROM subscriptions WHERE name = %s", [key.name])
+                    row = await cur.fetchone()
+                    tally.know_cursor(row[0] if row else None)
+                tally.add(delivery, result)
                 results.append(result)
             stored = await _insert_events(conn, rows, now)
             for key, event in rows:
@@ -340,20 +297,16 @@ class Inbox(PostgresBase):
                 )
                 if tally.gaps:
                     async with conn.cursor() as cur:
-                        await cur.executemany(
-                            _INSERT_GAP_SQL,
-                            [
-                                (key.name, key.server, key.event, now, before, after, delivery_id)
-                                for before, after, delivery_id in tally.gaps
-                            ],
-                        )
+                        await cur.executemany(_INSERT_GAP_SQL, tally.gap_rows(now))
         crash_point("after_inbox_commit", rows)
         return results
 
     @staticmethod
-    async def _gap_recorded(conn: psycopg.AsyncConnection[Any], tally: _Tally, delivery_id: str) -> bool:
+    async def _gap_recorded(
+        conn: psycopg.AsyncConnection[Any], tally: DeliveryTally, delivery_id: str
+    ) -> bool:
         """Whether this gap envelope is recorded already, in an earlier commit or earlier in this batch."""
-        if any(gap[2] == delivery_id for gap in tally.gaps):
+        if tally.has_gap(delivery_id):
             return True
         cur = await conn.execute(
             "SELECT 1 FROM gaps WHERE subscription = %s AND delivery_id = %s", [tally.key.name, delivery_id]

@@ -15,7 +15,6 @@ from agentwake.store.postgres.base import PostgresBase
 from agentwake.store.records import (
     CLAIM_HELD_SQL,
     EventVerdict,
-    JournaledCall,
     ResumePoint,
     RunKind,
     RunProgress,
@@ -23,10 +22,17 @@ from agentwake.store.records import (
     ToolCallRecord,
     ToolCallStatus,
     claim_lost_row,
-    journal_of_event,
 )
-
-_LEASE_LOST = "its lease lapsed and the event was claimed again; this run's outcome is not applied"
+from agentwake.store.rows import (
+    LEASE_LOST,
+    answered_run,
+    journal_values,
+    progress_values,
+    resume_point_of,
+    run_values,
+    tool_call_values,
+    verdict_values,
+)
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -47,15 +53,7 @@ async def _write_progress(conn: psycopg.AsyncConnection[Any], run_id: int, progr
         "UPDATE runs SET messages = %s, steps = %s, prompt_tokens = %s, completion_tokens = %s, cost_usd = %s,"
         " cached_tokens = %s"
         " WHERE id = %s",
-        [
-            encode_json(progress.messages),
-            progress.steps,
-            progress.prompt_tokens,
-            progress.completion_tokens,
-            progress.cost_usd,
-            progress.cached_tokens,
-            run_id,
-        ],
+        [*progress_values(progress), run_id],
     )
 
 
@@ -91,16 +89,7 @@ class ActionLog(PostgresBase):
             cur = await conn.execute(
                 "INSERT INTO runs (event_row, kind, attempt, model, status, decision, system_prompt, user_prompt,"
                 " started_at) VALUES (%s, %s, %s, %s, 'running', %s, %s, %s, %s) RETURNING id",
-                [
-                    event_row,
-                    kind,
-                    attempt,
-                    model,
-                    encode_json(decision),
-                    system_prompt,
-                    user_prompt,
-                    now_iso(),
-                ],
+                run_values(event_row, kind, attempt, model, decision, system_prompt, user_prompt, now_iso()),
             )
             created = await cur.fetchone()
             assert created is not None
@@ -118,22 +107,7 @@ class ActionLog(PostgresBase):
                 await cur.executemany(
                     "INSERT INTO tool_calls (run_id, step, call_id, tool, server, name, arguments, status,"
                     " result, duration_ms, at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                    [
-                        (
-                            run_id,
-                            c.step,
-                            c.call_id,
-                            c.tool,
-                            c.server,
-                            c.name,
-                            encode_json(c.arguments),
-                            c.status,
-                            c.result,
-                            c.duration_ms,
-                            now,
-                        )
-                        for c in calls
-                    ],
+                    [tool_call_values(run_id, c, now) for c in calls],
                 )
 
     async def finish_run(
@@ -170,14 +144,14 @@ class ActionLog(PostgresBase):
             # whose lease lapsed and whose event was claimed again must not move the event.
             if held is None or held[1] != "processing" or held[2] != held[3]:
                 await conn.execute(
-                    "UPDATE runs SET status = 'interrupted', reason = %s WHERE id = %s", [_LEASE_LOST, run_id]
+                    "UPDATE runs SET status = 'interrupted', reason = %s WHERE id = %s", [LEASE_LOST, run_id]
                 )
                 return False
             event_row = held[0]
             await conn.execute(
                 "UPDATE events SET state = %s, last_error = %s, available_at = %s, state_changed_at = %s,"
                 " lease_until = NULL, attempts = attempts - %s WHERE id = %s",
-                [verdict.state, verdict.error, verdict.retry_at, now, int(verdict.refund_attempt), event_row],
+                [*verdict_values(verdict, now), event_row],
             )
             if verdict.state != "pending":
                 # The events batched behind this one end with it (they stay batched if it goes again).
@@ -213,17 +187,7 @@ class ActionLog(PostgresBase):
             cur = await conn.execute(
                 "INSERT INTO tool_calls (run_id, step, call_id, tool, server, name, arguments, status,"
                 " idempotency_key, at) VALUES (%s, %s, %s, %s, %s, %s, %s, 'sent', %s, %s) RETURNING id",
-                [
-                    run_id,
-                    call.step,
-                    call.call_id,
-                    call.tool,
-                    call.server,
-                    call.name,
-                    encode_json(call.arguments),
-                    idempotency_key,
-                    now_iso(),
-                ],
+                journal_values(run_id, call, idempotency_key, now_iso()),
             )
             created = await cur.fetchone()
             assert created is not None
@@ -274,12 +238,7 @@ class ActionLog(PostgresBase):
                 " WHERE event_row = %s AND kind = 'agent' ORDER BY id DESC",
                 [event_row],
             )
-            found = None
-            for row in await cur.fetchall():
-                messages = json.loads(row[1])
-                if any(m.get("role") == "assistant" for m in messages):
-                    found = row, messages
-                    break
+            found = answered_run(await cur.fetchall())
             if found is None:
                 return None
             cur = await conn.execute(
@@ -289,14 +248,7 @@ class ActionLog(PostgresBase):
                 [event_row],
             )
             journal = await cur.fetchall()
-        row, messages = found
-        calls = journal_of_event(
-            [
-                JournaledCall(r[0], r[1], r[2], json.loads(r[3]) if r[3] else None, r[4], r[5], r[6])
-                for r in journal
-            ]
-        )
-        return ResumePoint(row[0], messages, row[2], row[3], row[4], row[5], calls, row[6])
+        return resume_point_of(*found, journal)
 
     async def agent_usage(self, since_hour: str, since_day: str) -> tuple[int, float]:
         """Agent runs started since ``since_hour``, and LLM spend (USD) of every run started since ``since_day``."""

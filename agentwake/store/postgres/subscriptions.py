@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -13,8 +12,8 @@ from agentwake.logs import event_fields
 from agentwake.store.postgres.base import PostgresBase
 from agentwake.store.postgres.owners import check_fence
 from agentwake.store.records import SubscriptionKey
+from agentwake.store.rows import with_recent_error
 from agentwake.store.sqlite.base import redacted
-from agentwake.store.sqlite.subscriptions import RECENT_ERRORS
 
 logger = logging.getLogger(__name__)
 
@@ -71,15 +70,9 @@ class Subscriptions(PostgresBase):
         row = await cur.fetchone()
         if row is None:
             return
-        recent = json.loads(row[0]) if row[0] else []
-        if recent and recent[-1]["error"] == error:
-            # The same failure again (a reconnect loop): one entry, its time and count updated.
-            recent[-1] = {**recent[-1], "at": at, "count": recent[-1].get("count", 1) + 1}
-        else:
-            recent.append({"at": at, "error": error})
         await conn.execute(
             "UPDATE subscriptions SET recent_errors = %s WHERE name = %s",
-            [json.dumps(recent[-RECENT_ERRORS:]), name],
+            [with_recent_error(row[0], error, at), name],
         )
 
     async def set_state(

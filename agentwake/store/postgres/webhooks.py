@@ -4,51 +4,31 @@ ones to unsubscribe."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Any
 
 import psycopg
 
 from agentwake.clock import now_iso
-from agentwake.jsontext import encode_json
 from agentwake.store.postgres.base import PostgresBase
 from agentwake.store.postgres.owners import check_fence
-from agentwake.store.records import RetiredWebhook, SubscriptionKey, WebhookRecord, canonical_arguments
-
-_WEBHOOK_COLUMNS: Final = (
-    "subscription, server, event, arguments, url, secret, pending_secret, previous_secret, previous_until,"
-    " webhook_id, refresh_before, no_expiry, delivery_status, refreshes, last_refresh_at"
+from agentwake.store.records import RetiredWebhook, SubscriptionKey, WebhookRecord
+from agentwake.store.rows import (
+    WEBHOOK_COLUMNS,
+    retired_values,
+    retired_webhook,
+    subscribed_params,
+    webhook_record,
 )
-
-
-def _webhook_record(row: Sequence[Any]) -> WebhookRecord:
-    return WebhookRecord(
-        row[0],
-        row[1],
-        row[2],
-        json.loads(row[3]),
-        row[4],
-        row[5],
-        row[6],
-        row[7],
-        row[8],
-        row[9],
-        row[10],
-        bool(row[11]),
-        json.loads(row[12]) if row[12] else None,
-        row[13],
-        row[14],
-    )
 
 
 async def _load(conn: psycopg.AsyncConnection[Any], name: str, *, lock: bool = False) -> WebhookRecord | None:
     cur = await conn.execute(
-        f"SELECT {_WEBHOOK_COLUMNS} FROM webhooks WHERE subscription = %s{' FOR UPDATE' if lock else ''}",
+        f"SELECT {WEBHOOK_COLUMNS} FROM webhooks WHERE subscription = %s{' FOR UPDATE' if lock else ''}",
         [name],
     )
     row = await cur.fetchone()
-    return None if row is None else _webhook_record(row)
+    return None if row is None else webhook_record(row)
 
 
 async def _retire(
@@ -58,17 +38,7 @@ async def _retire(
     await conn.execute(
         "INSERT INTO webhooks_retired (subscription, server, event, arguments, url, webhook_id, reason,"
         " retired_at, unsubscribed_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-        [
-            record.subscription,
-            record.server,
-            record.event,
-            canonical_arguments(record.arguments),
-            record.url,
-            record.webhook_id,
-            reason,
-            now,
-            now if unsubscribed else None,
-        ],
+        retired_values(record, reason, now, unsubscribed=unsubscribed),
     )
     await conn.execute("DELETE FROM webhooks WHERE subscription = %s", [record.subscription])
 
@@ -80,8 +50,8 @@ class Webhooks(PostgresBase):
 
     async def webhooks(self) -> list[WebhookRecord]:
         async with self.transaction() as conn:
-            cur = await conn.execute(f"SELECT {_WEBHOOK_COLUMNS} FROM webhooks ORDER BY subscription")
-            return [_webhook_record(row) for row in await cur.fetchall()]
+            cur = await conn.execute(f"SELECT {WEBHOOK_COLUMNS} FROM webhooks ORDER BY subscription")
+            return [webhook_record(row) for row in await cur.fetchall()]
 
     async def prepare_webhook(self, key: SubscriptionKey, url: str, new_secret: str) -> WebhookRecord:
         """The stored webhook of this subscription, or a new one with ``new_secret``.
@@ -138,16 +108,9 @@ class Webhooks(PostgresBase):
                 " webhook_id = %(id)s, refresh_before = %(refresh)s, no_expiry = %(no_expiry)s,"
                 " delivery_status = %(status)s, refreshes = refreshes + 1, last_refresh_at = %(now)s"
                 " WHERE subscription = %(name)s",
-                {
-                    "sent": sent_secret,
-                    "until": previous_until,
-                    "id": webhook_id,
-                    "refresh": refresh_before,
-                    "no_expiry": refresh_before is None,
-                    "status": encode_json(delivery_status) if delivery_status is not None else None,
-                    "now": now,
-                    "name": name,
-                },
+                subscribed_params(
+                    name, webhook_id, sent_secret, refresh_before, delivery_status, previous_until, now
+                ),
             )
             record = await _load(conn, name)
             if record is not None:
@@ -198,7 +161,7 @@ class Webhooks(PostgresBase):
                 args,
             )
             rows = await cur.fetchall()
-        return [RetiredWebhook(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6]) for r in rows]
+        return [retired_webhook(r) for r in rows]
 
     async def mark_unsubscribed(self, retired_id: int) -> None:
         async with self.transaction() as conn:

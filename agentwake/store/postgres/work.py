@@ -17,13 +17,23 @@ from typing import Any, Final
 import psycopg
 
 from agentwake.clock import now_iso
-from agentwake.errors import StoreError
 from agentwake.jsontext import encode_json
 from agentwake.store.pauses import NOT_PAUSED_SQL
 from agentwake.store.postgres.base import PostgresBase, lock_key
 from agentwake.store.postgres.runs import agent_usage
 from agentwake.store.quotas import ClaimLimits, Quota, quota
 from agentwake.store.records import ABANDONED_RUN, Answerer, EventState, InboxEvent, Settlement
+from agentwake.store.rows import (
+    answered_state,
+    batch_member,
+    check_held,
+    check_no_unknown_calls,
+    check_retryable,
+    injection_score,
+    no_event,
+    served_in_order,
+    settle_values,
+)
 from agentwake.store.shapes import CLAIMED_COLUMNS, answer_values, inbox_event
 
 # Held by every claim with limits (ClaimLimits), so each counts the claims committed before it.
@@ -72,11 +82,6 @@ async def _quota(
     return quota(limit, limits, handled=handled, runs_last_hour=runs, spend_last_day=spend, excluded=excluded)
 
 
-def score(record: dict[str, Any]) -> float | None:
-    value = record.get("injection_score")
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
 async def lock_events(conn: psycopg.AsyncConnection[Any], rows: Iterable[int]) -> None:
     """Lock these events, in id order (inside the caller's transaction)."""
     await conn.execute("SELECT id FROM events WHERE id = ANY(%s) ORDER BY id FOR UPDATE", [sorted(set(rows))])
@@ -86,7 +91,7 @@ async def event_state(conn: psycopg.AsyncConnection[Any], event_row: int) -> str
     cur = await conn.execute("SELECT state FROM events WHERE id = %s FOR UPDATE", [event_row])
     row = await cur.fetchone()
     if row is None:
-        raise StoreError(f"no stored event with row id {event_row}")
+        raise no_event(event_row)
     return str(row[0])
 
 
@@ -179,8 +184,7 @@ class WorkQueue(PostgresBase):
                 [ABANDONED_RUN, now, chosen],
             )
             # Served now: these subscriptions go after the others at the next claim, in the order served.
-            order = {event_row: position for position, event_row in enumerate(chosen)}
-            served = list(dict.fromkeys(row[2] for row in sorted(rows, key=lambda row: order[row[0]])))
+            served = served_in_order(rows, chosen)
             await conn.execute(
                 "SELECT name FROM subscriptions WHERE name = ANY(%s) ORDER BY name FOR UPDATE",
                 [sorted(served)],
@@ -254,10 +258,7 @@ class WorkQueue(PostgresBase):
                     " injection_score = coalesce(%s, injection_score),"
                     " attempts = CASE WHEN %s = 'held' THEN greatest(0, attempts - 1) ELSE attempts END"
                     " WHERE id = %s",
-                    [
-                        (encode_json(s.record), s.state, now, score(s.record), s.state, s.event_row)
-                        for s in settlements
-                    ],
+                    [settle_values(s, now) for s in settlements],
                 )
 
     async def record_decision(self, event_row: int, record: dict[str, Any]) -> None:
@@ -265,7 +266,7 @@ class WorkQueue(PostgresBase):
         async with self.transaction() as conn:
             await conn.execute(
                 "UPDATE events SET decision = %s, injection_score = coalesce(%s, injection_score) WHERE id = %s",
-                [encode_json(record), score(record), event_row],
+                [encode_json(record), injection_score(record), event_row],
             )
 
     async def batch_members(self, leader_row: int) -> list[InboxEvent]:
@@ -276,7 +277,7 @@ class WorkQueue(PostgresBase):
                 [leader_row],
             )
             rows = await cur.fetchall()
-        return [InboxEvent(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]), r[7]) for r in rows]
+        return [batch_member(r) for r in rows]
 
     async def finish(self, ids: Iterable[int], state: EventState, error: str | None = None) -> None:
         now = now_iso()
@@ -294,7 +295,7 @@ class WorkQueue(PostgresBase):
             cur = await conn.execute(f"SELECT {CLAIMED_COLUMNS} FROM events WHERE id = %s", [event_row])
             row = await cur.fetchone()
         if row is None:
-            raise StoreError(f"no stored event with row id {event_row}")
+            raise no_event(event_row)
         return inbox_event(row)
 
     async def answer(
@@ -312,16 +313,14 @@ class WorkQueue(PostgresBase):
         """
         now = now_iso()
         async with self.transaction() as conn:
-            state = await event_state(conn, event_row)
-            if state != "held":
-                raise StoreError(f"the event is {state!r}, not held for approval")
+            check_held(await event_state(conn, event_row))
             cur = await conn.execute("SELECT decision FROM events WHERE id = %s", [event_row])
             found = await cur.fetchone()
             decision = json.loads(found[0]) if found and found[0] else None
             await conn.execute(
                 "UPDATE events SET state = %s, approved_at = %s, approval_note = %s, state_changed_at = %s"
                 " WHERE id = %s",
-                ["pending" if approve else "denied", now if approve else None, note, now, event_row],
+                [*answered_state(approve, note, now), event_row],
             )
             await conn.execute(
                 "INSERT INTO answers (event_row, answer, who, via, address, at, rule, tools, authority, note)"
@@ -339,9 +338,7 @@ class WorkQueue(PostgresBase):
         """
         now = now_iso()
         async with self.transaction() as conn:
-            state = await event_state(conn, event_row)
-            if state not in ("failed", "dead"):
-                raise StoreError(f"the event is {state!r}; only failed or dead events are retried")
+            check_retryable(await event_state(conn, event_row))
             cur = await conn.execute(
                 "SELECT t.id, t.tool, t.idempotency_key FROM tool_calls t WHERE t.status = 'sent'"
                 " AND t.run_id = (SELECT max(id) FROM runs WHERE event_row = %s AND kind = 'agent')"
@@ -349,13 +346,7 @@ class WorkQueue(PostgresBase):
                 [event_row],
             )
             unknown = await cur.fetchall()
-            if unknown and not resend_unknown:
-                calls = ", ".join(f"{tool} (idempotency key {key})" for _, tool, key in unknown)
-                raise StoreError(
-                    f"the last run sent {len(unknown)} tool call(s) whose outcome is unknown: {calls}; check on"
-                    " the server whether they happened, then retry with --resend-unknown to send them again"
-                    " with the same idempotency key"
-                )
+            check_no_unknown_calls(unknown, resend_unknown=resend_unknown)
             await conn.execute(
                 "UPDATE tool_calls SET status = 'resend' WHERE id = ANY(%s)", [[row[0] for row in unknown]]
             )

@@ -5,17 +5,14 @@ from __future__ import annotations
 import functools
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 from agentwake.clock import now_iso
 from agentwake.errors import FencedOut
 from agentwake.faults import crash_point
-from agentwake.jsontext import encode_json
 from agentwake.store.records import (
     DUPLICATE,
     INSERTED,
-    NEITHER,
     HeldBatch,
     IncomingEvent,
     IngestResult,
@@ -23,6 +20,7 @@ from agentwake.store.records import (
     SubscriptionKey,
     WebhookDelivery,
 )
+from agentwake.store.rows import DeliveryTally, event_values, first_sight, rejected_data
 from agentwake.store.sqlite.base import SqliteBase
 from agentwake.store.sqlite.owners import check_fence
 
@@ -54,33 +52,9 @@ def insert_events_sql(rows: int) -> str:
     return f"{head} VALUES " + ", ".join([values] * rows)
 
 
-@dataclass(slots=True)
-class _Tally:
-    """One subscription's share of a group commit."""
-
-    key: SubscriptionKey
-    inserted: int = 0
-    duplicates: int = 0
-    cursor: str | None = None
-    cursor_known: bool = False
-    last_cursor: str | None = None
-    gaps: list[tuple[str | None, str | None, str | None]] = field(default_factory=list)
-    rejected: list[RejectedEvent] = field(default_factory=list)
-
-
 def _event_row(key: SubscriptionKey, event: IncomingEvent, now: str) -> tuple[Any, ...]:
     """One event's values for INSERT_EVENT_SQL."""
-    return (
-        key.server,
-        key.name,
-        event.name,
-        event.event_id,
-        event.timestamp,
-        encode_json(event.data),
-        encode_json(event.meta) if event.meta else None,
-        now,
-        now,
-    )
+    return (*event_values(key, event), now, now)
 
 
 class Inbox(SqliteBase):
@@ -168,17 +142,7 @@ class Inbox(SqliteBase):
         self.conn.executemany(
             INSERT_REJECTED_SQL,
             [
-                (
-                    key.server,
-                    key.name,
-                    r.name,
-                    r.event_id,
-                    r.timestamp,
-                    encode_json({"rejected": r.reason, "preview": r.preview}),
-                    now,
-                    now,
-                    r.reason,
-                )
+                (key.server, key.name, r.name, r.event_id, r.timestamp, rejected_data(r), now, now, r.reason)
                 for r in rejected
             ],
         )
@@ -196,7 +160,7 @@ class Inbox(SqliteBase):
         now = now_iso()
         conn = self.conn
         results: list[IngestResult] = []
-        tallies: dict[str, _Tally] = {}
+        tallies: dict[str, DeliveryTally] = {}
         rows: list[tuple[Any, ...]] = []
         with self.transaction():
             seen = self._stored_ids(deliveries)
@@ -204,17 +168,11 @@ class Inbox(SqliteBase):
                 key = delivery.key
                 tally = tallies.get(key.name)
                 if tally is None:
-                    tally = tallies[key.name] = _Tally(key)
-                result = NEITHER
+                    tally = tallies[key.name] = DeliveryTally(key)
                 event = delivery.event
-                if event is not None:
-                    ident = (key.server, event.name, event.event_id)
-                    if ident in seen:
-                        result = DUPLICATE
-                    else:
-                        seen.add(ident)
-                        result = INSERTED
-                        rows.append(_event_row(key, event, now))
+                result = first_sight(delivery, seen)
+                if event is not None and result is INSERTED:
+                    rows.append(_event_row(key, event, now))
                 if (
                     delivery.truncated
                     and delivery.control_id is not None
@@ -222,23 +180,9 @@ class Inbox(SqliteBase):
                 ):
                     results.append(DUPLICATE)
                     continue
-                if delivery.rejected is not None:
-                    tally.rejected.append(delivery.rejected)
-                if delivery.truncated or delivery.rejected is not None:
-                    if not tally.cursor_known:
-                        row = conn.execute(
-                            "SELECT cursor FROM subscriptions WHERE name = ?", [key.name]
-                        ).fetchone()
-                        tally.cursor, tally.cursor_known = (row[0] if row else None), True
-                    tally.gaps.append((tally.cursor, delivery.cursor, delivery.control_id))
-                if delivery.cursor is not None:
-                    tally.cursor, tally.cursor_known, tally.last_cursor = (
-                        delivery.cursor,
-                        True,
-                        delivery.cursor,
-                    )
-                tally.inserted += result.inserted
-                tally.duplicates += result.duplicates
+                if tally.wants_stored_cursor(delivery):
+                    tally.know_cursor(stored_cursor(conn, key.name))
+                tally.add(delivery, result)
                 results.append(result)
             for start in range(0, len(rows), ROWS_PER_INSERT):
                 # One statement for many rows: sqlite3 lets go of the GIL once, not once per row,
@@ -268,17 +212,14 @@ class Inbox(SqliteBase):
                         "INSERT INTO gaps"
                         " (subscription, server, event, detected_at, cursor_before, cursor_after, delivery_id)"
                         " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        [
-                            (key.name, key.server, key.event, now, before, after, delivery_id)
-                            for before, after, delivery_id in tally.gaps
-                        ],
+                        tally.gap_rows(now),
                     )
         crash_point("after_inbox_commit", rows)
         return results
 
-    def _gap_recorded(self, tally: _Tally, delivery_id: str) -> bool:
+    def _gap_recorded(self, tally: DeliveryTally, delivery_id: str) -> bool:
         """Whether this gap envelope is recorded already, in an earlier commit or earlier in this batch."""
-        if any(gap[2] == delivery_id for gap in tally.gaps):
+        if tally.has_gap(delivery_id):
             return True
         row = self.conn.execute(
             "SELECT 1 FROM gaps WHERE subscription = ? AND delivery_id = ?", [tally.key.name, delivery_id]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Sequence
 from typing import Any
@@ -13,7 +12,6 @@ from agentwake.jsontext import encode_json
 from agentwake.store.records import (
     CLAIM_HELD_SQL,
     EventVerdict,
-    JournaledCall,
     ResumePoint,
     RunKind,
     RunProgress,
@@ -21,7 +19,16 @@ from agentwake.store.records import (
     ToolCallRecord,
     ToolCallStatus,
     claim_lost_row,
-    journal_of_event,
+)
+from agentwake.store.rows import (
+    LEASE_LOST,
+    answered_run,
+    journal_values,
+    progress_values,
+    resume_point_of,
+    run_values,
+    tool_call_values,
+    verdict_values,
 )
 from agentwake.store.sqlite.base import SqliteBase
 
@@ -56,16 +63,7 @@ class ActionLog(SqliteBase):
             cur = self.conn.execute(
                 "INSERT INTO runs (event_row, kind, attempt, model, status, decision, system_prompt, user_prompt,"
                 " started_at) VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?)",
-                [
-                    event_row,
-                    kind,
-                    attempt,
-                    model,
-                    encode_json(decision),
-                    system_prompt,
-                    user_prompt,
-                    now_iso(),
-                ],
+                run_values(event_row, kind, attempt, model, decision, system_prompt, user_prompt, now_iso()),
             )
             return int(cur.lastrowid or 0)
 
@@ -74,15 +72,7 @@ class ActionLog(SqliteBase):
             "UPDATE runs SET messages = ?, steps = ?, prompt_tokens = ?, completion_tokens = ?, cost_usd = ?,"
             " cached_tokens = ?"
             " WHERE id = ?",
-            [
-                encode_json(progress.messages),
-                progress.steps,
-                progress.prompt_tokens,
-                progress.completion_tokens,
-                progress.cost_usd,
-                progress.cached_tokens,
-                run_id,
-            ],
+            [*progress_values(progress), run_id],
         )
 
     def record_progress(self, run_id: int, progress: RunProgress, calls: Sequence[ToolCallRecord]) -> None:
@@ -92,22 +82,7 @@ class ActionLog(SqliteBase):
             self.conn.executemany(
                 "INSERT INTO tool_calls (run_id, step, call_id, tool, server, name, arguments, status, result,"
                 " duration_ms, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        run_id,
-                        c.step,
-                        c.call_id,
-                        c.tool,
-                        c.server,
-                        c.name,
-                        encode_json(c.arguments),
-                        c.status,
-                        c.result,
-                        c.duration_ms,
-                        now,
-                    )
-                    for c in calls
-                ],
+                [tool_call_values(run_id, c, now) for c in calls],
             )
 
     def finish_run(
@@ -139,23 +114,12 @@ class ActionLog(SqliteBase):
                     " lease_until = NULL, attempts = attempts - ?"
                     " WHERE id = (SELECT event_row FROM runs WHERE id = ?) AND state = 'processing'"
                     " AND attempts = (SELECT attempt FROM runs WHERE id = ?)",
-                    [
-                        verdict.state,
-                        verdict.error,
-                        verdict.retry_at,
-                        now,
-                        int(verdict.refund_attempt),
-                        run_id,
-                        run_id,
-                    ],
+                    [*verdict_values(verdict, now), run_id, run_id],
                 )
                 if cur.rowcount == 0:
                     self.conn.execute(
                         "UPDATE runs SET status = 'interrupted', reason = ? WHERE id = ?",
-                        [
-                            "its lease lapsed and the event was claimed again; this run's outcome is not applied",
-                            run_id,
-                        ],
+                        [LEASE_LOST, run_id],
                     )
                     return False
                 if verdict.state != "pending":
@@ -190,17 +154,7 @@ class ActionLog(SqliteBase):
             cur = self.conn.execute(
                 "INSERT INTO tool_calls (run_id, step, call_id, tool, server, name, arguments, status,"
                 " idempotency_key, at) VALUES (?, ?, ?, ?, ?, ?, ?, 'sent', ?, ?)",
-                [
-                    run_id,
-                    call.step,
-                    call.call_id,
-                    call.tool,
-                    call.server,
-                    call.name,
-                    encode_json(call.arguments),
-                    idempotency_key,
-                    now_iso(),
-                ],
+                journal_values(run_id, call, idempotency_key, now_iso()),
             )
             return int(cur.lastrowid or 0)
 
@@ -241,31 +195,22 @@ class ActionLog(SqliteBase):
         (``journal_of_event``): a rerun goes on from there instead of starting over, so calls
         already made, by that run or by any earlier one, are not made again.
         """
-        found = None
-        for row in self.conn.execute(
-            "SELECT id, messages, steps, prompt_tokens, completion_tokens, cost_usd, cached_tokens FROM runs"
-            " WHERE event_row = ? AND kind = 'agent' ORDER BY id DESC",
-            [event_row],
-        ).fetchall():
-            messages = json.loads(row[1])
-            if any(m.get("role") == "assistant" for m in messages):
-                found = row, messages
-                break
+        found = answered_run(
+            self.conn.execute(
+                "SELECT id, messages, steps, prompt_tokens, completion_tokens, cost_usd, cached_tokens FROM runs"
+                " WHERE event_row = ? AND kind = 'agent' ORDER BY id DESC",
+                [event_row],
+            ).fetchall()
+        )
         if found is None:
             return None
-        row, messages = found
-        calls = journal_of_event(
-            [
-                JournaledCall(r[0], r[1], r[2], json.loads(r[3]) if r[3] else None, r[4], r[5], r[6])
-                for r in self.conn.execute(
-                    "SELECT t.call_id, t.tool, t.status, t.arguments, t.result, t.reply, t.idempotency_key"
-                    " FROM tool_calls t JOIN runs r ON r.id = t.run_id"
-                    " WHERE r.event_row = ? AND r.kind = 'agent' ORDER BY t.id",
-                    [event_row],
-                )
-            ]
-        )
-        return ResumePoint(row[0], messages, row[2], row[3], row[4], row[5], calls, row[6])
+        journal = self.conn.execute(
+            "SELECT t.call_id, t.tool, t.status, t.arguments, t.result, t.reply, t.idempotency_key"
+            " FROM tool_calls t JOIN runs r ON r.id = t.run_id"
+            " WHERE r.event_row = ? AND r.kind = 'agent' ORDER BY t.id",
+            [event_row],
+        ).fetchall()
+        return resume_point_of(*found, journal)
 
     def agent_usage(self, since_hour: str, since_day: str) -> tuple[int, float]:
         """Agent runs started since ``since_hour``, and LLM spend (USD) of every run started since ``since_day``."""

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import logging
-from typing import Final
 
 from agentwake.clock import now_iso
 from agentwake.logs import event_fields
 from agentwake.store.records import SubscriptionKey
+from agentwake.store.rows import with_recent_error
 from agentwake.store.sqlite.base import SqliteBase, redacted
 from agentwake.store.sqlite.owners import check_fence
 
 logger = logging.getLogger(__name__)
-
-# Errors kept per subscription for `status`: a transient one cleared by the next success stays visible.
-RECENT_ERRORS: Final = 5
 
 
 class Subscriptions(SqliteBase):
@@ -62,15 +58,9 @@ class Subscriptions(SqliteBase):
         row = self.conn.execute("SELECT recent_errors FROM subscriptions WHERE name = ?", [name]).fetchone()
         if row is None:
             return
-        recent = json.loads(row[0]) if row[0] else []
-        if recent and recent[-1]["error"] == error:
-            # The same failure again (a reconnect loop): one entry, its time and count updated.
-            recent[-1] = {**recent[-1], "at": at, "count": recent[-1].get("count", 1) + 1}
-        else:
-            recent.append({"at": at, "error": error})
         self.conn.execute(
             "UPDATE subscriptions SET recent_errors = ? WHERE name = ?",
-            [json.dumps(recent[-RECENT_ERRORS:]), name],
+            [with_recent_error(row[0], error, at), name],
         )
 
     def set_state(self, name: str, *, status: str, mode: str | None = None, error: str | None = None) -> None:

@@ -3,52 +3,32 @@ verifies HMACs with them; the file is 0600), the server-derived id, and the reti
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Any
 
 from agentwake.clock import now_iso
-from agentwake.jsontext import encode_json
-from agentwake.store.records import RetiredWebhook, SubscriptionKey, WebhookRecord, canonical_arguments
+from agentwake.store.records import RetiredWebhook, SubscriptionKey, WebhookRecord
+from agentwake.store.rows import (
+    WEBHOOK_COLUMNS,
+    retired_values,
+    retired_webhook,
+    subscribed_params,
+    webhook_record,
+)
 from agentwake.store.sqlite.base import SqliteBase
 from agentwake.store.sqlite.owners import check_fence
 
 
 class Webhooks(SqliteBase):
-    _WEBHOOK_COLUMNS: Final = (
-        "subscription, server, event, arguments, url, secret, pending_secret, previous_secret, previous_until,"
-        " webhook_id, refresh_before, no_expiry, delivery_status, refreshes, last_refresh_at"
-    )
-
-    @staticmethod
-    def _webhook_record(row: Sequence[Any]) -> WebhookRecord:
-        return WebhookRecord(
-            row[0],
-            row[1],
-            row[2],
-            json.loads(row[3]),
-            row[4],
-            row[5],
-            row[6],
-            row[7],
-            row[8],
-            row[9],
-            row[10],
-            bool(row[11]),
-            json.loads(row[12]) if row[12] else None,
-            row[13],
-            row[14],
-        )
-
     def webhook(self, name: str) -> WebhookRecord | None:
         row = self.conn.execute(
-            f"SELECT {self._WEBHOOK_COLUMNS} FROM webhooks WHERE subscription = ?", [name]
+            f"SELECT {WEBHOOK_COLUMNS} FROM webhooks WHERE subscription = ?", [name]
         ).fetchone()
-        return None if row is None else self._webhook_record(row)
+        return None if row is None else webhook_record(row)
 
     def webhooks(self) -> list[WebhookRecord]:
-        rows = self.conn.execute(f"SELECT {self._WEBHOOK_COLUMNS} FROM webhooks ORDER BY subscription")
-        return [self._webhook_record(row) for row in rows.fetchall()]
+        rows = self.conn.execute(f"SELECT {WEBHOOK_COLUMNS} FROM webhooks ORDER BY subscription")
+        return [webhook_record(row) for row in rows.fetchall()]
 
     def prepare_webhook(self, key: SubscriptionKey, url: str, new_secret: str) -> WebhookRecord:
         """The stored webhook of this subscription, or a new one with ``new_secret``.
@@ -105,16 +85,9 @@ class Webhooks(SqliteBase):
                 " webhook_id = :id, refresh_before = :refresh, no_expiry = :no_expiry,"
                 " delivery_status = :status, refreshes = refreshes + 1, last_refresh_at = :now"
                 " WHERE subscription = :name",
-                {
-                    "sent": sent_secret,
-                    "until": previous_until,
-                    "id": webhook_id,
-                    "refresh": refresh_before,
-                    "no_expiry": int(refresh_before is None),
-                    "status": encode_json(delivery_status) if delivery_status is not None else None,
-                    "now": now,
-                    "name": name,
-                },
+                subscribed_params(
+                    name, webhook_id, sent_secret, refresh_before, delivery_status, previous_until, now
+                ),
             )
             record = self.webhook(name)
             if record is not None:
@@ -144,17 +117,7 @@ class Webhooks(SqliteBase):
         self.conn.execute(
             "INSERT INTO webhooks_retired (subscription, server, event, arguments, url, webhook_id, reason,"
             " retired_at, unsubscribed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [
-                record.subscription,
-                record.server,
-                record.event,
-                canonical_arguments(record.arguments),
-                record.url,
-                record.webhook_id,
-                reason,
-                now,
-                now if unsubscribed else None,
-            ],
+            retired_values(record, reason, now, unsubscribed=unsubscribed),
         )
         self.conn.execute("DELETE FROM webhooks WHERE subscription = ?", [record.subscription])
 
@@ -180,7 +143,7 @@ class Webhooks(SqliteBase):
             f" WHERE {where} ORDER BY id",
             args,
         ).fetchall()
-        return [RetiredWebhook(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6]) for r in rows]
+        return [retired_webhook(r) for r in rows]
 
     def mark_unsubscribed(self, retired_id: int) -> None:
         with self.transaction():

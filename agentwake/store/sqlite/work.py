@@ -7,7 +7,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 from agentwake.clock import now_iso
-from agentwake.errors import StoreError
 from agentwake.jsontext import encode_json
 from agentwake.store.pauses import NOT_PAUSED_SQL
 from agentwake.store.quotas import ClaimLimits, Quota, quota
@@ -19,6 +18,17 @@ from agentwake.store.records import (
     FlowOutcome,
     InboxEvent,
     Settlement,
+)
+from agentwake.store.rows import (
+    answered_state,
+    batch_member,
+    check_held,
+    check_no_unknown_calls,
+    check_retryable,
+    injection_score,
+    no_event,
+    served_in_order,
+    settle_values,
 )
 from agentwake.store.shapes import CLAIMED_COLUMNS, answer_values, inbox_event
 from agentwake.store.sqlite.base import SqliteBase
@@ -41,11 +51,6 @@ _CLAIM_SQL: Final = (
     f" ORDER BY priority DESC, id LIMIT ?) WHERE {NOT_PAUSED_SQL})"
     " SELECT id, server FROM due ORDER BY turn, claimed_seq, priority DESC, id LIMIT ?"
 )
-
-
-def _score(record: dict[str, Any]) -> float | None:
-    score = record.get("injection_score")
-    return float(score) if isinstance(score, int | float) and not isinstance(score, bool) else None
 
 
 class WorkQueue(SqliteBase):
@@ -128,12 +133,10 @@ class WorkQueue(SqliteBase):
                 [ABANDONED_RUN, now, encode_json(chosen)],
             )
             # Served now: these subscriptions go after the others at the next claim, in the order served.
-            order = {event_row: position for position, event_row in enumerate(chosen)}
-            served = dict.fromkeys(row[2] for row in sorted(rows, key=lambda row: order[row[0]]))
             self.conn.executemany(
                 "UPDATE subscriptions SET claimed_seq = (SELECT max(claimed_seq) FROM subscriptions) + 1"
                 " WHERE name = ?",
-                [(name,) for name in served],
+                [(name,) for name in served_in_order(rows, chosen)],
             )
         rows.sort(key=lambda row: row[0])
         return [inbox_event(row) for row in rows]
@@ -211,10 +214,7 @@ class WorkQueue(SqliteBase):
                 "UPDATE events SET decision = ?, state = ?, state_changed_at = ?,"
                 " injection_score = coalesce(?, injection_score),"
                 " attempts = CASE WHEN ? = 'held' THEN max(0, attempts - 1) ELSE attempts END WHERE id = ?",
-                [
-                    (encode_json(s.record), s.state, now, _score(s.record), s.state, s.event_row)
-                    for s in settlements
-                ],
+                [settle_values(s, now) for s in settlements],
             )
 
     def record_decision(self, event_row: int, record: dict[str, Any]) -> None:
@@ -222,7 +222,7 @@ class WorkQueue(SqliteBase):
         with self.transaction():
             self.conn.execute(
                 "UPDATE events SET decision = ?, injection_score = coalesce(?, injection_score) WHERE id = ?",
-                [encode_json(record), _score(record), event_row],
+                [encode_json(record), injection_score(record), event_row],
             )
 
     def flow_gate(self, event_row: int, rule: str, decision: dict[str, Any], gate: FlowGate) -> FlowOutcome:
@@ -292,7 +292,7 @@ class WorkQueue(SqliteBase):
             " WHERE batch_leader = ? AND state = 'batched' ORDER BY id",
             [leader_row],
         ).fetchall()
-        return [InboxEvent(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]), r[7]) for r in rows]
+        return [batch_member(r) for r in rows]
 
     def finish(self, ids: Iterable[int], state: EventState, error: str | None = None) -> None:
         now = now_iso()
@@ -309,7 +309,7 @@ class WorkQueue(SqliteBase):
             [event_row],
         ).fetchone()
         if row is None:
-            raise StoreError(f"no stored event with row id {event_row}")
+            raise no_event(event_row)
         return inbox_event(row)
 
     def answer(
@@ -329,12 +329,11 @@ class WorkQueue(SqliteBase):
         with self.transaction():
             row = self.conn.execute("SELECT state, decision FROM events WHERE id = ?", [event_row]).fetchone()
             if row is None:
-                raise StoreError(f"no stored event with row id {event_row}")
-            if row[0] != "held":
-                raise StoreError(f"the event is {row[0]!r}, not held for approval")
+                raise no_event(event_row)
+            check_held(row[0])
             self.conn.execute(
                 "UPDATE events SET state = ?, approved_at = ?, approval_note = ?, state_changed_at = ? WHERE id = ?",
-                ["pending" if approve else "denied", now if approve else None, note, now, event_row],
+                [*answered_state(approve, note, now), event_row],
             )
             decision = json.loads(row[1]) if row[1] else None
             self.conn.execute(
@@ -355,21 +354,14 @@ class WorkQueue(SqliteBase):
         with self.transaction():
             row = self.conn.execute("SELECT state FROM events WHERE id = ?", [event_row]).fetchone()
             if row is None:
-                raise StoreError(f"no stored event with row id {event_row}")
-            if row[0] not in ("failed", "dead"):
-                raise StoreError(f"the event is {row[0]!r}; only failed or dead events are retried")
+                raise no_event(event_row)
+            check_retryable(row[0])
             unknown = self.conn.execute(
                 "SELECT t.id, t.tool, t.idempotency_key FROM tool_calls t WHERE t.status = 'sent' AND t.run_id ="
                 " (SELECT max(id) FROM runs WHERE event_row = ? AND kind = 'agent')",
                 [event_row],
             ).fetchall()
-            if unknown and not resend_unknown:
-                calls = ", ".join(f"{tool} (idempotency key {key})" for _, tool, key in unknown)
-                raise StoreError(
-                    f"the last run sent {len(unknown)} tool call(s) whose outcome is unknown: {calls}; check on"
-                    " the server whether they happened, then retry with --resend-unknown to send them again"
-                    " with the same idempotency key"
-                )
+            check_no_unknown_calls(unknown, resend_unknown=resend_unknown)
             self.conn.executemany(
                 "UPDATE tool_calls SET status = 'resend' WHERE id = ?",
                 [(call_id,) for call_id, _, _ in unknown],
