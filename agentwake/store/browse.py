@@ -7,13 +7,11 @@ engines differ (reading the rule out of a decision's JSON) the backend passes it
 
 from __future__ import annotations
 
-import json
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from agentwake.store.records import final_answer, summary_line
-from agentwake.store.shapes import page_event_view
+from agentwake.store.shapes import page_event_view, page_run_view
 
 Rows = list[tuple[Any, ...]]
 Query = tuple[str, Sequence[Any]]
@@ -68,25 +66,6 @@ def event_page(
     return [page_event_view(r) for r in rows], int(total)
 
 
-_RUN_KEYS: Final = (
-    "run_id",
-    "event_row",
-    "event_id",
-    "server",
-    "subscription",
-    "event",
-    "kind",
-    "attempt",
-    "model",
-    "status",
-    "reason",
-    "cost_usd",
-    "started_at",
-    "duration_ms",
-    "messages",
-)
-
-
 def run_page(
     filters: RunFilter, offset: int, limit: int
 ) -> Generator[Query, Rows, tuple[list[dict[str, Any]], int]]:
@@ -110,11 +89,7 @@ def run_page(
         " ORDER BY r.id DESC LIMIT %s OFFSET %s",
         [*args, limit, offset],
     )
-    runs = [dict(zip(_RUN_KEYS, r, strict=True)) for r in rows]
-    for run in runs:
-        messages = json.loads(run.pop("messages") or "[]")
-        run["summary"] = summary_line(final_answer(messages))
-    return runs, int(total)
+    return [page_run_view(r) for r in rows], int(total)
 
 
 def run_event(run_id: int) -> Generator[Query, Rows, int | None]:

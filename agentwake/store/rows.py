@@ -26,7 +26,6 @@ from agentwake.store.records import (
     RejectedEvent,
     ResumePoint,
     RetiredWebhook,
-    RunKind,
     RunProgress,
     Settlement,
     SubscriptionKey,
@@ -273,20 +272,6 @@ def batch_member(r: Sequence[Any]) -> InboxEvent:
 # ---- the action log ----------------------------------------------------------------------------------
 
 LEASE_LOST: Final = "its lease lapsed and the event was claimed again; this run's outcome is not applied"
-
-
-def run_values(
-    event_row: int,
-    kind: RunKind,
-    attempt: int,
-    model: str,
-    decision: dict[str, Any],
-    system_prompt: str | None,
-    user_prompt: str | None,
-    now: str,
-) -> list[Any]:
-    """A new run's row: event_row, kind, attempt, model, decision, system_prompt, user_prompt, started_at."""
-    return [event_row, kind, attempt, model, encode_json(decision), system_prompt, user_prompt, now]
 
 
 def progress_values(progress: RunProgress) -> list[Any]:

@@ -165,50 +165,10 @@ SERVICE_COLUMNS: Final = (
 )
 
 # The keys of each view's dicts, in the order of the columns the backends select for it.
-INBOX_KEYS: Final = (
-    "id",
-    "server",
-    "subscription",
-    "event",
-    "event_id",
-    "timestamp",
-    "received_at",
-    "state",
-    "attempts",
-    "data",
-    "last_error",
-)
-ACTION_KEYS: Final = (
-    "run_id",
-    "event_id",
-    "server",
-    "subscription",
-    "event",
-    "kind",
-    "attempt",
-    "model",
-    "status",
-    "reason",
-    "steps",
-    "prompt_tokens",
-    "completion_tokens",
-    "cached_tokens",
-    "cost_usd",
-    "started_at",
-    "duration_ms",
-    "tool_calls",
-    "refused",
-    "tools",
-    "summary",
-)
+_RECEIVED: Final = ("id", "server", "subscription", "event", "event_id", "timestamp", "received_at")
+INBOX_KEYS: Final = (*_RECEIVED, "state", "attempts", "data", "last_error")
 EVENT_KEYS: Final = (
-    "id",
-    "server",
-    "subscription",
-    "event",
-    "event_id",
-    "timestamp",
-    "received_at",
+    *_RECEIVED,
     "state",
     "attempts",
     "data",
@@ -219,6 +179,39 @@ EVENT_KEYS: Final = (
     "decision",
     "approved_at",
     "approval_note",
+)
+HELD_KEYS: Final = (*_RECEIVED, "decision", "data", "injection_score")
+# A run as listed with its event's identity.
+_RUN_OF_EVENT: Final = (
+    "event_id",
+    "server",
+    "subscription",
+    "event",
+    "kind",
+    "attempt",
+    "model",
+    "status",
+    "reason",
+)
+_USAGE: Final = ("steps", "prompt_tokens", "completion_tokens", "cached_tokens", "cost_usd", "started_at")
+ACTION_KEYS: Final = (
+    "run_id",
+    *_RUN_OF_EVENT,
+    *_USAGE,
+    "duration_ms",
+    "tool_calls",
+    "refused",
+    "tools",
+    "summary",
+)
+PAGE_RUN_KEYS: Final = (
+    "run_id",
+    "event_row",
+    *_RUN_OF_EVENT,
+    "cost_usd",
+    "started_at",
+    "duration_ms",
+    "messages",
 )
 RUN_KEYS: Final = (
     "run_id",
@@ -231,12 +224,7 @@ RUN_KEYS: Final = (
     "system_prompt",
     "user_prompt",
     "messages",
-    "steps",
-    "prompt_tokens",
-    "completion_tokens",
-    "cached_tokens",
-    "cost_usd",
-    "started_at",
+    *_USAGE,
     "finished_at",
     "duration_ms",
 )
@@ -250,18 +238,6 @@ CALL_KEYS: Final = (
     "status",
     "result",
     "duration_ms",
-)
-HELD_KEYS: Final = (
-    "id",
-    "server",
-    "subscription",
-    "event",
-    "event_id",
-    "timestamp",
-    "received_at",
-    "decision",
-    "data",
-    "injection_score",
 )
 GAP_KEYS: Final = ("subscription", "server", "event", "detected_at", "cursor_before", "cursor_after")
 
@@ -283,6 +259,14 @@ def page_event_view(r: Sequence[Any]) -> dict[str, Any]:
     event = inbox_view(r[:-1])
     event["decision"] = json_or_none(r[-1])
     return event
+
+
+def page_run_view(r: Sequence[Any]) -> dict[str, Any]:
+    """One row of PAGE_RUN_KEYS' columns: a run of the operator page's list, its transcript summed up."""
+    run = dict(zip(PAGE_RUN_KEYS, r, strict=True))
+    messages = json.loads(run.pop("messages") or "[]")
+    run["summary"] = summary_line(final_answer(messages))
+    return run
 
 
 def action_view(r: Sequence[Any], tools: list[str] | None, summary: str | None) -> dict[str, Any]:

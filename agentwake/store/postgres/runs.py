@@ -29,7 +29,6 @@ from agentwake.store.rows import (
     journal_values,
     progress_values,
     resume_point_of,
-    run_values,
     tool_call_values,
     verdict_values,
 )
@@ -86,10 +85,11 @@ class ActionLog(PostgresBase):
                         event_row,
                     ],
                 )
+            started = now_iso()
             cur = await conn.execute(
                 "INSERT INTO runs (event_row, kind, attempt, model, status, decision, system_prompt, user_prompt,"
                 " started_at) VALUES (%s, %s, %s, %s, 'running', %s, %s, %s, %s) RETURNING id",
-                run_values(event_row, kind, attempt, model, decision, system_prompt, user_prompt, now_iso()),
+                [event_row, kind, attempt, model, encode_json(decision), system_prompt, user_prompt, started],
             )
             created = await cur.fetchone()
             assert created is not None

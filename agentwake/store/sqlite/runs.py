@@ -26,7 +26,6 @@ from agentwake.store.rows import (
     journal_values,
     progress_values,
     resume_point_of,
-    run_values,
     tool_call_values,
     verdict_values,
 )
@@ -60,10 +59,11 @@ class ActionLog(SqliteBase):
                         "row": event_row,
                     },
                 )
+            started = now_iso()
             cur = self.conn.execute(
                 "INSERT INTO runs (event_row, kind, attempt, model, status, decision, system_prompt, user_prompt,"
                 " started_at) VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?)",
-                run_values(event_row, kind, attempt, model, decision, system_prompt, user_prompt, now_iso()),
+                [event_row, kind, attempt, model, encode_json(decision), system_prompt, user_prompt, started],
             )
             return int(cur.lastrowid or 0)
 
