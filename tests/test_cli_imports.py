@@ -149,6 +149,68 @@ def test_the_probe_notices_a_forbidden_module_imported_with_the_cli(config: Path
     assert "mcp" in forbidden_in(probed["modules"])
 
 
+# The modules under agentwake.cli that register commands, but none that `status` or `inbox` runs.
+OTHER_COMMANDS = tuple(
+    f"agentwake.cli.{m}"
+    for m in (
+        "init",
+        "service",
+        "replay",
+        "approvals",
+        "pause",
+        "limits",
+        "policy",
+        "store",
+        "bridge",
+        "bridge_pagerduty",
+        "bridge_slack",
+        "bridge_send",
+        "fake",
+    )
+)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["status", "--help"], ["status", "-c", CONFIG_ARG], ["inbox", "-c", CONFIG_ARG]],
+    ids=lambda argv: " ".join(a for a in argv if a not in ("-c", CONFIG_ARG)),
+)
+def test_a_command_loads_its_own_module_only_not_every_commands(config: Path, argv: list[str]) -> None:
+    modules = set(run_cli(config, argv)["modules"])
+    assert "agentwake.cli.views" in modules
+    assert set(OTHER_COMMANDS) & modules == set()
+
+
+def test_importing_the_cli_registers_no_command() -> None:
+    code = (
+        "import sys, agentwake.cli; print(sorted(m for m in sys.modules if m.startswith('agentwake.cli.')))"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert shown.stdout.split() == ["['agentwake.cli.common']"]
+
+
+def test_the_whole_app_loads_every_command_module() -> None:
+    code = "import sys, agentwake.cli; agentwake.cli.app; print(' '.join(sorted(sys.modules)))"
+    shown = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert set(OTHER_COMMANDS) | {"agentwake.cli.views"} <= set(shown.stdout.split())
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["status", "--help"]], ids=" ".join)
+def test_help_sets_up_no_logging(config: Path, argv: list[str]) -> None:
+    assert "logging" not in run_cli(config, argv)["modules"]
+
+
+def test_status_loads_no_emoji_table(config: Path) -> None:
+    """The consoles replace no ``:name:`` code (stored text prints as written), so rich's table of
+    codes is never loaded; nor is socket while no service ever recorded itself in the store."""
+    modules = set(run_cli(config, ["status", "-c", CONFIG_ARG])["modules"])
+    assert not {"rich._emoji_codes", "socket"} & modules
+
+
 def test_the_cli_default_config_path_is_the_config_modules() -> None:
     assert DEFAULT_CONFIG_PATH == CONFIG_DEFAULT
 

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -128,6 +126,9 @@ def _print_answers(answers: list[dict[str, Any]], as_json: bool) -> None:
 
 def cli_answerer() -> Answerer:
     """Who answers from the CLI: the local user (whoever can open the store can answer)."""
+    import getpass
+    import socket
+
     from agentwake.store.records import Answerer  # not at import: `--help` loads no store module
 
     try:

@@ -11,7 +11,6 @@ environment, from variables the flags name (``--webhook-secret-env``, ``--token-
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sys
 from collections.abc import Callable
@@ -227,6 +226,8 @@ def serve_bridge(make_bridge: Callable[[], Bridge], warnings: list[str]) -> None
         server = BridgeServer(make_bridge())
     except (ValueError, OSError) as exc:
         raise fail(exc, code=2) from None
+    import logging
+
     log = logging.getLogger("agentwake.bridge")
     for warning in warnings:
         log.warning(warning)
@@ -257,6 +258,8 @@ def serve_fake(upstream: str, options: BridgeOptions, settings: object, secret: 
 
 
 def _log_to_stderr(level: str) -> None:
+    import logging
+
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         raise fail(f"--log-level must be DEBUG, INFO, WARNING or ERROR, not {level!r}", code=2)

@@ -7,7 +7,6 @@ loads this module and typer only. Each helper imports what it needs when it runs
 
 from __future__ import annotations
 
-import logging
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -136,6 +135,8 @@ def clip(text: str, limit: int = PREVIEW_CHARS) -> str:
 def setup_logging(level: str, form: str = "text") -> None:
     """Log to stderr at ``level``, secrets redacted; ``form`` "json" is one JSON object per line
     (agentwake.logs), stray stderr text included."""
+    import logging
+
     from agentwake.logs import JsonFormatter, StderrToLog, install_redaction
 
     if form == "json":

@@ -14,9 +14,11 @@ from rich.table import Table
 from rich.text import Text
 
 # No markup anywhere: events, tool results and error messages are untrusted text, and "[agent]" or
-# "[/INST]" in them must print as written. Styles are applied with Text, not with tags.
-out = Console(markup=False)
-err = Console(stderr=True, markup=False)
+# "[/INST]" in them must print as written. Styles are applied with Text, not with tags. No emoji
+# codes either: a Slack message's ":rotating_light:" prints as written, not as a picture (and
+# rich's table of codes is never loaded).
+out = Console(markup=False, emoji=False)
+err = Console(stderr=True, markup=False, emoji=False)
 
 UNBOUNDED_WIDTH: Final = 100_000
 

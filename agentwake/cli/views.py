@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
-import socket
 import sys
 import time
 from datetime import datetime
@@ -294,6 +294,9 @@ def watch_status(config: Path, as_json: bool, with_service: bool, interval_s: fl
     """`status --watch`: on a terminal, the view redrawn in place (rich's Live); on a pipe, each
     refresh printed after the last under a header line; with --json, one line per refresh.
     Ctrl-C ends it with exit 0. A store or config error ends it as `status` would."""
+    # `status` runs without the cyclic garbage collector (agentwake.cli.QUICK): a watch runs until
+    # Ctrl-C, so it collects as any long-running program does.
+    gc.enable()
     try:
         if as_json:
             while True:
@@ -331,6 +334,7 @@ def _watch_live(config: Path, interval_s: float, out: Console) -> NoReturn:
             force_terminal=True,
             color_system=out.color_system,  # type: ignore[arg-type]
             markup=False,
+            emoji=False,
         )
         page.print(_watch_header(interval_s), highlight=False)
         service, rows, storage = status_reading(config)
@@ -364,7 +368,10 @@ def service_state(
     if not records:
         return None
     now = now or utc_now()
-    host = host or socket.gethostname()
+    if not host:
+        import socket
+
+        host = socket.gethostname()
     judged = [_judge_service(record, now, host) for record in records]
     return next((j for j in judged if j["running"]), judged[0])
 
