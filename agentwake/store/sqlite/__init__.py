@@ -14,6 +14,7 @@ from pathlib import Path
 
 from agentwake.store.sqlite.base import BUSY_TIMEOUT_MS, SqliteBase, StoreErrors
 from agentwake.store.sqlite.browse import Browse
+from agentwake.store.sqlite.checkpointer import Checkpointer
 from agentwake.store.sqlite.inbox import Inbox
 from agentwake.store.sqlite.limits import LimitUse
 from agentwake.store.sqlite.owners import Owners
@@ -87,7 +88,19 @@ class SqliteStore(ThreadedStore[SqliteCore]):
                 path, synchronous=synchronous, create=create, busy_timeout_ms=busy_timeout_ms
             )
         )
-        return cls(core)
+        store = cls(core)
+        store.checkpointer.start(core.conn)
+        return store
+
+    def __init__(self, core: SqliteCore) -> None:
+        super().__init__(core)
+        self.checkpointer = Checkpointer(core.path)
+
+    async def close(self) -> None:
+        import anyio
+
+        await anyio.to_thread.run_sync(self.checkpointer.stop)
+        await super().close()
 
     @property
     def path(self) -> Path:
