@@ -119,6 +119,7 @@ class Figures:
     receiver_us_per_delivery: float | None
     commits: int
     deliveries_per_commit: float
+    tail: dict[str, Any]  # inside the receiver, last round: commit times and GC pauses (TailProbe)
     sender_cpu: float
     built_inline: int
     statuses: dict[str, int]
@@ -368,31 +369,64 @@ async def serve_real(db: Path, cert: Path | None, key: Path | None) -> None:
         routes = WebhookRoutes()
         routes.bind(WEBHOOK_ID, subscription, [(os.environ[SECRET_ENV], None)])
         receiver = Receiver(webhook_config(cert, key), store, routes)
-        commits = count_commits(store)
+        probe = TailProbe(store)
         async with anyio.create_task_group() as tg:
             await tg.start(receiver.serve)
             # As `agentwake run` does after start-up (agentwake/service.py).
             gc.collect()
             gc.freeze()
+            probe.watch_gc()
             announce({"port": receiver.port})
             await until_stdin_closes()
             tg.cancel_scope.cancel()
     finally:
         await store.close()
-    announce({"counts": dict(receiver.counts), "commits": commits[0]})
+    announce({"counts": dict(receiver.counts), "tail": probe.figures()})
 
 
-def count_commits(store: Store) -> list[int]:
-    """Count the group commit's transactions (one wrapper call per batch: nothing per delivery)."""
-    commits = [0]
-    ingest = store.ingest_deliveries
+class TailProbe:
+    """Where a slow answer can come from, seen inside the receiver: how long each group commit took
+    (the store's transaction with its thread hop: a delivery waits for the one in progress and then
+    its own), and the garbage collector's pauses (they stop the event loop). One wrapper call per
+    batch and one callback per collection: nothing per delivery."""
 
-    async def counted(deliveries: Any) -> Any:
-        commits[0] += 1
-        return await ingest(deliveries)
+    def __init__(self, store: Store) -> None:
+        self.commit_s: list[float] = []
+        self.gc_s: list[tuple[int, float]] = []  # (generation, seconds)
+        self._gc_start = 0.0
+        ingest = store.ingest_deliveries
 
-    store.ingest_deliveries = counted  # type: ignore[method-assign]
-    return commits
+        async def timed(deliveries: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return await ingest(deliveries)
+            finally:
+                self.commit_s.append(time.perf_counter() - start)
+
+        store.ingest_deliveries = timed  # type: ignore[method-assign]
+
+    def watch_gc(self) -> None:
+        """From now on (after start-up's own collection and freeze), time each collection."""
+        gc.callbacks.append(self._gc)
+
+    def _gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        else:
+            self.gc_s.append((int(info.get("generation", 0)), time.perf_counter() - self._gc_start))
+
+    def figures(self) -> dict[str, Any]:
+        pauses = [s for _, s in self.gc_s]
+        return {
+            "commits": len(self.commit_s),
+            "commit_p50_ms": ms(percentile(self.commit_s, 0.5)),
+            "commit_p99_ms": ms(percentile(self.commit_s, 0.99)),
+            "commit_max_ms": ms(max(self.commit_s, default=math.nan)),
+            "gc_pauses": len(pauses),
+            "gc_gen2": sum(1 for generation, _ in self.gc_s if generation == 2),
+            "gc_max_ms": ms(max(pauses, default=0.0)),
+            "gc_total_ms": ms(sum(pauses)),
+        }
 
 
 async def serve_bare(cert: Path | None, key: Path | None, *, lowlevel: bool) -> None:
@@ -470,6 +504,7 @@ class Side:
     duplicates: int = 0
     commits: int = 0
     built_inline: int = 0
+    tail: dict[str, Any] | None = None  # the real side's TailProbe figures
 
     @property
     def us_per_request(self) -> float | None:
@@ -566,7 +601,13 @@ async def run_side(setup: Setup, kind: str, deliveries: Deliveries, db: Path | N
         return side
     rows, duplicates = count_rows(db, phase.accepted, final.get("counts", {}))
     return Side(
-        **{**asdict(side), "rows": rows, "duplicates": duplicates, "commits": final.get("commits", 0)}
+        **{
+            **asdict(side),
+            "rows": rows,
+            "duplicates": duplicates,
+            "commits": final["tail"]["commits"],
+            "tail": final["tail"],
+        }
     )
 
 
@@ -671,6 +712,7 @@ async def run(
         receiver_us_per_delivery=rounded(median_or_none([r.us_per_request for r in reals]), 1),
         commits=last.commits,
         deliveries_per_commit=round(last.accepted / last.commits, 1) if last.commits else 0.0,
+        tail=last.tail or {},
         sender_cpu=statistics.median(r.sender_cpu for r in reals),
         built_inline=sum(r.built_inline for r in reals),
         statuses={str(k): v for k, v in last.statuses.items()},
@@ -758,6 +800,13 @@ def report(f: Figures) -> None:
     print(
         f"group commit:            {f.commits:,} commits, {f.deliveries_per_commit:g} deliveries each on average"
     )
+    t = f.tail
+    if t:
+        print(
+            f"inside the receiver:     a commit takes p50 {t['commit_p50_ms']:.2f} ms, p99"
+            f" {t['commit_p99_ms']:.2f} ms, max {t['commit_max_ms']:.2f} ms; {t['gc_pauses']:,} GC pauses"
+            f" ({t['gc_gen2']} full), longest {t['gc_max_ms']:.2f} ms, {t['gc_total_ms']:.0f} ms in all"
+        )
     if f.built_inline:
         print(f"requests built while sending (pool too small): {f.built_inline:,}")
     ratios = ", ".join(f"{r:.3f}" for r in f.ratios)
