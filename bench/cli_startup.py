@@ -12,7 +12,9 @@ from elsewhere hits them alike. Two baselines run in the same rounds: ``python -
 (the interpreter with this environment's site-packages and the editable install's
 finder) and ``python -c "import typer"`` (the floor for any typer CLI). The target is a
 median of at most TARGET_S for every command, each judged PASS or FAIL; the figures are
-noisy on a loaded machine, so the best run of each is reported too.
+noisy on a loaded machine, so the best run of each is reported too, and the median CPU time
+(user + system) of each process, which load changes little: wall time under load is roughly
+that CPU time times the share of a core the process gets.
 
 ``--load N`` makes the loaded figure reproducible: N processes spinning ``while True: pass``
 (this Python) run for the timed rounds, started after the warm-up and stopped before the
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -72,6 +75,8 @@ class Timing:
     runs_s: list[float]
     median_s: float
     best_s: float
+    cpu_runs_s: list[float]  # user + system time of each run's process
+    cpu_median_s: float
     ratio_to_python: float
     ratio_to_typer: float
     within_target: bool
@@ -126,7 +131,15 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def timed(argv: list[str], cwd: Path, env: dict[str, str]) -> float:
+def children_cpu_s() -> float:
+    """User + system time of every child process waited for so far."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def timed(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float]:
+    """The process's wall time, from spawn to exit, and its CPU time."""
+    cpu = children_cpu_s()
     start = time.perf_counter()
     done = subprocess.run(
         argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False
@@ -134,7 +147,7 @@ def timed(argv: list[str], cwd: Path, env: dict[str, str]) -> float:
     elapsed = time.perf_counter() - start
     if done.returncode != 0:
         raise BenchFailure(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.decode()[-500:]}")
-    return elapsed
+    return elapsed, children_cpu_s() - cpu
 
 
 def loadavg() -> list[float]:
@@ -179,6 +192,7 @@ def measure(folder: Path, repeat: int, load: int = 0) -> Figures:
         "agentwake inbox": [*cli, "inbox", "-c", str(config)],
     }
     runs: dict[str, list[float]] = {name: [] for name in cases}
+    cpu: dict[str, list[float]] = {name: [] for name in cases}
     env = child_env()
     for _ in range(WARMUP):  # compiles every module once, unloaded: then the timed rounds
         for argv in cases.values():
@@ -187,7 +201,9 @@ def measure(folder: Path, repeat: int, load: int = 0) -> Figures:
         before = loadavg()
         for _ in range(repeat):
             for name, argv in cases.items():
-                runs[name].append(timed(argv, folder, env))
+                elapsed, used = timed(argv, folder, env)
+                runs[name].append(elapsed)
+                cpu[name].append(used)
         after = loadavg()
     python_s = statistics.median(runs[PYTHON_PASS])
     typer_s = statistics.median(runs[IMPORT_TYPER])
@@ -200,6 +216,8 @@ def measure(folder: Path, repeat: int, load: int = 0) -> Figures:
             runs[name],
             median,
             min(runs[name]),
+            cpu[name],
+            statistics.median(cpu[name]),
             median / python_s,
             median / typer_s,
             median <= TARGET_S,
@@ -230,7 +248,7 @@ def report(f: Figures) -> None:
         f"{f.cpus} CPU(s), {beside}; load average {_loads(f.loadavg_before)} before the timed rounds,"
         f" {_loads(f.loadavg_after)} after"
     )
-    print(f"{'':28} {'median':>8} {'best':>8} {'x python':>9} {'x typer':>8}")
+    print(f"{'':28} {'median':>8} {'best':>8} {'cpu':>8} {'x python':>9} {'x typer':>8}")
     for t in (f.python_pass, f.import_typer):
         print(_row(t))
     for t in f.commands:
@@ -243,7 +261,7 @@ def report(f: Figures) -> None:
 
 def _row(t: Timing) -> str:
     return (
-        f"{t.name:28} {t.median_s * 1000:6.0f}ms {t.best_s * 1000:6.0f}ms"
+        f"{t.name:28} {t.median_s * 1000:6.0f}ms {t.best_s * 1000:6.0f}ms {t.cpu_median_s * 1000:6.0f}ms"
         f" {t.ratio_to_python:8.2f}x {t.ratio_to_typer:7.2f}x"
     )
 
