@@ -7,6 +7,7 @@ the keys in their order, what a row becomes, the values a statement is given, th
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
@@ -96,8 +97,8 @@ def test_a_run_is_summed_up_by_its_final_answer() -> None:
 
 
 def test_an_action_takes_the_tools_and_summary_its_backend_read() -> None:
-    row = (1, "e1", "demo", "tickets", "ticket.created", "agent", 1, "m", "completed", None)
-    row += (2, 10, 5, 1, 0.01, "t0", 40, 2, 0, "raw tools", "raw summary")
+    listed = (1, "e1", "demo", "tickets", "ticket.created", "agent", 1, "m", "completed", None)
+    row = (*listed, 2, 10, 5, 1, 0.01, "t0", 40, 2, 0, "raw tools", "raw summary")
     action = shapes.action_view(row, None, "one line")
     assert (action["tools"], action["summary"]) == ([], "one line")
     assert shapes.action_view(row, ["a", "b"], None)["tools"] == ["a", "b"]
@@ -171,8 +172,8 @@ def test_incoming_and_refused_events_are_stored_as_json() -> None:
 
 
 def test_webhook_rows_become_records_and_records_rows() -> None:
-    row = ("tickets", "demo", "ticket.created", '{"queue":"support"}', "https://x", "s1", None, None, None)
-    row += ("w1", None, 1, '{"ok": true}', 2, "t")
+    keyed = ("tickets", "demo", "ticket.created", '{"queue":"support"}', "https://x", "s1", None, None, None)
+    row = (*keyed, "w1", None, 1, '{"ok": true}', 2, "t")
     record = rows.webhook_record(row)
     assert record == WebhookRecord(
         "tickets",
@@ -276,3 +277,15 @@ def test_a_rerun_goes_on_from_the_newest_run_that_got_an_answer() -> None:
     assert (point.run_id, point.steps, point.cost_usd, point.cached_tokens) == (2, 1, 0.01, 3)
     assert point.calls["c1"].status == "ok"
     assert point.calls["c1"].arguments is None
+
+
+def test_a_dropped_cursor_is_told_on_the_backends_logger(caplog: pytest.LogCaptureFixture) -> None:
+    logger = logging.getLogger("agentwake.store.sqlite.subscriptions")
+    with caplog.at_level(logging.WARNING, logger=logger.name):
+        rows.warn_cursor_dropped(logger, KEY)
+    [record] = caplog.records
+    assert record.name == logger.name
+    assert record.funcName == "test_a_dropped_cursor_is_told_on_the_backends_logger"
+    assert record.getMessage() == (
+        "subscription tickets changed (server, event or arguments): its stored cursor is dropped"
+    )

@@ -41,22 +41,23 @@ class RunFilter:
     subscription: str | None = None
 
 
+def _matching(*filters: tuple[str, str | None]) -> tuple[str, list[Any]]:
+    """A WHERE clause (or "") requiring each (column, value) whose value is given, and its arguments."""
+    given = [(column, value) for column, value in filters if value is not None]
+    clause = " AND ".join(f"{column} = %s" for column, _ in given)
+    return (f" WHERE {clause}" if given else ""), [value for _, value in given]
+
+
 def event_page(
     filters: EventFilter, offset: int, limit: int, *, rule_sql: str
 ) -> Generator[Query, Rows, tuple[list[dict[str, Any]], int]]:
     """One page of events matching ``filters``, newest first, and how many match in all."""
-    where: list[str] = []
-    args: list[Any] = []
-    for column, value in (
+    clause, args = _matching(
         ("state", filters.state),
         ("server", filters.server),
         ("subscription", filters.subscription),
         (rule_sql, filters.rule),
-    ):
-        if value is not None:
-            where.append(f"{column} = %s")
-            args.append(value)
-    clause = f" WHERE {' AND '.join(where)}" if where else ""
+    )
     [(total,)] = yield (f"SELECT count(*) FROM events{clause}", args)
     rows = yield (
         "SELECT id, server, subscription, name, event_id, timestamp, received_at, state, attempts, data,"
@@ -70,17 +71,9 @@ def run_page(
     filters: RunFilter, offset: int, limit: int
 ) -> Generator[Query, Rows, tuple[list[dict[str, Any]], int]]:
     """One page of runs matching ``filters``, newest first, and how many match in all."""
-    where: list[str] = []
-    args: list[Any] = []
-    for column, value in (
-        ("r.status", filters.status),
-        ("e.server", filters.server),
-        ("e.subscription", filters.subscription),
-    ):
-        if value is not None:
-            where.append(f"{column} = %s")
-            args.append(value)
-    clause = f" WHERE {' AND '.join(where)}" if where else ""
+    clause, args = _matching(
+        ("r.status", filters.status), ("e.server", filters.server), ("e.subscription", filters.subscription)
+    )
     joined = " FROM runs r JOIN events e ON e.id = r.event_row"
     [(total,)] = yield (f"SELECT count(*){joined}{clause}", args)
     rows = yield (

@@ -8,12 +8,14 @@ so the SQLite and PostgreSQL stores store the same values and hand back the same
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from agentwake.errors import StoreError
 from agentwake.jsontext import encode_json
+from agentwake.logs import event_fields
 from agentwake.store.records import (
     DUPLICATE,
     INSERTED,
@@ -51,6 +53,16 @@ def with_recent_error(stored: str | None, error: str, at: str) -> str:
     else:
         recent.append({"at": at, "error": error})
     return json.dumps(recent[-RECENT_ERRORS:])
+
+
+def warn_cursor_dropped(logger: logging.Logger, key: SubscriptionKey) -> None:
+    """Say (on the backend's logger) that a subscription's stored cursor goes: its key changed."""
+    logger.warning(
+        "subscription %s changed (server, event or arguments): its stored cursor is dropped",
+        key.name,
+        extra=event_fields(subscription=key.name, server=key.server),
+        stacklevel=2,  # the record names the backend's line, as when each logged it itself
+    )
 
 
 # ---- the inbox -------------------------------------------------------------------------------------

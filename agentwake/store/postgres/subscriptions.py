@@ -8,11 +8,10 @@ from typing import Any
 import psycopg
 
 from agentwake.clock import now_iso
-from agentwake.logs import event_fields
 from agentwake.store.postgres.base import PostgresBase
 from agentwake.store.postgres.owners import check_fence
 from agentwake.store.records import SubscriptionKey
-from agentwake.store.rows import with_recent_error
+from agentwake.store.rows import warn_cursor_dropped, with_recent_error
 from agentwake.store.sqlite.base import redacted
 
 logger = logging.getLogger(__name__)
@@ -44,11 +43,7 @@ class Subscriptions(PostgresBase):
             row = await cur.fetchone()
             assert row is not None
             if (row[0], row[1], row[2]) != (key.server, key.event, key.arguments_json):
-                logger.warning(
-                    "subscription %s changed (server, event or arguments): its stored cursor is dropped",
-                    key.name,
-                    extra=event_fields(subscription=key.name, server=key.server),
-                )
+                warn_cursor_dropped(logger, key)
                 await conn.execute(
                     "UPDATE subscriptions SET server = %s, event = %s, arguments = %s, cursor = NULL,"
                     " cursor_updated_at = NULL, updated_at = %s WHERE name = %s",

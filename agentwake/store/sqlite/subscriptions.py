@@ -5,9 +5,8 @@ from __future__ import annotations
 import logging
 
 from agentwake.clock import now_iso
-from agentwake.logs import event_fields
 from agentwake.store.records import SubscriptionKey
-from agentwake.store.rows import with_recent_error
+from agentwake.store.rows import warn_cursor_dropped, with_recent_error
 from agentwake.store.sqlite.base import SqliteBase, redacted
 from agentwake.store.sqlite.owners import check_fence
 
@@ -36,11 +35,7 @@ class Subscriptions(SqliteBase):
                 )
                 return None
             if (row[0], row[1], row[2]) != (key.server, key.event, key.arguments_json):
-                logger.warning(
-                    "subscription %s changed (server, event or arguments): its stored cursor is dropped",
-                    key.name,
-                    extra=event_fields(subscription=key.name, server=key.server),
-                )
+                warn_cursor_dropped(logger, key)
                 self.conn.execute(
                     "UPDATE subscriptions SET server = ?, event = ?, arguments = ?, cursor = NULL,"
                     " cursor_updated_at = NULL, updated_at = ? WHERE name = ?",
