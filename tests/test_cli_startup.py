@@ -19,7 +19,7 @@ import typer
 from typer.testing import CliRunner
 
 import agentwake.cli
-from agentwake.cli import COMMANDS, QUICK, app, command_name, only
+from agentwake.cli import COMMANDS, QUICK, app, command_name, listing, only
 from agentwake.cli.views import watch_status
 from agentwake.config import load_config
 from agentwake.store import IncomingEvent, SubscriptionKey, open_store
@@ -71,10 +71,43 @@ def test_a_command_built_alone_refuses_what_the_whole_app_refuses() -> None:
     assert alone.output == whole.output
 
 
+@pytest.mark.parametrize(
+    "argv", [["--help"], [], ["--version"]], ids=lambda argv: " ".join(argv) or "no args"
+)
+@pytest.mark.parametrize("width", [60, 200])
+def test_the_listing_answers_as_the_whole_app_does(argv: list[str], width: int) -> None:
+    """`agentwake --help` (and no command at all, and --version) built without any command's parameters."""
+    whole = runner.invoke(app, argv, prog_name="agentwake", terminal_width=width)
+    listed = runner.invoke(listing(), argv, prog_name="agentwake", terminal_width=width)
+    assert listed.exit_code == whole.exit_code
+    assert listed.output == whole.output
+    assert "status" in listed.output or argv == ["--version"]
+
+
+def test_the_listing_builds_no_parameter_and_runs_no_command() -> None:
+    shown = listing()
+    assert all(
+        c.callback is not None and c.callback.__name__ == "_listed_only" for c in shown.registered_commands
+    )
+    assert all(g.typer_instance and not g.typer_instance.registered_commands for g in shown.registered_groups)
+    assert [command_name(c) for c in shown.registered_commands] == [
+        command_name(c) for c in app.registered_commands
+    ]
+    assert runner.invoke(shown, ["status"]).exit_code != 0  # listed, never run
+
+
 def test_only_leaves_the_whole_app_whole() -> None:
     before = [command_name(c) for c in app.registered_commands]
+    groups = [len(g.typer_instance.registered_commands) for g in app.registered_groups if g.typer_instance]
     only("inbox")
+    listing()
     assert [command_name(c) for c in app.registered_commands] == before
+    assert [c.callback.__name__ for c in app.registered_commands if c.callback] == [
+        name.replace("-", "_") for name in before
+    ]
+    assert [
+        len(g.typer_instance.registered_commands) for g in app.registered_groups if g.typer_instance
+    ] == groups
 
 
 # ---- end to end, through main() in a fresh interpreter -------------------------------------------

@@ -18,8 +18,9 @@
 Starting fast matters (``agentwake status`` is typed by hand): importing this package loads
 typer, agentwake.cli.common and agentwake.errors only. ``main()`` imports the module of the one
 command it runs (COMMANDS) and builds that command alone, so ``agentwake status`` neither
-imports nor builds the others; ``--help`` (and anything else) loads them all. ``app``, the
-whole app, is loaded on first use. Every command imports what it needs when it runs, and
+imports nor builds the others; ``agentwake --help`` imports them all but builds none (it shows
+their names and help only), and anything else gets the whole app. ``app``, the whole app, is
+loaded on first use. Every command imports what it needs when it runs, and
 pydantic, the store backend, rich, the MCP SDK, aiohttp and litellm only when it does.
 """
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 import copy
 import gc
 import importlib
+import inspect
 import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Annotated, Any, Final
@@ -149,6 +151,40 @@ def _options(
     pass
 
 
+def listing() -> typer.Typer:
+    """The app as ``agentwake --help`` shows it: every command and group by its name and help, built
+    without its parameters (building them all costs more than the rest of ``--help``)."""
+    load_commands()
+    shown = copy.copy(_app)
+    shown.registered_commands = [_listed(info) for info in _app.registered_commands]
+    shown.registered_groups = []
+    for group in _app.registered_groups:
+        assert group.typer_instance is not None
+        bare = copy.copy(group.typer_instance)
+        bare.registered_commands, bare.registered_groups = [], []
+        listed = copy.copy(group)
+        listed.typer_instance = bare
+        shown.registered_groups.append(listed)
+    return shown
+
+
+def _listed(info: Any) -> Any:
+    """A registered command as --help lists it: its name and help, and a callback with no parameter."""
+    listed = copy.copy(info)
+    listed.name = command_name(info)
+    listed.help = inspect.getdoc(info.callback) if info.help is None else info.help
+    listed.callback = _listed_only
+    return listed
+
+
+def _listed_only() -> None:
+    raise AssertionError("a command of agentwake.cli.listing() is listed, never run")
+
+
+# What main() answers with listing(): the app's own help (asked for, or for want of a command), its version.
+_LISTING_ARGV: Final[tuple[list[str], ...]] = ([], ["--help"], ["--version"])
+
+
 def main() -> None:
     """The ``agentwake`` program: the command named first on the command line alone, if it is one
     of COMMANDS (anything else, an option such as --help included, goes to the whole app)."""
@@ -159,6 +195,8 @@ def main() -> None:
     try:
         if first in COMMANDS:
             only(first)()
+        elif sys.argv[1:] in _LISTING_ARGV:
+            listing()()
         else:
             load_commands()()
     finally:
@@ -175,6 +213,7 @@ __all__ = [
     "app",
     "command_name",
     "err",
+    "listing",
     "load_commands",
     "main",
     "only",
