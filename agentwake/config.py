@@ -332,6 +332,11 @@ class ServerConfig(_Model):
     max_concurrent_runs: int | None = Field(
         default=None, ge=1, description="agent runs on this server's events at the same time, at most"
     )
+    webhook_identity: Literal["off", "verify", "require"] = Field(
+        default="off",
+        description="check the v1a (ed25519) signature of its webhook deliveries against the keys its own"
+        " origin publishes: 'verify' refuses a bad one, 'require' also a delivery without one",
+    )
 
     @model_validator(mode="after")
     def _one_transport(self, info: ValidationInfo) -> ServerConfig:
@@ -346,6 +351,11 @@ class ServerConfig(_Model):
                 raise ValueError("'args', 'env' and 'cwd' only apply to a stdio server ('command')")
         elif self.headers:
             raise ValueError("'headers' only apply to a Streamable HTTP server ('url')")
+        if self.webhook_identity != "off" and self.url is None:
+            raise ValueError(
+                "webhook_identity needs a Streamable HTTP server ('url'): its keys are published on the"
+                " server's own origin, and a stdio server has none"
+            )
         return self
 
     @property

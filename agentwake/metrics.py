@@ -99,6 +99,25 @@ WEBHOOK_DELIVERIES: Final = Counter(
     ["status"],
     registry=REGISTRY,
 )
+WEBHOOK_IDENTITY_KEYS: Final = Gauge(
+    "agentwake_webhook_identity_keys",
+    "Identity keys (ed25519) known for a server whose deliveries are checked for v1a; 0 until fetched",
+    ["server", "mode"],
+    registry=REGISTRY,
+)
+WEBHOOK_IDENTITY_VERIFIED: Final = Counter(
+    "agentwake_webhook_identity_verified",
+    "Webhook requests whose v1a signature verified under the server's published key",
+    ["server"],
+    registry=REGISTRY,
+)
+WEBHOOK_IDENTITY_REFUSED: Final = Counter(
+    "agentwake_webhook_identity_refused",
+    "Webhook requests refused (401) for their server identity: invalid (a v1a that does not verify),"
+    " missing (no v1a, under require), no_keys (the server's JWKS could not be had)",
+    ["server", "reason"],
+    registry=REGISTRY,
+)
 WEBHOOK_DELIVERY_ACTIVE: Final = Gauge(
     "agentwake_webhook_delivery_active",
     "1 while the server's last deliveryStatus said it delivers, 0 when suspended",
@@ -220,6 +239,18 @@ def observe_webhook_delivery(status: int) -> None:
     if child is None:
         child = _webhook_children[status] = WEBHOOK_DELIVERIES.labels(str(status))
     child.inc()
+
+
+def observe_identity_keys(server: str, mode: str, count: int) -> None:
+    WEBHOOK_IDENTITY_KEYS.labels(server, mode).set(count)
+
+
+def observe_identity(server: str, refused: str | None) -> None:
+    """A webhook request's identity check: verified (``refused`` None), or refused for that reason."""
+    if refused is None:
+        WEBHOOK_IDENTITY_VERIFIED.labels(server).inc()
+    else:
+        WEBHOOK_IDENTITY_REFUSED.labels(server, refused).inc()
 
 
 def observe_delivery_status(subscription: str, status: dict[str, Any] | None) -> None:

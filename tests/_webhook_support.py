@@ -26,6 +26,7 @@ from standardwebhooks import Webhook
 
 from agentwake import signing
 from agentwake.config import WebhookConfig
+from agentwake.delivery.identity import IdentityChecks
 from agentwake.delivery.receiver import OnTerminated, Receiver, WebhookRoutes
 from agentwake.errors import StoreError
 from agentwake.store import Store, SubscriptionKey, WebhookDelivery
@@ -249,6 +250,7 @@ async def running_hook(
     receiver_class: type[MeteredReceiver] = MeteredReceiver,
     on_terminated: OnTerminated | None = None,
     connections: int = 100,
+    identities: IdentityChecks | None = None,
     **config: Any,
 ) -> AsyncIterator[Hook]:
     """Start a Receiver on a free loopback port with real TLS, route SUB_ID to KEY, and yield a Hook."""
@@ -262,7 +264,11 @@ async def running_hook(
         terminated.append((name, error))
 
     receiver = receiver_class(
-        webhook_config(tls, **config), store, routes, on_terminated=on_terminated or record_termination
+        webhook_config(tls, **config),
+        store,
+        routes,
+        on_terminated=on_terminated or record_termination,
+        identities=identities,
     )
     async with anyio.create_task_group() as tg:
         await tg.start(receiver.serve)

@@ -42,6 +42,7 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
             "agentwake.configfile",
             "agentwake.errors",
             "agentwake.faults",
+            "agentwake.identity",
             "agentwake.jsontext",
             "agentwake.logs",
             "agentwake.metrics",

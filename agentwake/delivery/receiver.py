@@ -11,6 +11,8 @@ Order of checks for each request, cheapest first, so a flood costs little:
     -> body read up to the limit (413), within 10 s of the headers (408); a connection that
        completes no request for 15 s is closed
     -> Standard Webhooks signature over the raw bytes, under any secret of that subscription (401)
+    -> for a server with webhook_identity, its v1a under a key its origin publishes (401;
+       agentwake.delivery.identity)
     -> JSON parse and shape (400)
     -> the subscription under [limits] max_undecided_events (else 503 with Retry-After: the
        server keeps the event and sends it again) -> durable accept
@@ -78,11 +80,13 @@ from agentwake.delivery.connections import (
     raise_open_files_limit,
     trusted_networks,
 )
+from agentwake.delivery.group_commit import GroupCommit
+from agentwake.delivery.identity import IdentityChecks
 from agentwake.delivery.routes import Route, WebhookRoutes
 from agentwake.errors import ConfigError, StoreError
 from agentwake.faults import crash_point
 from agentwake.logs import event_fields
-from agentwake.store import IncomingEvent, IngestResult, Store, WebhookDelivery
+from agentwake.store import IncomingEvent, IngestResult, Store, SubscriptionKey, WebhookDelivery
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +101,11 @@ BODY_TIMEOUT_S: Final = 10.0
 
 # Terminated envelopes handled, remembered per process: a retry racing its id's retirement ends nothing twice.
 SEEN_CONTROL_IDS: Final = 4096
+IDENTITY_REFUSALS: Final = {
+    "invalid": "a v1a signature that verifies under none of the keys the server publishes",
+    "missing": "no v1a signature, and the server's webhook_identity is require",
+    "no_keys": "a v1a signature, but the server's identity keys could not be fetched",
+}
 
 # pydantic-core's validator itself, without the adapter's Python wrapper around each call.
 _EVENT_VALIDATOR: Final = TypeAdapter(protocol.PollEvent).validator
@@ -133,103 +142,6 @@ def parse_body(body: bytes) -> dict[str, Any]:
 
 
 OnTerminated = Callable[[str, dict[str, Any]], Awaitable[None]]
-
-
-class _GroupCommit:
-    """Deliveries that arrive together are committed together: one transaction, one thread hop.
-
-    Each waiting request holds an asyncio future (aiohttp runs on asyncio only); the
-    committer resolves it with the delivery's result, or None when it was not stored.
-    A shared future per batch would be cheaper, but cancelling one waiter would cancel it for all.
-    """
-
-    def __init__(self, store: Store, on_committed: Callable[[list[IngestResult]], None]) -> None:
-        self._store = store
-        self._on_committed = on_committed
-        self._deliveries: list[WebhookDelivery] = []
-        self._futures: list[asyncio.Future[IngestResult | None]] = []
-        self._ready = anyio.Event()
-        self._open = False
-
-    @property
-    def backlog(self) -> int:
-        return len(self._deliveries)
-
-    def submit(self, delivery: WebhookDelivery) -> Awaitable[IngestResult | None]:
-        """Queue one delivery for the next commit; awaiting gives None if it was not stored (503)."""
-        future: asyncio.Future[IngestResult | None] = asyncio.get_running_loop().create_future()
-        if not self._open:
-            future.set_result(None)
-            return future
-        if not self._deliveries:
-            self._ready.set()
-        self._deliveries.append(delivery)
-        self._futures.append(future)
-        return future
-
-    @staticmethod
-    def _answer(
-        futures: list[asyncio.Future[IngestResult | None]], results: list[IngestResult] | None
-    ) -> None:
-        if results is None:
-            for future in futures:
-                if not future.done():
-                    future.set_result(None)
-            return
-        for future, result in zip(futures, results, strict=True):
-            if not future.done():  # its request was cancelled; the event is stored all the same
-                future.set_result(result)
-
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        self._open = True
-        task_status.started()
-        futures: list[asyncio.Future[IngestResult | None]] = []
-        try:
-            while True:
-                await self._ready.wait()
-                self._ready = anyio.Event()
-                deliveries, futures = self._deliveries, self._futures
-                self._deliveries, self._futures = [], []
-                if not deliveries:
-                    continue
-                results: list[IngestResult] | None
-                try:
-                    results = await self._store.ingest_deliveries(deliveries)
-                except (
-                    Exception
-                ) as exc:  # a failed write costs its batch a 503 (senders retry), not the receiver
-                    if isinstance(exc, StoreError):
-                        logger.error(
-                            "webhook receiver: %d delivery(ies) not stored: %s", len(deliveries), exc
-                        )
-                    else:
-                        logger.exception("webhook receiver: %d delivery(ies) not stored", len(deliveries))
-                    results = None
-                self._answer(futures, results)
-                futures = []
-                if results is not None:
-                    _observe_committed(deliveries, results)
-                    self._on_committed(results)
-        finally:
-            # Whatever was not committed is answered 503 and retried by the sender.
-            self._open = False
-            self._answer(futures, None)
-            self._answer(self._futures, None)
-            self._deliveries, self._futures = [], []
-
-
-def _observe_committed(deliveries: list[WebhookDelivery], results: list[IngestResult]) -> None:
-    """A committed batch in the metrics: events and duplicates per subscription, and its new gaps."""
-    tallies: dict[str, list[int]] = {}
-    for delivery, result in zip(deliveries, results, strict=True):
-        tally = tallies.setdefault(delivery.key.name, [0, 0])
-        tally[0] += result.inserted
-        tally[1] += result.duplicates
-        # A gap envelope answered as a duplicate was recorded before; a refused event always makes one.
-        if (delivery.truncated and not result.duplicates) or delivery.rejected is not None:
-            metrics.observe_gap(delivery.key.name)
-    for name, (inserted, duplicates) in tallies.items():
-        metrics.observe_ingest(name, "webhook", inserted, duplicates)
 
 
 def _no_content() -> web.StreamResponse:
@@ -280,8 +192,11 @@ class Receiver:
         clock: Callable[[], float] = time.time,
         limits: LimitsConfig | None = None,
         backlog: Backlog | None = None,
+        identities: IdentityChecks | None = None,
     ) -> None:
         self.config = config
+        self.identities = identities or IdentityChecks()
+        self._identity_noted_at: dict[tuple[str, str], float] = {}
         self.backlog = backlog
         self.limits = limits or LimitsConfig()
         self.store = store
@@ -291,7 +206,7 @@ class Receiver:
         self.clock = clock
         self.port: int | None = None
         self.counts: Counter[str] = Counter()
-        self._commit = _GroupCommit(store, self._committed)
+        self._commit = GroupCommit(store, self._committed)
         self._rejected: Counter[str] = Counter()
         self._rejects_logged_at = 0.0
         self._control_ids: OrderedDict[tuple[str, str], None] = OrderedDict()
@@ -529,6 +444,10 @@ class Receiver:
             return await self._unrouted(webhook_id, msg_id, stamp, header, body)
         if signing.verify(route.keys(now), msg_id, stamp, header, body) is None:
             return self._reject(401, "bad signature")
+        if route.key.server in self.identities.servers:
+            refused = await self._identity_refused(route.key, msg_id, stamp, header, body)
+            if refused is not None:
+                return refused
         try:
             # One pass over the bytes: strict UTF-8 JSON (no lone surrogates, bounded depth) and the shape.
             event = _EVENT_VALIDATOR.validate_json(body)
@@ -556,11 +475,41 @@ class Receiver:
                 document = None
             if document is not None and document.get("type") == "verification":
                 key, _secret = matched
+                if key.server in self.identities.servers:
+                    refused = await self._identity_refused(key, msg_id, stamp, header, body)
+                    if refused is not None:
+                        return refused
                 return self._verification(key.name, webhook_id, document)
         if matched is None and self.routes.is_retired(webhook_id):
             return self._reject(410, "unsubscribed subscription id")
         # The subscribe response has not reached us yet: the sender retries after its backoff.
         return self._reject(503, "subscription id not known yet (subscribe in flight)")
+
+    async def _identity_refused(
+        self, key: SubscriptionKey, msg_id: str, stamp: str, header: str, body: bytes
+    ) -> web.Response | None:
+        """None if the request's server identity (v1a) is as its server's webhook_identity wants, else
+        the 401; the subscription's recent errors note each reason, at most once a minute."""
+        checked = await self.identities.check(key.server, msg_id, stamp, header, body)
+        if checked.refused is None:
+            return None
+        self.counts[f"identity_{checked.refused}"] += 1
+        why = IDENTITY_REFUSALS[checked.refused]
+        now = self.clock()
+        noted = (key.name, checked.refused)
+        if now - self._identity_noted_at.get(noted, -REJECT_LOG_INTERVAL_S) >= REJECT_LOG_INTERVAL_S:
+            self._identity_noted_at[noted] = now
+            logger.warning(
+                "subscription %s: webhook request refused: %s",
+                key.name,
+                why,
+                extra=event_fields(subscription=key.name),
+            )
+            try:
+                await self.store.record_error(key.name, f"webhook identity: {why}")
+            except StoreError as exc:
+                logger.warning("subscription %s: refusal not recorded: %s", key.name, exc)
+        return self._reject(401, f"server identity: {why}")
 
     def _verification(self, name: str, webhook_id: str, document: dict[str, Any]) -> web.StreamResponse:
         challenge = document.get("challenge")
