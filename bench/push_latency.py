@@ -13,6 +13,10 @@ reported too (``server_events_per_s``).
   stored; push and poll (the baseline, ``max_events`` 1000 as bench/poll_drain.py) alternate
   for ``--repeat`` rounds and the medians are reported. Each drain is checked exactly-once:
   every id stored once, none missing, the stored cursor the last item's.
+* against SQLite alone: after each round's drains, the very rows the push drain stored are
+  inserted with plain ``sqlite3`` ``executemany`` into an identical ``events`` table, in batches
+  of 1000 (bench/poll_drain.py's baseline); push's and poll's rates over that one's are the
+  ratios the target (TARGET_SQLITE_RATIO) is about, all three measured in the same round.
 * latency: the server emits ``--rate`` items a second for ``--seconds``, each stamped with
   ``time.time()`` as it is written (push) or becomes available (poll); an item is committed
   when the ``Store.ingest`` that holds it returns. Poll's figure is dominated by its poll
@@ -37,6 +41,7 @@ from typing import Final
 
 import anyio
 from _harness import BenchFailure, finish
+from poll_drain import baseline_sqlite
 
 from agentwake.config import ServerConfig, SubscriptionConfig
 from agentwake.delivery.common import subscription_key
@@ -57,6 +62,7 @@ DRAIN_TIMEOUT_S: Final = 600.0
 TARGET_EVENTS_PER_S: Final = 10_000.0
 TARGET_P50_MS: Final = 5.0
 TARGET_P99_MS: Final = 25.0
+TARGET_SQLITE_RATIO: Final = 0.6  # each drain's rate over a plain sqlite3 insert of the same rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +76,9 @@ class Figures:
     poll_cpu_us_per_event: float
     ratio: float
     ratios: list[float]
+    sqlite_events_per_s: float
+    push_vs_sqlite: float
+    poll_vs_sqlite: float
     server_events_per_s: float
     rate: float
     seconds: float
@@ -86,6 +95,9 @@ class Figures:
     target_p99_ms: float
     pass_events_per_s: bool
     pass_latency: bool
+    target_sqlite_ratio: float
+    pass_push_vs_sqlite: bool
+    pass_poll_vs_sqlite: bool
 
 
 class TimedStore(SqliteStore):
@@ -179,8 +191,8 @@ class Reached:
             self.event.set()
 
 
-async def drain_push(tmp: Path, count: int) -> tuple[float, float]:
-    """(seconds, CPU seconds of this process) to drain ``count`` items by push."""
+async def drain_push(tmp: Path, count: int) -> tuple[float, float, list[IncomingEvent]]:
+    """(seconds, CPU seconds of this process, the events stored) to drain ``count`` items by push."""
     sub = subscription("push")
     async with ServerConnection("bench", server_config(tmp, backlog=count)) as conn:
         store = await open_store(tmp / "push.db", sub)
@@ -198,9 +210,11 @@ async def drain_push(tmp: Path, count: int) -> tuple[float, float]:
                     tg.cancel_scope.cancel()
             gc.unfreeze()
             await check_exactly_once(store, 1, count)
+            rows = (await store.inbox(count))[::-1]
         finally:
             await store.close()
-    return seconds, cpu
+    events = [IncomingEvent(r["event_id"], r["event"], r["timestamp"], r["data"]) for r in rows]
+    return seconds, cpu, events
 
 
 async def drain_poll(tmp: Path, count: int) -> tuple[float, float]:
@@ -317,14 +331,16 @@ async def run(count: int, rate: float, seconds: float, repeat: int, poll_latency
     push_cpus: list[float] = []
     poll_cpus: list[float] = []
     ratios: list[float] = []
+    sqlites: list[float] = []
     with tempfile.TemporaryDirectory(prefix="agentwake-bench-push-") as tmpdir:
         tmp = Path(tmpdir)
         server_rate = server_alone(tmp, count)
         for round_ in range(repeat):
             here = tmp / f"round-{round_}"
             here.mkdir()
-            push_s, push_cpu = await drain_push(here, count)
+            push_s, push_cpu, events = await drain_push(here, count)
             poll_s, poll_cpu = await drain_poll(here, count)
+            sqlites.append(baseline_sqlite(here / "baseline-sqlite.db", events))
             pushes.append(push_s)
             polls.append(poll_s)
             push_cpus.append(push_cpu)
@@ -337,6 +353,9 @@ async def run(count: int, rate: float, seconds: float, repeat: int, poll_latency
     p50 = percentile(push_lat, 50)
     p99 = percentile(push_lat, 99)
     push_rate = count / push_s
+    sqlite_s = statistics.median(sqlites)
+    push_vs_sqlite = statistics.median(sq / pu for sq, pu in zip(sqlites, pushes, strict=True))
+    poll_vs_sqlite = statistics.median(sq / po for sq, po in zip(sqlites, polls, strict=True))
     return Figures(
         events=count,
         push_events_per_s=round(push_rate, 1),
@@ -347,6 +366,9 @@ async def run(count: int, rate: float, seconds: float, repeat: int, poll_latency
         poll_cpu_us_per_event=round(statistics.median(poll_cpus) / count * 1e6, 2),
         ratio=round(statistics.median(ratios), 4),
         ratios=[round(r, 4) for r in ratios],
+        sqlite_events_per_s=round(count / sqlite_s, 1),
+        push_vs_sqlite=round(push_vs_sqlite, 4),
+        poll_vs_sqlite=round(poll_vs_sqlite, 4),
         server_events_per_s=round(server_rate, 1),
         rate=rate,
         seconds=seconds,
@@ -363,6 +385,9 @@ async def run(count: int, rate: float, seconds: float, repeat: int, poll_latency
         target_p99_ms=TARGET_P99_MS,
         pass_events_per_s=push_rate >= TARGET_EVENTS_PER_S,
         pass_latency=p50 <= TARGET_P50_MS and p99 <= TARGET_P99_MS,
+        target_sqlite_ratio=TARGET_SQLITE_RATIO,
+        pass_push_vs_sqlite=push_vs_sqlite >= TARGET_SQLITE_RATIO,
+        pass_poll_vs_sqlite=poll_vs_sqlite >= TARGET_SQLITE_RATIO,
     )
 
 
@@ -381,6 +406,11 @@ def report(f: Figures) -> None:
         f"client CPU per event:           push {f.push_cpu_us_per_event:.1f} us,"
         f" poll {f.poll_cpu_us_per_event:.1f} us (both threads)"
     )
+    print(f"plain sqlite3, same rows:       {f.sqlite_events_per_s:,.0f} events/s (batches of 1000)")
+    print(
+        f"drain / plain sqlite3:          push {f.push_vs_sqlite:.3f}, poll {f.poll_vs_sqlite:.3f}"
+        " (medians of the rounds' ratios)"
+    )
     print(
         f"ratio push / poll:              {f.ratio:.3f} (median of {', '.join(f'{r:.3f}' for r in f.ratios)})"
     )
@@ -394,6 +424,10 @@ def report(f: Figures) -> None:
         )
     print(f"target push >= {f.target_events_per_s:,.0f}/s:        {verdict(f.pass_events_per_s)}")
     print(f"target p50 <= {f.target_p50_ms:g} ms, p99 <= {f.target_p99_ms:g} ms: {verdict(f.pass_latency)}")
+    print(
+        f"target drains >= {f.target_sqlite_ratio:g}x plain sqlite3: push {verdict(f.pass_push_vs_sqlite)},"
+        f" poll {verdict(f.pass_poll_vs_sqlite)}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
