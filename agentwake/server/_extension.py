@@ -48,6 +48,7 @@ from agentwake.server._errors import (
     resource_exhausted,
     unsupported_mode,
 )
+from agentwake.server._jwks import jwks_route
 from agentwake.server._leases import DEFAULT_POLL_LEASE_TTL, Lease, LeaseTable
 from agentwake.server._params import (
     ListParams,
@@ -209,15 +210,19 @@ class EventsExtension(Extension):
         clients whose models keep only ``experimental``).
 
         Call it before ``server.streamable_http_app()``: the apps that builds drop the SDK's
-        SSE comment pings from events/stream responses (``WithoutPushStreamPings``).
+        SSE comment pings from events/stream responses (``WithoutPushStreamPings``) and, with
+        a webhook server identity, serve its JWKS (``_jwks``; outside the MCP endpoint's auth).
         """
         server.middleware.append(self._advertise_capability)
         build_app = getattr(server, "streamable_http_app", None)
+        identity = self._webhooks.settings.identity if self._webhooks is not None else None
         if callable(build_app):
 
             def streamable_http_app(*args: Any, **kwargs: Any) -> Any:
                 app = build_app(*args, **kwargs)
                 app.add_middleware(WithoutPushStreamPings)
+                if identity is not None:
+                    app.router.routes.append(jwks_route(identity, self._now))
                 return app
 
             server.streamable_http_app = streamable_http_app

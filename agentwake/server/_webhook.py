@@ -171,7 +171,15 @@ class Webhooks:
             ssl_context=self.settings.ssl_context,
             timeout_s=self.settings.attempt_timeout.total_seconds(),
             clock=lambda: self.extension.now().timestamp(),
+            identity=self.settings.identity,
         )
+        if self.settings.identity is not None:
+            for kid in self.settings.identity.retired(self.extension.now()):
+                logger.warning(
+                    "identity key %r is past its overlap: it no longer signs and is no longer published;"
+                    " remove it from the configuration",
+                    kid,
+                )
         async with sender:
             self._sender = sender
             try:

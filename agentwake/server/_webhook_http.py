@@ -24,6 +24,7 @@ import aiohttp
 from yarl import URL
 
 from agentwake import signing
+from agentwake.identity import ServerIdentity
 from agentwake.server._ssrf import AddressPolicy, GuardedResolver, Resolve
 
 logger = logging.getLogger(__name__)
@@ -91,8 +92,10 @@ class WebhookSender:
         ssl_context: ssl.SSLContext | None,
         timeout_s: float,
         clock: Callable[[], float] = time.time,
+        identity: ServerIdentity | None = None,
     ) -> None:
         self._policy = policy
+        self._identity = identity
         self._resolve = resolve
         self._ssl: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -126,7 +129,8 @@ class WebhookSender:
         *,
         read_limit: int = 0,
     ) -> Outcome:
-        """POST ``body`` signed with every key; a fresh timestamp and signature each call.
+        """POST ``body`` signed with every key; a fresh timestamp and signature each call. With a
+        server identity its newest key signs the same content too: a ``v1a,`` entry after the ``v1,`` ones.
 
         With ``read_limit`` the first bytes of a 2xx response body come back (the
         verification handshake reads the echoed challenge); otherwise none are read.
@@ -140,11 +144,14 @@ class WebhookSender:
             )
             return Outcome(None, CONNECTION_REFUSED)
         stamp = int(self._clock())
+        signature = signing.sign(keys, msg_id, stamp, body)
+        if self._identity is not None:
+            signature += " " + self._identity.signer.sign(msg_id, stamp, body)
         headers = {
             "Content-Type": CONTENT_TYPE,
             signing.HEADER_ID: msg_id,
             signing.HEADER_TIMESTAMP: str(stamp),
-            signing.HEADER_SIGNATURE: signing.sign(keys, msg_id, stamp, body),
+            signing.HEADER_SIGNATURE: signature,
             signing.HEADER_SUBSCRIPTION: subscription_id,
         }
         try:

@@ -23,6 +23,7 @@ from yarl import URL
 
 from agentwake import signing
 from agentwake.backoff import backoff_s
+from agentwake.identity import ServerIdentity
 from agentwake.server._errors import invalid_params, unsupported_mode
 from agentwake.server._ssrf import IPNetwork, Resolve, parse_networks
 from agentwake.server._types import canonical_json
@@ -66,6 +67,10 @@ class WebhookSettings:
     ``allow_networks`` exempts CIDR blocks from the SSRF guard (say ``127.0.0.0/8``
     for development); ``resolve`` replaces DNS (tests); ``ssl_context`` is the
     trust for callback TLS (default: the system store).
+
+    ``identity`` (agentwake.identity) signs every delivery and verification POST with
+    the newest ed25519 key as well (a ``v1a,`` entry after the HMAC ``v1,`` ones), and
+    ``EventsExtension.install`` serves its JWKS at ``/.well-known/mcp-webhook-jwks.json``.
     """
 
     max_ttl: timedelta
@@ -91,6 +96,7 @@ class WebhookSettings:
     suspend_min_attempts: int = DEFAULT_SUSPEND_MIN_ATTEMPTS
     drop_after: timedelta = DEFAULT_DROP_AFTER
     sweep_interval: timedelta = DEFAULT_SWEEP_INTERVAL
+    identity: ServerIdentity | None = None
 
     def __post_init__(self) -> None:
         positive = {
