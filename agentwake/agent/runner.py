@@ -5,8 +5,9 @@ event done, so a crash before that leaves the event 'processing' (and the run
 'running'); on restart the run is marked interrupted and the event runs again.
 An event marked done is never run again by the service.
 
-Its 800-odd lines are one run, kept in one place so that what happens before a tool call is sent
-(the name check, the rule's argument constraints, the journal) reads top to bottom.
+Its 700-odd lines are one run, kept in one place so that what happens before a tool call is sent
+(the name check, the rule's argument constraints, the journal) reads top to bottom; what the run
+starts from (model, tools, prompts) is planned in agentwake.agent.plan.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import logging
 import time
 from collections.abc import Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Final
 
@@ -35,17 +36,17 @@ from agentwake.agent.journal import (
     unknown_reason,
 )
 from agentwake.agent.llm import LLMError, LLMSettings, complete, load_litellm_async, settings_for
-from agentwake.agent.prompts import PromptError, PromptRenderer, RenderedPrompt
+from agentwake.agent.plan import RunPlan, plan_run
+from agentwake.agent.prompts import PromptRenderer
 from agentwake.agent.stopping import stop_reason
-from agentwake.agent.tools import Allowlist, ToolHost, ToolSpec, elapsed_ms
-from agentwake.authority import Authority, BoundConstraint
+from agentwake.agent.tools import ToolHost, ToolSpec, elapsed_ms
+from agentwake.authority import Authority
 from agentwake.backoff import backoff_s
 from agentwake.clock import iso, utc_now
-from agentwake.config import OFFLINE_MODEL, AgentConfig, AgentwakeConfig, SubscriptionConfig
-from agentwake.decide import Outcome, authority_for, policy_view
+from agentwake.config import OFFLINE_MODEL, AgentConfig, AgentwakeConfig
+from agentwake.decide import Outcome
 from agentwake.errors import LeaseLost
 from agentwake.logs import event_fields
-from agentwake.sanitize import Sanitized
 from agentwake.store import (
     EventVerdict,
     InboxEvent,
@@ -92,86 +93,6 @@ class RunResult:
     tool_calls: list[ToolCallRecord]
     messages: list[dict[str, Any]]
     final_text: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class RunPlan:
-    model: str
-    allowlist: Allowlist
-    allowed: list[ToolSpec]
-    catalog: list[ToolSpec]
-    fence: Fence
-    cleaned: Sanitized
-    decision: dict[str, Any]
-    prompt: RenderedPrompt | None
-    prompt_error: str | None
-    authority: Authority
-
-    def offered(self) -> list[ToolSpec]:
-        """The allowed tools as the model is shown them: schemas narrowed by the rule's ``args``.
-
-        Only by what is the same for every event of the rule: a value bound to the event (a pin
-        or list from ``{{ data.* }}``) would make the tools, the start of every request, differ
-        from run to run, and no provider could cache them. Those bounds are stated in the user
-        message instead (``bound_arguments``); every call is checked against them all the same.
-        """
-        return [
-            replace(spec, input_schema=stable_schema(self.authority, spec.exposed, spec.input_schema))
-            for spec in self.allowed
-        ]
-
-    def bound_arguments(self, limit: int) -> str:
-        """What the user message says of the arguments the rule binds to this event ("" if none)."""
-        lines = [
-            f"- {spec.exposed}: " + "; ".join(c.describe() for c in found)
-            for spec in self.allowed
-            if (found := _event_bound(self.authority, spec.exposed, spec.input_schema))
-        ]
-        if not lines:
-            return ""
-        return (
-            "\n\nThe policy binds these tool arguments to this event (a pinned one is filled in for you);"
-            " a call with other values is refused:\n"
-            + self.fence.wrap("\n".join(lines), kind="bound-arguments", limit=limit)
-            + "\n"
-        )
-
-
-_BOUND_NOTE: Final = "Bound by the policy to this event: the user message gives the value."
-
-
-def _event_bound(authority: Authority, tool: str, schema: dict[str, Any]) -> list[BoundConstraint]:
-    """The tool's constraints whose bounds come from the event (templates over its data)."""
-    return [c for c in authority.constraints(tool, schema) if c.source.templates() and c.problem is None]
-
-
-def stable_schema(authority: Authority, tool: str, schema: dict[str, Any]) -> dict[str, Any]:
-    """``Authority.schema`` without the event's values: the same for every event of a rule.
-
-    An argument pinned to the event is taken out of the schema: the runtime fills it in (and refuses
-    any other value the model sends). One bound otherwise (a list or glob over the event's data) stays,
-    its bound stated in the user message."""
-    bound = _event_bound(authority, tool, schema)
-    shown = authority.schema(tool, schema)
-    if not bound:
-        return shown
-    original = dict(schema.get("properties") or {})
-    properties = dict(shown.get("properties") or {})
-    required = [name for name in shown.get("required") or [] if isinstance(name, str)]
-    for constraint in bound:
-        argument = constraint.argument
-        if constraint.source.pinned:
-            properties.pop(argument, None)
-            required = [name for name in required if name != argument]
-            continue
-        own = dict(original.get(argument) or {})
-        described = str(own.get("description") or "").strip()
-        own["description"] = f"{described} {_BOUND_NOTE}".strip()
-        properties[argument] = own
-    stable = {**shown, "properties": properties}
-    if "required" in shown:
-        stable["required"] = required
-    return stable
 
 
 @dataclass
@@ -250,87 +171,13 @@ class AgentRunner:
         gc.collect()
         gc.freeze()
 
-    def _subscription(self, name: str) -> SubscriptionConfig | None:
-        return next((s for s in self.config.subscriptions if s.name == name), None)
-
     def _settings(self, model: str) -> LLMSettings:
         return settings_for(self.agent, model)
 
     def prepare(self, outcome: Outcome, *, batch: Sequence[InboxEvent] = ()) -> RunPlan:
-        """Everything a run starts from: model, allowed tools, fence, decision record and prompts.
-
-        ``agentwake policy test`` and ``replay --dry-run`` show exactly this, so what they
-        print is what a run would send.
-        """
-        event, decision, spec, cleaned = outcome.event, outcome.decision, outcome.run, outcome.cleaned
-        sub = self._subscription(event.subscription)
-        model = spec.model or self.agent.model
-        allowlist = Allowlist(spec.tools)
-        catalog = list(self.tools.catalog())
-        # Sorted by name: the tools are part of the prefix every run of the rule shares.
-        allowed = sorted(allowlist.select(catalog), key=lambda spec_: spec_.exposed)
-        authority = authority_for(spec, policy_view(event, cleaned.injection_score))
-        fence = Fence(datamark=self.config.sanitize.datamark)
-        if sub is None:
-            why = f"subscription {event.subscription!r} is no longer configured; rule {decision.rule!r}: {decision.why}"
-        else:
-            where = f" ({decision.where})" if decision.where else ""
-            why = f"rule {decision.rule!r}{where}: {decision.why}"
-        record: dict[str, Any] = {
-            "action": "agent",
-            "rule": decision.rule,
-            "why": why,
-            "model": model,
-            "allowlist": list(allowlist.globs),
-            "tools": [spec_.exposed for spec_ in allowed],
-            "authority": authority.describe(
-                [spec_.exposed for spec_ in allowed], {spec_.exposed: spec_.input_schema for spec_ in allowed}
-            ),
-            "injection_score": cleaned.injection_score,
-            "injection_signals": cleaned.injection_signals,
-        }
-        if outcome.hook:
-            record["hook"] = outcome.hook
-        if batch:
-            record["batch"] = [other.event_id for other in batch]
-        prompt: RenderedPrompt | None = None
-        prompt_error: str | None = None
-        try:
-            prompt = self.renderer.render(
-                fence=fence,
-                event={
-                    "event_id": event.event_id,
-                    "name": event.name,
-                    "timestamp": event.timestamp,
-                    "subscription": event.subscription,
-                    "data": cleaned.value,
-                },
-                subscription=sub,
-                server=event.server,
-                tools=[spec_.exposed for spec_ in allowed],
-                rule=decision.to_record(),
-                template=spec.prompt,
-                batch=[
-                    {
-                        "event_id": other.event_id,
-                        "name": other.name,
-                        "timestamp": other.timestamp,
-                        "data": self.renderer.clean(other.data, pii=spec.redact_pii).value,
-                    }
-                    for other in batch
-                ],
-                approval_note=event.approval_note if event.approved else None,
-            )
-        except PromptError as exc:
-            prompt_error = str(exc)
-        plan = RunPlan(
-            model, allowlist, allowed, catalog, fence, cleaned, record, prompt, prompt_error, authority
-        )
-        bound = plan.bound_arguments(self.agent.event_data_max_chars)
-        if prompt is not None and bound:
-            # After the rule's prompt and the event: the tools before them stay the same for the rule.
-            plan = replace(plan, prompt=replace(prompt, user=prompt.user.rstrip("\n") + bound))
-        return plan
+        """Everything a run starts from (agentwake.agent.plan): ``agentwake policy test`` and
+        ``replay --dry-run`` show exactly this, so what they print is what a run would send."""
+        return plan_run(self.config, self.renderer, self.tools, outcome, batch=batch)
 
     async def run(
         self, outcome: Outcome, *, kind: RunKind = "agent", batch: Sequence[InboxEvent] = ()
