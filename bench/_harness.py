@@ -7,10 +7,14 @@ A bench is run as ``python bench/NAME.py`` (this folder is then first on sys.pat
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 F = TypeVar("F")
 
@@ -32,3 +36,37 @@ def finish(measure: Callable[[], F], *, as_json: bool, report: Callable[[F], Non
     else:
         report(figures)
     return 0
+
+
+BUSY_LOOP: Final = "while True: pass"
+# How long the busy loops spin before the measured part: long enough to be running on a core.
+LOAD_SETTLE_S: Final = 0.5
+
+
+def loadavg() -> list[float]:
+    """The 1, 5 and 15 minute load averages ([] where the platform has none)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+@contextmanager
+def busy_loops(count: int) -> Iterator[None]:
+    """``count`` processes spinning on a core each for as long as the block runs (``--load N``: a
+    loaded machine, reproducibly); stopped and reaped on the way out, whatever happens in the block."""
+    spinning = [
+        subprocess.Popen([sys.executable, "-c", BUSY_LOOP], stdin=subprocess.DEVNULL) for _ in range(count)
+    ]
+    try:
+        if spinning:
+            time.sleep(LOAD_SETTLE_S)
+            for process in spinning:
+                if process.poll() is not None:
+                    raise BenchFailure(f"a busy loop exited {process.returncode} before the measurement")
+        yield
+    finally:
+        for process in spinning:
+            process.kill()
+        for process in spinning:
+            process.wait()

@@ -59,14 +59,14 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
 import anyio
 import anyio.abc
-from _harness import BenchFailure, finish
+from _harness import BenchFailure, busy_loops, finish, loadavg
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 SCRIPT: Final = Path(__file__).resolve()
@@ -144,6 +144,9 @@ class Figures:
     pass_ratio: bool
     pass_p99: bool
     nothing_lost: bool
+    load: int = 0  # busy-looping processes beside the measurement (--load)
+    loadavg_before: list[float] = field(default_factory=list)
+    loadavg_after: list[float] = field(default_factory=list)
 
 
 # ---- the requests ------------------------------------------------------------------------
@@ -773,6 +776,11 @@ def micros(value: float | None) -> str:
 def report(f: Figures) -> None:
     window = f"{f.seconds:g} s after {f.warmup_s:g} s warm-up, {f.senders} senders"
     print(f"webhook ingest, {'https' if f.tls else 'http'} on loopback ({window}, {f.repeat} round(s))")
+    beside = f"{f.load} busy-looping process(es) beside it" if f.load else "no load of its own"
+    print(
+        f"machine:                 {os.cpu_count()} CPU(s), {beside}; load average"
+        f" {' '.join(map(str, f.loadavg_before))} before, {' '.join(map(str, f.loadavg_after))} after"
+    )
     print(
         f"real receiver + store:   {f.accepted_per_s:>9,.0f} accepted/s   p50 {f.p50_ms:7.2f} ms"
         f"   p99 {f.p99_ms:7.2f} ms   max {f.max_ms:7.2f} ms"
@@ -842,6 +850,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--tls", action="store_true", help="both servers behind TLS (a trustme CA)")
     parser.add_argument(
+        "--load",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run N busy-looping processes beside both sides (default 0; N = cores: a loaded machine)",
+    )
+    parser.add_argument(
         "--profile",
         type=Path,
         help="write a cProfile of the real receiver to this file (it slows the receiver: not for figures)",
@@ -863,6 +878,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.senders < 1 or args.repeat < 1:
         parser.error("--senders and --repeat must be at least 1")
+    if args.load < 0:
+        parser.error("--load must be 0 or more")
     measure = partial(
         run,
         args.seconds,
@@ -878,7 +895,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.profile is not None:
             print_profile(args.profile)
 
-    return finish(lambda: anyio.run(measure), as_json=args.json, report=report_and_profile)
+    def loaded() -> Figures:
+        with busy_loops(args.load):
+            before = loadavg()
+            figures = anyio.run(measure)
+            return replace(figures, load=args.load, loadavg_before=before, loadavg_after=loadavg())
+
+    return finish(loaded, as_json=args.json, report=report_and_profile)
 
 
 if __name__ == "__main__":
