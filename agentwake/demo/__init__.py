@@ -46,6 +46,13 @@ HTTP with DEMO_TOKEN set (stdio has no principal: subscribe answers Forbidden th
   DEMO_WEBHOOK_RETRY_S     the first retry backoff of a failed delivery, in seconds (default 1)
   DEMO_WEBHOOK_STORE       SQLite file for webhook subscriptions; with it, subscriptions survive a
                            restart and ttlMs: null is granted as no expiry
+
+Server identity (optional, with webhook delivery): --identity-key FILE (a key from ``agentwake
+keygen``; repeat the flag to rotate, the newest key signs) or AGENTWAKE_IDENTITY_KEY (one private
+JWK, or a JSON list of them) signs every delivery and verification POST with ed25519 as well
+(``v1a,`` beside the HMAC's ``v1,``), and over HTTP the public keys are served at
+/.well-known/mcp-webhook-jwks.json (no token needed). An older key stays published for
+--identity-overlap-hours (default 168) after the newest was made.
 """
 
 from agentwake.demo.server import (

@@ -25,6 +25,13 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from agentwake.demo.store import FIRST_TICKET, PRIORITIES, QUEUES, SERVICES, TicketStore, random_ticket
+from agentwake.identity import (
+    DEFAULT_OVERLAP,
+    IDENTITY_KEY_ENV,
+    IdentityError,
+    ServerIdentity,
+    keys_from_sources,
+)
 from agentwake.server import (
     MAX_HEARTBEAT_MS,
     EmitBuffer,
@@ -66,6 +73,8 @@ class DemoSettings:
     webhook_retry_s: float = DEFAULT_WEBHOOK_RETRY_S
     webhook_store: Path | None = None
     cursor_log: Path | None = None
+    # Signs webhook deliveries (v1a) and is published at /.well-known/mcp-webhook-jwks.json.
+    identity: ServerIdentity | None = None
 
     @classmethod
     def from_env(cls, env: MutableMapping[str, str] | None = None) -> DemoSettings:
@@ -472,7 +481,27 @@ def webhook_settings(settings: DemoSettings, store: SqliteWebhookStore | None) -
         allow_networks=settings.webhook_allow,
         ssl_context=trust,
         retry_initial=timedelta(seconds=settings.webhook_retry_s),
+        identity=settings.identity,
     )
+
+
+def overlap_hours(value: str) -> float:
+    """--identity-overlap-hours: a number of hours, 0 or more (and short of forever)."""
+    try:
+        hours = float(value)
+        timedelta(hours=hours)
+    except (ValueError, OverflowError):
+        hours = -1.0
+    if not hours >= 0:
+        raise argparse.ArgumentTypeError(f"the overlap is a number of hours, 0 or more, not {value!r}")
+    return hours
+
+
+def load_identity(paths: list[Path], overlap: timedelta) -> ServerIdentity | None:
+    """The keys of the --identity-key files, else of $AGENTWAKE_IDENTITY_KEY; None without either.
+    IdentityError (naming the file, never quoting a key) for one that is not a usable key."""
+    keys = keys_from_sources(paths)
+    return ServerIdentity(tuple(keys), overlap) if keys else None
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, DemoSettings]:
@@ -535,7 +564,29 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, DemoS
         default=env.webhook_store,
         help="SQLite file for webhook subscriptions (survive restarts; allows no-expiry grants)",
     )
+    parser.add_argument(
+        "--identity-key",
+        metavar="FILE",
+        type=Path,
+        action="append",
+        default=[],
+        help="a server identity key (agentwake keygen): webhook deliveries are signed with it (v1a) and its"
+        " public key is served at /.well-known/mcp-webhook-jwks.json; repeat to rotate (the newest signs)."
+        f" Without the flag, ${IDENTITY_KEY_ENV} may hold the key (one private JWK or a JSON list)",
+    )
+    parser.add_argument(
+        "--identity-overlap-hours",
+        metavar="H",
+        type=overlap_hours,
+        default=DEFAULT_OVERLAP / timedelta(hours=1),
+        help="how long after the newest identity key was made the older ones stay published"
+        " (default: %(default)g)",
+    )
     args = parser.parse_args(argv)
+    try:
+        identity = load_identity(args.identity_key, timedelta(hours=args.identity_overlap_hours))
+    except IdentityError as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
     settings = DemoSettings(
         db=args.db,
         rate=args.rate,
@@ -552,6 +603,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, DemoS
         webhook_retry_s=args.webhook_retry_s,
         webhook_store=args.webhook_store,
         cursor_log=env.cursor_log,
+        identity=identity,
     )
     return args, settings
 
@@ -567,6 +619,11 @@ def main(argv: list[str] | None = None) -> None:
         logger.warning(
             "webhook delivery needs an authenticated caller: events/subscribe answers Forbidden"
             " unless serving --http with DEMO_TOKEN set"
+        )
+    if settings.identity is not None and settings.webhook_ttl_ms is None:
+        logger.warning(
+            "an identity key signs webhook deliveries: without --webhook-ttl-ms there are none,"
+            " and no JWKS is served"
         )
     try:
         if args.http:
