@@ -41,6 +41,7 @@ from mcp.server.mcpserver import MCPServer
 
 from agentwake.bridges.log import DEFAULT_MAX_EVENTS, EventLog, NewEvent
 from agentwake.clock import parse_iso
+from agentwake.identity import ServerIdentity
 from agentwake.server import (
     Event,
     EventContext,
@@ -137,6 +138,8 @@ class BridgeOptions:
     events_webhook_ttl_ms: int = DEFAULT_EVENTS_WEBHOOK_TTL_MS
     events_webhook_allow: tuple[str, ...] = ()
     events_webhook_ca: Path | None = None
+    # Signs MCP webhook deliveries (v1a) and is published at /.well-known/mcp-webhook-jwks.json.
+    identity: ServerIdentity | None = None
     # False for a short look (agentwake check, policy test): the MCP server with its tools and event
     # types, but no --listen, no polling (Socket Mode included) and no background work upstream.
     ingress: bool = True
@@ -318,6 +321,7 @@ class BridgeServer:
             store=self.webhook_store,
             allow_networks=options.events_webhook_allow,
             ssl_context=trust,
+            identity=options.identity,
         )
 
     def _declare(self, spec: BridgeEventType) -> None:

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 
@@ -138,6 +138,29 @@ EventsWebhookTtlMs = Annotated[
         help="The longest MCP webhook subscription TTL granted.",
     ),
 ]
+# agentwake.identity.DEFAULT_OVERLAP in hours (not imported here: --help loads no cryptography).
+DEFAULT_IDENTITY_OVERLAP_HOURS: Final = 168.0
+IdentityKeyFiles = Annotated[
+    list[Path],
+    typer.Option(
+        "--identity-key",
+        metavar="FILE",
+        help="A server identity key (agentwake keygen): MCP webhook deliveries are signed with it as well"
+        " (v1a, ed25519) and, with --http, its public key is served at /.well-known/mcp-webhook-jwks.json."
+        " Repeat the flag to rotate: the newest key signs. Without the flag, the variable"
+        " AGENTWAKE_IDENTITY_KEY may hold the key (one private JWK, or a JSON list of them).",
+    ),
+]
+IdentityOverlapHours = Annotated[
+    float,
+    typer.Option(
+        "--identity-overlap-hours",
+        metavar="H",
+        min=0,
+        max=87_600,
+        help="How long after the newest identity key was made the older ones stay published.",
+    ),
+]
 LogLevel = Annotated[
     str,
     typer.Option(
@@ -173,8 +196,11 @@ def bridge_options(
     events_webhook_allow: list[str],
     events_webhook_ca: Path | None,
     events_webhook_ttl_ms: int,
+    identity_key: list[Path],
+    identity_overlap_hours: float,
 ) -> BridgeOptions:
     from agentwake.bridges.framework import BridgeOptions, host_port, http_auth_problem
+    from agentwake.identity import IdentityError, ServerIdentity, keys_from_sources
 
     try:
         for value, flag in ((http, "--http"), (listen, "--listen")):
@@ -192,6 +218,11 @@ def bridge_options(
     problem = http_auth_problem(http, has_token=mcp_token_env is not None, no_auth=no_auth)
     if problem is not None:
         raise fail(problem, code=2)
+    try:
+        keys = keys_from_sources(identity_key)
+        identity = ServerIdentity(tuple(keys), timedelta(hours=identity_overlap_hours)) if keys else None
+    except IdentityError as exc:
+        raise fail(exc, code=2) from None
     return BridgeOptions(
         state_dir=state_dir,
         http=http,
@@ -208,6 +239,7 @@ def bridge_options(
         events_webhook_ttl_ms=events_webhook_ttl_ms,
         events_webhook_allow=tuple(events_webhook_allow),
         events_webhook_ca=events_webhook_ca,
+        identity=identity,
         ingress=not no_ingress(),
     )
 
@@ -347,6 +379,8 @@ def github(
     events_webhook_allow: EventsWebhookAllow = [],  # noqa: B006
     events_webhook_ca: EventsWebhookCa = None,
     events_webhook_ttl_ms: EventsWebhookTtlMs = 86_400_000,
+    identity_key: IdentityKeyFiles = [],  # noqa: B006
+    identity_overlap_hours: IdentityOverlapHours = DEFAULT_IDENTITY_OVERLAP_HOURS,
     log_level: LogLevel = "INFO",
     fake: Annotated[bool, fake_option("GitHub", "issues.opened", "github")] = False,
 ) -> None:
@@ -370,6 +404,8 @@ def github(
         events_webhook_allow=events_webhook_allow,
         events_webhook_ca=events_webhook_ca,
         events_webhook_ttl_ms=events_webhook_ttl_ms,
+        identity_key=identity_key,
+        identity_overlap_hours=identity_overlap_hours,
     )
     from agentwake.bridges.github import GitHubBridge, GitHubSettings
 

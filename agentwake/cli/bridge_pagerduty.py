@@ -15,11 +15,14 @@ from typing import Annotated
 import typer
 
 from agentwake.cli.bridge import (
+    DEFAULT_IDENTITY_OVERLAP_HOURS,
     EventsWebhookAllow,
     EventsWebhookCa,
     EventsWebhookTtlMs,
     HeartbeatMs,
     Http,
+    IdentityKeyFiles,
+    IdentityOverlapHours,
     KeepRaw,
     Listen,
     LogLevel,
@@ -123,6 +126,8 @@ def pagerduty(
     events_webhook_allow: EventsWebhookAllow = [],  # noqa: B006
     events_webhook_ca: EventsWebhookCa = None,
     events_webhook_ttl_ms: EventsWebhookTtlMs = 86_400_000,
+    identity_key: IdentityKeyFiles = [],  # noqa: B006
+    identity_overlap_hours: IdentityOverlapHours = DEFAULT_IDENTITY_OVERLAP_HOURS,
     log_level: LogLevel = "INFO",
     fake: Annotated[bool, fake_option("PagerDuty", "incident.triggered", "pagerduty")] = False,
 ) -> None:
@@ -146,6 +151,8 @@ def pagerduty(
         events_webhook_allow=events_webhook_allow,
         events_webhook_ca=events_webhook_ca,
         events_webhook_ttl_ms=events_webhook_ttl_ms,
+        identity_key=identity_key,
+        identity_overlap_hours=identity_overlap_hours,
     )
     from agentwake.bridges.pagerduty import PagerDutyBridge, PagerDutySettings
 

@@ -15,11 +15,14 @@ from typing import Annotated
 import typer
 
 from agentwake.cli.bridge import (
+    DEFAULT_IDENTITY_OVERLAP_HOURS,
     EventsWebhookAllow,
     EventsWebhookCa,
     EventsWebhookTtlMs,
     HeartbeatMs,
     Http,
+    IdentityKeyFiles,
+    IdentityOverlapHours,
     KeepRaw,
     Listen,
     LogLevel,
@@ -161,6 +164,8 @@ def slack(
     events_webhook_allow: EventsWebhookAllow = [],  # noqa: B006
     events_webhook_ca: EventsWebhookCa = None,
     events_webhook_ttl_ms: EventsWebhookTtlMs = 86_400_000,
+    identity_key: IdentityKeyFiles = [],  # noqa: B006
+    identity_overlap_hours: IdentityOverlapHours = DEFAULT_IDENTITY_OVERLAP_HOURS,
     log_level: LogLevel = "INFO",
     fake: Annotated[bool, fake_option("Slack", "app_mention", "slack")] = False,
 ) -> None:
@@ -184,6 +189,8 @@ def slack(
         events_webhook_allow=events_webhook_allow,
         events_webhook_ca=events_webhook_ca,
         events_webhook_ttl_ms=events_webhook_ttl_ms,
+        identity_key=identity_key,
+        identity_overlap_hours=identity_overlap_hours,
     )
     secret = os.environ.get(signing_secret_env) if listen else None
     if listen and not secret and not fake:
