@@ -9,6 +9,7 @@
     approvals   approvals, approve, deny, retry, rotate-secret
     pause       pause, resume: the kill switch
     limits      limits: each limit and its use now
+    keygen      keygen: a server identity key (ed25519) for signed webhook deliveries
     store       store copy: a SQLite store into PostgreSQL
     bridge      bridge github: the bridges (agentwake/bridges/) as MCP servers;
                 bridge_pagerduty, bridge_slack: theirs; bridge_send: bridge send-test
@@ -64,6 +65,7 @@ COMMANDS: Final[dict[str, tuple[str, ...]]] = {
     "pause": ("pause",),
     "resume": ("pause",),
     "limits": ("limits",),
+    "keygen": ("keygen",),
     "policy": ("policy",),
     "store": ("store",),
     "bridge": ("bridge", "bridge_pagerduty", "bridge_slack", "bridge_send"),
