@@ -48,7 +48,7 @@ from agentwake.server._errors import (
     resource_exhausted,
     unsupported_mode,
 )
-from agentwake.server._jwks import jwks_route
+from agentwake.server._jwks import add_jwks_route
 from agentwake.server._leases import DEFAULT_POLL_LEASE_TTL, Lease, LeaseTable
 from agentwake.server._params import (
     ListParams,
@@ -222,7 +222,7 @@ class EventsExtension(Extension):
                 app = build_app(*args, **kwargs)
                 app.add_middleware(WithoutPushStreamPings)
                 if identity is not None:
-                    app.router.routes.append(jwks_route(identity, self._now))
+                    add_jwks_route(app, identity, self._now)
                 return app
 
             server.streamable_http_app = streamable_http_app
