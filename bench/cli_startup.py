@@ -26,7 +26,6 @@ test run or a build does to a person typing ``agentwake status``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import resource
 import statistics
@@ -34,22 +33,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 import anyio
-from _harness import BenchFailure, finish
+from _harness import BenchFailure, busy_loops, finish, loadavg
 
 DEFAULT_REPEAT: Final = 5
 WARMUP: Final = 1
 TARGET_S: Final = 0.3
 EVENTS: Final = 5
 COLUMNS: Final = 160
-BUSY_LOOP: Final = "while True: pass"
-# How long the busy loops spin before the first timed round: long enough to be running on a core.
-LOAD_SETTLE_S: Final = 0.5
 PYTHON_PASS: Final = "python -c pass"
 IMPORT_TYPER: Final = "python -c 'import typer'"
 CONFIG_TEXT: Final = """
@@ -148,34 +143,6 @@ def timed(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float
     if done.returncode != 0:
         raise BenchFailure(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.decode()[-500:]}")
     return elapsed, children_cpu_s() - cpu
-
-
-def loadavg() -> list[float]:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:  # not on this platform
-        return []
-
-
-@contextlib.contextmanager
-def busy_loops(count: int) -> Iterator[None]:
-    """``count`` processes spinning on a core each for as long as the block runs; stopped (and
-    reaped) on the way out, whatever happens in the block."""
-    spinning = [
-        subprocess.Popen([sys.executable, "-c", BUSY_LOOP], stdin=subprocess.DEVNULL) for _ in range(count)
-    ]
-    try:
-        if spinning:
-            time.sleep(LOAD_SETTLE_S)
-            for process in spinning:
-                if process.poll() is not None:
-                    raise BenchFailure(f"a busy loop exited {process.returncode} before the timed rounds")
-        yield
-    finally:
-        for process in spinning:
-            process.kill()
-        for process in spinning:
-            process.wait()
 
 
 def measure(folder: Path, repeat: int, load: int = 0) -> Figures:
