@@ -295,6 +295,48 @@ async def test_after_the_overlap_the_demo_publishes_the_newest_alone_and_names_t
         assert json.loads(path.read_text())["d"] not in stderr
 
 
+async def test_a_bridge_started_with_identity_keys_serves_their_jwks_at_its_mcp_origin(
+    tmp_path: Path,
+) -> None:
+    now = datetime.now(UTC)
+    old, old_path = key_file(tmp_path, "bridge-old", now - timedelta(days=3))
+    new, new_path = key_file(tmp_path, "bridge-new", now - timedelta(hours=1))
+    environment = {**os.environ, "GITHUB_TOKEN": ""}
+    environment.pop(IDENTITY_KEY_ENV, None)
+    command = [
+        sys.executable,
+        "-m",
+        "agentwake.cli",
+        "bridge",
+        "github",
+        "--state-dir",
+        str(tmp_path / "state"),
+    ]
+    command += [
+        "--http",
+        "127.0.0.1:0",
+        "--no-auth",
+        "--identity-key",
+        str(old_path),
+        "--identity-key",
+        str(new_path),
+    ]
+    process = await anyio.open_process(command, cwd=tmp_path, env=environment)
+    demo = Demo(process, 0, bytearray())
+    try:
+        text = await demo.until_stderr("MCP on http://")
+        line = next(x for x in text.splitlines() if "MCP on http://" in x)
+        demo.port = int(line.rsplit(":", 1)[1].split("/")[0])
+        response, published = await fetch_jwks(demo.origin)
+    finally:
+        stderr = await demo.stop()
+    assert [k.kid for k in published] == ["bridge-new", "bridge-old"]
+    assert [k.to_jwk() for k in published] == [new.public.to_jwk(), old.public.to_jwk()]
+    assert response.headers["cache-control"] == "max-age=300"
+    for path in (old_path, new_path):
+        assert json.loads(path.read_text())["d"] not in stderr
+
+
 # ---- in process: the overlap ends while the server runs -----------------------------------------------
 
 
