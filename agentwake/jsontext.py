@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
-
-from pydantic_core import PydanticSerializationError, to_json
 
 # The ASCII encoder is the fallback for text pydantic-core's faster one refuses (lone surrogates).
 _encode_json_ascii = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
@@ -18,6 +17,20 @@ def encode_json(value: Any) -> str:
     store as text) is kept as its escape instead, so one odd payload never fails a batch.
     """
     try:
-        return to_json(value).decode("utf-8")
-    except PydanticSerializationError:
+        return _to_json(value).decode("utf-8")
+    except _SerializationError:
         return _encode_json_ascii(value)
+
+
+def _load_to_json(value: Any) -> bytes:
+    """pydantic-core's encoder, imported on the first call (the CLI's readers never encode: about
+    15 ms of start-up they need not pay), then called directly."""
+    global _to_json, _SerializationError
+    from pydantic_core import PydanticSerializationError, to_json
+
+    _to_json, _SerializationError = to_json, PydanticSerializationError
+    return to_json(value)
+
+
+_to_json: Callable[[Any], bytes] = _load_to_json
+_SerializationError: type[Exception] = Exception  # replaced before anything could raise it

@@ -219,9 +219,10 @@ def test_the_cli_default_config_path_is_the_config_modules() -> None:
 def test_the_quick_readers_need_neither_pydantic_nor_sqlite_utils_nor_an_event_loop(
     config: Path, command: str
 ) -> None:
-    """They find the store without validating the whole config, and read it synchronously."""
+    """They find the store without validating the whole config, and read it synchronously; they
+    encode no JSON, so pydantic-core's encoder (agentwake.jsontext) is not loaded either."""
     modules = set(run_cli(config, [command, "-c", CONFIG_ARG])["modules"])
-    assert not {"pydantic", "agentwake.config", "sqlite_utils", "asyncio"} & modules
+    assert not {"pydantic", "pydantic_core", "agentwake.config", "sqlite_utils", "asyncio"} & modules
 
 
 OFFLINE_RUN = """
