@@ -31,6 +31,7 @@ from agentwake.backoff import backoff_s
 from agentwake.config import AgentwakeConfig, ServerConfig, SubscriptionConfig
 from agentwake.delivery.backlog import Backlog
 from agentwake.delivery.common import KnownEvents, QuietFlusher, Sleep, subscription_key
+from agentwake.delivery.identity import IdentityChecks
 from agentwake.delivery.poll import PollLoop
 from agentwake.delivery.push import PushLoop
 from agentwake.delivery.receiver import Receiver
@@ -177,9 +178,12 @@ class Supervisor(WebhookBookkeeping):
                     on_terminated=self._on_terminated,
                     limits=self.config.limits,
                     backlog=self.backlog,
+                    identities=IdentityChecks.from_config(self.config.servers),
                 )
                 # Listening before any subscribe: the server verifies the endpoint during it.
                 await tg.start(self.receiver.serve)
+                # The servers' identity keys, fetched while their subscribes begin (each refreshes later).
+                tg.start_soon(self.receiver.identities.prefetch, name="identity-keys")
             self._servers_tg = tg
             for server in self.config.servers:
                 # With an agent, a server without subscriptions is still connected, for its tools.

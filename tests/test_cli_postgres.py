@@ -348,7 +348,7 @@ def test_status_on_sqlite_loads_no_psycopg_and_on_postgresql_it_does(shared: Bot
 def test_check_opens_a_postgresql_store_and_reports_what_stops_it(
     tmp_path: Path, postgres_server: PostgresServer, postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from agentwake.cli.service import CheckReport, _check_store
+    from agentwake.cli.checking import CheckReport, check_store
 
     def findings(url: str, password: str | None) -> list[dict[str, Any]]:
         if password is None:
@@ -356,7 +356,7 @@ def test_check_opens_a_postgresql_store_and_reports_what_stops_it(
         else:
             monkeypatch.setenv(PASSWORD_ENV, password)
         report = CheckReport()
-        _check_store(load_config(postgres_config(tmp_path, url)), report)
+        check_store(load_config(postgres_config(tmp_path, url)), report)
         return [f.to_json() for f in report.findings]
 
     assert findings(postgres_url, "any") == []  # no schema yet: `run` creates it

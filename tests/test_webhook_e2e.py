@@ -58,7 +58,9 @@ def tls(tmp_path: Path) -> Tls:
 
 
 @asynccontextmanager
-async def webhook_demo(tmp_path: Path, tls: Tls, ttl_ms: int = 1500) -> AsyncIterator[DemoHTTP]:
+async def webhook_demo(
+    tmp_path: Path, tls: Tls, ttl_ms: int = 1500, env: dict[str, str] | None = None
+) -> AsyncIterator[DemoHTTP]:
     async with running_demo_http(
         tmp_path / "demo.db",
         DEMO_TOKEN=TOKEN,
@@ -68,6 +70,7 @@ async def webhook_demo(tmp_path: Path, tls: Tls, ttl_ms: int = 1500) -> AsyncIte
         DEMO_WEBHOOK_CA=str(tls.ca),
         DEMO_WEBHOOK_RETRY_S="0.1",
         DEMO_NEXT_POLL_MS="100",
+        **(env or {}),
     ) as demo:
         yield demo
 

@@ -211,3 +211,15 @@ class IdentityChecks:
         async with anyio.create_task_group() as tg:
             for keys in self.servers.values():
                 tg.start_soon(keys.refresh)
+
+
+async def keys_problem(name: str, config: ServerConfig) -> str | None:
+    """Why the identity keys of server ``name`` cannot be had now (for ``agentwake check``), or None."""
+    keys = ServerKeys(name, config, config.webhook_identity)
+    await keys.refresh()
+    if keys.keys:
+        return None
+    return (
+        f"webhook_identity = {config.webhook_identity!r}, but its identity keys could not be fetched from"
+        f" {keys.url}: {keys.last_error}; its webhook deliveries would be refused"
+    )
