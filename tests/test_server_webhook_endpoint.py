@@ -213,8 +213,11 @@ async def test_loopback_is_refused_unless_allowlisted(ca: trustme.CA) -> None:
         by_name = await wire.subscribe_error(
             "incident.created", receiver.url(host="hooks.test"), new_secret()
         )
+    # An IP literal is refused as an invalid request, without a connection; a name that resolves to
+    # a refused address is found out when connecting, so it is an endpoint the server cannot reach.
+    assert literal.code == -32602 and "IP address deliveries may not go to" in literal.message
+    assert (by_name.code, by_name.data) == (-32015, {"reason": "connection_refused"})
     for error in (literal, by_name):
-        assert (error.code, error.data) == (-32015, {"reason": "connection_refused"})
         assert "127.0.0.1" not in f"{error.message} {error.data}"
     assert receiver.received == []
 
@@ -251,7 +254,8 @@ async def test_ipv4_mapped_loopback_is_refused_even_with_loopback_allowlisted(ca
         literal = await wire.subscribe_error(
             "incident.created", receiver.url(host="[::ffff:127.0.0.1]"), new_secret()
         )
-    assert by_name.data == literal.data == {"reason": "connection_refused"}
+    assert by_name.data == {"reason": "connection_refused"}
+    assert literal.code == -32602
     assert receiver.received == []
 
 

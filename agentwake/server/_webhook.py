@@ -58,6 +58,7 @@ from yarl import URL
 from agentwake.server._errors import (
     callback_endpoint_error,
     internal_error,
+    invalid_params,
     resource_exhausted,
     subscription_not_found,
 )
@@ -241,6 +242,14 @@ class Webhooks:
         ttl_given: bool,
     ) -> dict[str, Any]:
         self._require_running()
+        host = URL(url).raw_host or ""
+        if self._policy.permits_host(host) is False:
+            # An IP literal is known bad without a connection: an invalid request, not an
+            # unreachable endpoint (a DNS name is checked at connect time, by the guarded resolver).
+            raise invalid_params(
+                "delivery.url is an IP address deliveries may not go to (private, loopback, link-local"
+                " or reserved, and not in the server's allowed networks)"
+            )
         ttl = grant_ttl(self.settings, ttl_ms, given=ttl_given)
         sid = subscription_id(principal, url, event_type.name, arguments)
         async with self._locks.hold(sid):
