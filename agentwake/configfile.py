@@ -23,7 +23,7 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -239,6 +239,8 @@ class StoreLocation:
     subscriptions: tuple[str, ...]
     url: str | None = None
     password_env: str | None = None
+    # Server name -> its webhook_identity, for the servers that check it ("verify" or "require").
+    identities: dict[str, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -282,12 +284,18 @@ def locate_store(path: Path, *, env: Mapping[str, str] | None = None) -> StoreLo
         named = with_default_name(subscription)
         if isinstance(named, dict) and isinstance(named.get("name"), str):
             names.append(str(interpolate(named["name"], environ, f"subscriptions[{index}].name")))
+    servers = data.get("servers", {})
+    identities = {
+        str(name): str(server["webhook_identity"])
+        for name, server in (servers.items() if isinstance(servers, dict) else ())
+        if isinstance(server, dict) and server.get("webhook_identity") in ("verify", "require")
+    }
     if store.get("url") is not None or store.get("password_env") is not None:
-        return _postgres_location(path, text, store, environ, tuple(names))
+        return replace(_postgres_location(path, text, store, environ, tuple(names)), identities=identities)
     raw_path = interpolate(store.get("path", DEFAULT_STORE_PATH), environ, "store.path")
     if not isinstance(raw_path, str) or not raw_path:
         raise ConfigError(f"{path} is invalid: store.path must be a file name")
-    return StoreLocation(under(config_base(path), Path(raw_path)), tuple(names))
+    return StoreLocation(under(config_base(path), Path(raw_path)), tuple(names), identities=identities)
 
 
 def _postgres_location(

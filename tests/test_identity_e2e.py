@@ -54,6 +54,18 @@ async def test_a_server_signing_with_its_published_key_is_verified_end_to_end(
             assert [k.kid for k in keys.keys] == ["demo-2026"]
     # The verification POST and the delivery: both carried a v1a from the published key.
     assert verified() - before >= 2
+    # `agentwake status` says which subscriptions are identity-checked.
+    path = tmp_path / "status.toml"
+    path.write_text(
+        f'[store]\npath = "{cfg.store.path}"\n[servers.demo]\nurl = "{demo.url}"\nwebhook_identity = "require"\n'
+        '[[subscriptions]]\nname = "tickets"\nserver = "demo"\nevent = "ticket.created"\n'
+    )
+    shown = CliRunner().invoke(cli.app, ["status", "--json", "-c", str(path)])
+    assert shown.exit_code == 0, shown.output
+    [row] = json.loads(shown.output)
+    assert (row["mode"], row["identity"]) == ("webhook", "require")
+    table = CliRunner().invoke(cli.app, ["status", "-c", str(path)])
+    assert "server identity: require" in " ".join(table.output.split())
 
 
 def check(tmp_path: Path, cfg: AgentwakeConfig, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:

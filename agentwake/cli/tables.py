@@ -131,7 +131,7 @@ def _status_table(rows: list[dict[str, Any]]) -> Table:
             str(r["events_done"]),
             str(r["events_failed"]) + (f" ({r['events_dead']} dead)" if r.get("events_dead") else ""),
             str(r.get("events_ignored", 0)),
-            _describe_webhook(r["webhook"]),
+            _describe_webhook(r["webhook"], r.get("identity")),
             _last_error(r),
         )
     return table
@@ -167,7 +167,7 @@ def _status_block(r: dict[str, Any]) -> Table:
         + (f"; {r['rejected']} rejected" if r.get("rejected") else ""),
     )
     if r["webhook"] is not None:
-        block.add_row("  webhook", _describe_webhook(r["webhook"]).replace("\n", " · "))
+        block.add_row("  webhook", _describe_webhook(r["webhook"], r.get("identity")).replace("\n", " · "))
     last_error = _last_error(r)
     if last_error:
         block.add_row("  last error", Text(last_error, style="red"))
@@ -225,7 +225,7 @@ def _subscription_label(r: dict[str, Any]) -> str:
     return str(r["subscription"]) + (" (not in config)" if flagged else "")
 
 
-def _describe_webhook(webhook: dict[str, Any] | None) -> str:
+def _describe_webhook(webhook: dict[str, Any] | None, identity: str | None = None) -> str:
     if webhook is None:
         return "-"
     lines = [webhook["id"] or "not subscribed yet"]
@@ -240,6 +240,8 @@ def _describe_webhook(webhook: dict[str, Any] | None) -> str:
         lines.append(state)
     if webhook["rotation_pending"]:
         lines.append("rotation pending")
+    if identity:
+        lines.append(f"server identity: {identity}")
     return "\n".join(lines)
 
 

@@ -141,9 +141,10 @@ def status_reading(
             store.subscription_owners(),
             store.pauses(),
             store.storage(),
+            location.identities,
         )
 
-    rows, counts, configured, services, owners, pauses, storage = read_store(config, read)
+    rows, counts, configured, services, owners, pauses, storage, identities = read_store(config, read)
     service = service_state(services)
     from agentwake.store.pauses import as_dict
 
@@ -156,6 +157,8 @@ def status_reading(
     unreachable = servers_out_of_reach(live)
     for row in rows:
         row["configured"] = row["subscription"] in configured
+        # Whether its webhook deliveries are checked for the server's identity (v1a): "verify" or "require".
+        row["identity"] = identities.get(str(row.get("server"))) if row.get("mode") == "webhook" else None
         owner = held.get(row["subscription"])
         # Several processes on one PostgreSQL store: which one drives this subscription's loop.
         row["driven_by"] = None if owner is None else owner["owner"]
