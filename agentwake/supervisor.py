@@ -37,6 +37,7 @@ from agentwake.delivery.push import PushLoop
 from agentwake.delivery.receiver import Receiver
 from agentwake.delivery.routes import WebhookRoutes
 from agentwake.delivery.select import SubscriptionPlan, plan_subscription
+from agentwake.delivery.ticks import PollTicks
 from agentwake.delivery.webhook import WebhookLoop, load_routes, reload_routes
 from agentwake.errors import (
     ConfigError,
@@ -100,6 +101,8 @@ class Supervisor(WebhookBookkeeping):
     known_events: KnownEvents = field(default_factory=KnownEvents, init=False)
     # Writes what quiet loops held back, all together (see DeferredWrites).
     quiet_flusher: QuietFlusher = field(init=False)
+    # The poll loops' waits between polls, woken together on a coarse grid (see PollTicks).
+    poll_ticks: PollTicks = field(default_factory=PollTicks, init=False)
     # What each subscription holds undecided, and which are held back for it ([limits] max_undecided_events).
     backlog: Backlog = field(init=False)
     _ended: set[str] = field(default_factory=set, init=False)
@@ -231,6 +234,8 @@ class Supervisor(WebhookBookkeeping):
         self.config = new
         if self.worker is not None:
             self.worker.config = new
+        if self.receiver is not None:
+            self.receiver.identities = self.receiver.identities.reloaded(new.servers)
         await self._retire_unconfigured_webhooks()
         for name in sorted(set(old_subs) - set(new_subs)):
             self._ended.discard(name)
@@ -515,6 +520,8 @@ class Supervisor(WebhookBookkeeping):
                             self.store,
                             on_new_events=self._notify_new,
                             sleep=self.sleep,
+                            # With the real clock, quiet loops wake together (a test's own sleep: as is).
+                            idle_sleep=self.poll_ticks.sleep if self.sleep is anyio.sleep else None,
                             limits=self.config.limits,
                             known=self.known_events,
                             flusher=self.quiet_flusher,

@@ -257,3 +257,22 @@ def test_a_stdio_server_cannot_have_its_identity_checked() -> None:
     )
     assert config.servers["demo"].webhook_identity == "require"
     assert set(IdentityChecks.from_config(config.servers).servers) == {"demo"}
+
+
+def test_a_reload_keeps_the_keys_of_an_unchanged_server_and_follows_a_changed_one() -> None:
+    servers = {
+        "a": ServerConfig(url="https://a.example/mcp", webhook_identity="verify"),
+        "b": ServerConfig(url="https://b.example/mcp", webhook_identity="require"),
+    }
+    before = IdentityChecks.from_config(servers)
+    after = before.reloaded(
+        {
+            "a": servers["a"],
+            "b": ServerConfig(url="https://b.example/mcp", webhook_identity="off"),
+            "c": ServerConfig(url="https://c.example/mcp", webhook_identity="verify"),
+        }
+    )
+    assert set(after.servers) == {"a", "c"}
+    assert after.servers["a"] is before.servers["a"]  # its cached keys stay
+    again = after.reloaded({"a": ServerConfig(url="https://a.example/mcp", webhook_identity="require")})
+    assert again.servers["a"] is not after.servers["a"] and again.servers["a"].mode == "require"

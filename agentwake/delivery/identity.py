@@ -197,6 +197,22 @@ class IdentityChecks:
             }
         )
 
+    def reloaded(self, servers: dict[str, ServerConfig]) -> IdentityChecks:
+        """The checks of a reloaded config: a server whose configuration is unchanged keeps its keys."""
+        fresh = IdentityChecks.from_config(
+            {name: server for name, server in servers.items() if self._kept(name, server) is None}
+        )
+        kept = {
+            name: keys for name, server in servers.items() if (keys := self._kept(name, server)) is not None
+        }
+        return IdentityChecks({**fresh.servers, **kept})
+
+    def _kept(self, name: str, server: ServerConfig) -> ServerKeys | None:
+        keys = self.servers.get(name)
+        return (
+            keys if keys is not None and keys.config == server and server.webhook_identity != "off" else None
+        )
+
     async def check(self, server: str, msg_id: str, stamp: str, header: str, body: bytes) -> Checked:
         keys = self.servers.get(server)
         if keys is None:
