@@ -91,6 +91,8 @@ class PollLoop:
     store: Store
     on_new_events: Callable[[int], None] = lambda count: None
     sleep: Sleep = anyio.sleep
+    # The wait between polls (None: ``sleep``); the supervisor's wakes quiet loops together (PollTicks).
+    idle_sleep: Sleep | None = None
     retry_initial_s: float = RETRY_INITIAL_S
     retry_max_s: float = RETRY_MAX_S
     limits: LimitsConfig = field(default_factory=LimitsConfig)
@@ -166,7 +168,7 @@ class PollLoop:
                 # The prefetch was cut short (the service is stopping): poll again, which sees the stop.
             delay_ms = next_delay_ms(result.page, sub.poll_floor_ms, progressed=result.progressed)
             if delay_ms:
-                await self.sleep(delay_ms / 1000)
+                await (self.idle_sleep or self.sleep)(delay_ms / 1000)
             await self._room()
             result = await self._poll_with_retry(self._params(cursor, resuming=False))
 
