@@ -66,7 +66,7 @@ from typing import Any, Final, TextIO
 
 import anyio
 import mcp_types
-from anyio.abc import Process
+from anyio.abc import ByteReceiveStream, Process
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.client.stdio import StdioServerParameters, get_default_environment
 from mcp.shared.message import SessionMessage
@@ -107,6 +107,15 @@ logger = logging.getLogger(__name__)
 
 # The transport's look at a notification before the session gets it: True consumes it.
 Claim = Callable[[str, Mapping[str, Any] | None], bool]
+# Lines queued for stdin before a sender waits for the writer. Quiet polls come in waves (their loops
+# started together, and wait the same interval): ten thousand subscriptions put thousands of polls
+# in a few seconds to a server that reads them slower than that, and a sender that waits for the
+# writer costs two more task switches a poll. A line is a few hundred bytes: a few MB at most.
+WRITE_QUEUE: Final = 10_000
+# The most bytes one read of stdout takes.
+READ_BYTES: Final = 65_536
+# The most lines the writer joins into one write to the pipe.
+WRITE_BATCH: Final = 256
 # Only lines holding this are worth parsing on the claim path: every MCP notification method has it.
 _NOTIFICATION_MARK: Final = '"notifications/'
 _NOTIFICATION_KEYS: Final = frozenset({"jsonrpc", "method", "params"})
@@ -227,7 +236,8 @@ class BoundedStdioClient(CallsBesideSession):
         self.pid = process.pid
         read_send, read_receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
         # The session's messages, and ``call``'s lines already serialised: one writer keeps them in order.
-        write_send, write_receive = anyio.create_memory_object_stream[SessionMessage | bytes](0)
+        # A few queue, so a sender rarely waits for the writer's turn, and the writer takes them in one go.
+        write_send, write_receive = anyio.create_memory_object_stream[SessionMessage | bytes](WRITE_QUEUE)
         self._write_send = write_send
         self._calls = {}
         writer_done = anyio.Event()
@@ -274,7 +284,7 @@ class BoundedStdioClient(CallsBesideSession):
         try:
             async with read_send:
                 try:
-                    async for chunk in stdout:
+                    while chunk := await _receive(stdout):
                         for event in splitter.feed(chunk):
                             item = self._stdout_item(event)
                             if item is None:
@@ -288,8 +298,10 @@ class BoundedStdioClient(CallsBesideSession):
                             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                                 return  # the session is gone; only the drain below remains
                         # A chunk of claimed lines sends nothing, and a read of buffered bytes does
-                        # not yield: let the tasks consuming them run between chunks.
-                        await anyio.lowlevel.checkpoint()
+                        # not yield: let the tasks consuming them run between chunks. A chunk shorter
+                        # than a read takes was all there was: the next read waits (and yields) anyway.
+                        if len(chunk) >= READ_BYTES:
+                            await anyio.lowlevel.checkpoint()
                         if self.pace is not None:
                             await self.pace()
                     # Whatever follows the last newline is dropped, as the SDK does.
@@ -445,20 +457,37 @@ class BoundedStdioClient(CallsBesideSession):
         done: anyio.Event,
     ) -> None:
         assert process.stdin is not None
+        stdin = process.stdin
         try:
             async with write_receive:
                 async for item in write_receive:
-                    if isinstance(item, bytes):
-                        await process.stdin.send(item)  # a line of ``call``'s, encoded already
-                        continue
-                    json = item.message.model_dump_json(by_alias=True, exclude_unset=True)
-                    await process.stdin.send((json + "\n").encode(self.params.encoding, errors=self._errors))
+                    line = self._line(item)
+                    # What queued meanwhile goes in the same write, in order: one pipe write, one turn.
+                    lines: list[bytes] | None = None
+                    while True:
+                        try:
+                            queued = write_receive.receive_nowait()
+                        except (anyio.WouldBlock, anyio.EndOfStream):
+                            break
+                        if lines is None:
+                            lines = [line]
+                        lines.append(self._line(queued))
+                        if len(lines) >= WRITE_BATCH:
+                            break
+                    await stdin.send(line if lines is None else b"".join(lines))
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             # The server may still be alive: end the read stream so no request waits forever.
             self._end_calls()
             await read_send.aclose()
         finally:
             done.set()
+
+    def _line(self, item: SessionMessage | bytes) -> bytes:
+        """One line for stdin: a line of ``call``'s is encoded already; a session message is serialised."""
+        if isinstance(item, bytes):
+            return item
+        json = item.message.model_dump_json(by_alias=True, exclude_unset=True)
+        return (json + "\n").encode(self.params.encoding, errors=self._errors)
 
     # -- process -----------------------------------------------------------------------------
 
@@ -556,6 +585,14 @@ def bounded_stdio_client(
         claim=claim,
         pace=pace,
     )
+
+
+async def _receive(stdout: ByteReceiveStream) -> bytes:
+    """The next chunk of stdout, at most READ_BYTES; empty at its end."""
+    try:
+        return await stdout.receive(READ_BYTES)
+    except anyio.EndOfStream:
+        return b""
 
 
 def _is_utf8(encoding: str) -> bool:

@@ -11,6 +11,7 @@ SDK's codes. ``agentwake.stdio.BoundedStdioClient`` is the one user of this mixi
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Mapping
 from contextlib import suppress
@@ -33,21 +34,31 @@ RESULT_KEYS: Final = frozenset({"jsonrpc", "id", "result"})
 CANCEL_WRITE_S: Final = 5.0
 # What a ``call`` still waiting gets once the connection has closed: the SDK's own outcome.
 CLOSED: Final = ErrorData(code=CONNECTION_CLOSED, message="Connection closed")
+# What a ``call`` gets when its timeout passes first (never sent by a server: compared by identity).
+TIMED_OUT: Final = ErrorData(code=REQUEST_TIMEOUT, message="timed out")
 
 
 class _Call:
-    """A request of ``call``'s waiting for its answer: the result, or the error (the closure's included)."""
+    """A request of ``call``'s waiting for its answer: the result, or the error (the closure's included).
 
-    __slots__ = ("answered", "outcome")
+    Its wait is a bare future of the running loop, and its timeout a timer that settles it with
+    TIMED_OUT: a quiet poll's round trip pays no cancel scope and no event wrapper. Cancelling the
+    caller's task (its scope) cancels the wait as it would any other.
+    """
 
-    def __init__(self) -> None:
-        self.answered = anyio.Event()
-        self.outcome: dict[str, Any] | ErrorData = CLOSED
+    __slots__ = ("answer", "timer")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.answer: asyncio.Future[dict[str, Any] | ErrorData] = loop.create_future()
+        self.timer: asyncio.TimerHandle | None = None
 
     def settle(self, outcome: dict[str, Any] | ErrorData) -> None:
-        if not self.answered.is_set():
-            self.outcome = outcome
-            self.answered.set()
+        """The first outcome counts: an answer, the closure, or the timeout (TIMED_OUT)."""
+        if not self.answer.done():
+            self.answer.set_result(outcome)
+
+    def time_out(self) -> None:
+        self.settle(TIMED_OUT)
 
 
 class CallsBesideSession:
@@ -81,7 +92,8 @@ class CallsBesideSession:
         if params:  # as the SDK: no "params" at all rather than empty ones
             request["params"] = params
         line = self._encode(request)
-        call = calls[request_id] = _Call()
+        loop = asyncio.get_running_loop()
+        call = calls[request_id] = _Call(loop)
         written = False
         try:
             await anyio.lowlevel.checkpoint_if_cancelled()
@@ -89,14 +101,15 @@ class CallsBesideSession:
             written = True
             try:
                 try:
-                    write.send_nowait(line)  # to the writer waiting for it: no task switch of ours
+                    write.send_nowait(line)  # queued for the writer: no task switch of ours
                 except anyio.WouldBlock:
                     await write.send(line)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 raise MCPError(code=CONNECTION_CLOSED, message="Connection closed") from None
-            with anyio.move_on_after(timeout_s) as clock:
-                await call.answered.wait()
-            if clock.cancelled_caught and not call.answered.is_set():  # an answer just in time counts
+            if timeout_s is not None and not call.answer.done():
+                call.timer = loop.call_later(timeout_s, call.time_out)
+            outcome = await call.answer
+            if outcome is TIMED_OUT:  # an answer just in time settled it first, and counts
                 with anyio.move_on_after(CANCEL_WRITE_S):
                     await self._cancel_call(request_id, f"timed out after {timeout_s}s")
                 raise MCPError(code=REQUEST_TIMEOUT, message=f"Request {method!r} timed out")
@@ -107,7 +120,8 @@ class CallsBesideSession:
             raise
         finally:
             calls.pop(request_id, None)
-        outcome = call.outcome
+            if call.timer is not None:
+                call.timer.cancel()
         if isinstance(outcome, ErrorData):
             raise MCPError(code=outcome.code, message=outcome.message, data=outcome.data)
         return outcome
