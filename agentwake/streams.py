@@ -7,6 +7,7 @@ stream's ``StreamRoute`` in wire order; ``list_changed`` goes to the connection'
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -56,7 +57,7 @@ class StreamRoute:
     overflowed: bool = False
     on_overflow: Callable[[], None] | None = None
     ended: bool = field(default=False, init=False)
-    _ready: anyio.Event | None = field(default=None, init=False)
+    _ready: asyncio.Future[bool] | None = field(default=None, init=False)
 
     def offer(self, method: str, params: dict[str, Any]) -> None:
         if self.overflowed:
@@ -74,19 +75,27 @@ class StreamRoute:
             pass
         self._wake()
 
-    async def wait(self) -> None:
-        """Until a notification is queued or the sender is ended, without a checkpoint if one already is.
+    async def wait(self, timeout_s: float | None = None) -> bool:
+        """Until a notification is queued or the sender is ended, without a checkpoint if one already is;
+        False if ``timeout_s`` passed first.
 
         Used with ``receive.receive_nowait()`` instead of ``receive.receive()``: that one yields to the
-        loop before it waits, so each heartbeat of an idle stream woke its loop twice.
+        loop before it waits, so each heartbeat of an idle stream woke its loop twice. The wait is a
+        bare future and its timeout a timer (no cancel scope, no event): an idle stream's loop waits
+        here once per heartbeat. Cancelling the caller cancels the wait as it would any other.
         """
         if self.ended or self.queued:
-            return
-        self._ready = ready = anyio.Event()
+            return True
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Future[bool] = loop.create_future()
+        self._ready = ready
+        timer = None if timeout_s is None else loop.call_later(timeout_s, _settle, ready, False)
         try:
-            await ready.wait()
+            return await ready
         finally:
             self._ready = None
+            if timer is not None:
+                timer.cancel()
 
     def end(self) -> None:
         """No more notifications: the loop takes what is queued, then sees EndOfStream."""
@@ -96,7 +105,7 @@ class StreamRoute:
 
     def _wake(self) -> None:
         if self._ready is not None:
-            self._ready.set()
+            _settle(self._ready, True)
 
     @property
     def queued(self) -> int:
@@ -106,6 +115,11 @@ class StreamRoute:
     def close(self) -> None:
         self.end()
         self.receive.close()
+
+
+def _settle(ready: asyncio.Future[bool], woken: bool) -> None:
+    if not ready.done():
+        ready.set_result(woken)
 
 
 class StreamRoutes:

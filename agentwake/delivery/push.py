@@ -334,9 +334,7 @@ class PushLoop:
                     return
                 except anyio.WouldBlock:
                     silence_s = liveness.dead_after_s
-                    with anyio.move_on_after(silence_s) as waited:
-                        await route.wait()
-                    if waited.cancelled_caught:
+                    if not await route.wait(silence_s):
                         raise StreamInterrupted(
                             f"no event or heartbeat for {silence_s:g}s ({liveness.basis}); the stream is"
                             f" dead, reconnecting from cursor {peer(stored, CURSOR_SHOWN)}"
