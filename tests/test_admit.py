@@ -26,7 +26,9 @@ def event(**fields: Any) -> dict[str, Any]:
 
 def test_a_well_formed_event_of_the_subscribed_type_is_admitted() -> None:
     admitted = admit(event(_meta={"trace": "x"}), "h.tick", LIMITS)
-    assert admitted == IncomingEvent("h-1", "h.tick", "2026-12-02T10:00:00Z", {"n": 1}, {"trace": "x"})
+    assert admitted == IncomingEvent(
+        "h-1", "h.tick", "2026-12-02T10:00:00Z", {"n": 1}, {"trace": "x"}, data_json='{"n":1}'
+    )
 
 
 @pytest.mark.parametrize(

@@ -93,12 +93,13 @@ def admit(raw: Any, expected_name: str, limits: LimitsConfig) -> IncomingEvent |
     meta = raw.get("_meta")
     if meta is not None and not isinstance(meta, dict):
         return refuse(raw, "_meta must be a JSON object")
-    size = len(encode_json(data)) + (len(encode_json(meta)) if meta else 0)
+    data_json = encode_json(data)
+    size = len(data_json) + (len(encode_json(meta)) if meta else 0)
     if size > limits.max_event_bytes:
         return refuse(
             raw, f"the event is {size} bytes of JSON, over max_event_bytes ({limits.max_event_bytes})"
         )
-    return IncomingEvent(event_id, name, timestamp, data, meta or None)
+    return IncomingEvent(event_id, name, timestamp, data, meta or None, data_json)
 
 
 def admit_all(raws: Sequence[Any], expected_name: str, limits: LimitsConfig) -> Admitted:

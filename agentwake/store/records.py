@@ -66,6 +66,9 @@ class IncomingEvent(NamedTuple):
     timestamp: str
     data: dict[str, Any]
     meta: dict[str, Any] | None = None
+    # ``data`` as the store writes it (jsontext.encode_json), when admitting the event already
+    # encoded it to measure it: the store then does not encode it a second time.
+    data_json: str | None = None
 
 
 class RejectedEvent(NamedTuple):

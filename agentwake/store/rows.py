@@ -76,7 +76,7 @@ def event_values(key: SubscriptionKey, event: IncomingEvent) -> tuple[Any, ...]:
         event.name,
         event.event_id,
         event.timestamp,
-        encode_json(event.data),
+        event.data_json if event.data_json is not None else encode_json(event.data),
         encode_json(event.meta) if event.meta else None,
     )
 
