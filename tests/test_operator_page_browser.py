@@ -98,8 +98,12 @@ async def test_the_refresh_keeps_a_half_written_note(tmp_path: Path) -> None:
 
             async def refreshes(more: int) -> None:
                 seen = int(await page.get_attribute("#refreshed", "data-count") or 0)
-                # A selector, not a JS predicate: the page's CSP allows no eval.
-                await page.wait_for_selector(f"#refreshed[data-count='{seen + more}']", state="attached")
+                # A selector, not a JS predicate: the page's CSP allows no eval. Any count from
+                # seen + more on: on a busy machine one may pass before the selector is looked at.
+                at_least = ", ".join(
+                    f"#refreshed[data-count='{n}']" for n in range(seen + more, seen + more + 20)
+                )
+                await page.wait_for_selector(at_least, state="attached")
 
             await refreshes(1)
             note = page.locator("form[aria-label='approve T-2'] textarea[name=note]")

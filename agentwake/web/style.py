@@ -73,7 +73,12 @@ SCRIPT: Final = """
     return section.querySelector("input[type=checkbox]:checked, select:focus") !== null;
   }
   function refresh() {
-    fetch(window.location.href, {headers: {"Accept": "text/html"}, credentials: "same-origin"})
+    // A request that hangs must not end the refreshes: it is given up after a while, and the next one goes.
+    var controller = window.AbortController ? new AbortController() : null;
+    var abandon = controller ? window.setTimeout(function () { controller.abort(); }, Math.max(3 * every, 10000)) : null;
+    var options = {headers: {"Accept": "text/html"}, credentials: "same-origin"};
+    if (controller) { options.signal = controller.signal; }
+    fetch(window.location.href, options)
       .then(function (response) { return response.ok ? response.text() : null; })
       .then(function (text) {
         if (text === null) { return; }
@@ -92,7 +97,10 @@ SCRIPT: Final = """
         live.textContent = "refreshed " + new Date().toLocaleTimeString();
       })
       .catch(function () {})
-      .then(function () { window.setTimeout(refresh, every); });
+      .then(function () {
+        if (abandon !== null) { window.clearTimeout(abandon); }
+        window.setTimeout(refresh, every);
+      });
   }
   window.setTimeout(refresh, every);
 })();
