@@ -275,3 +275,30 @@ async def settled(store: Path, count: int) -> list[tuple[str, str]]:
             if len(rows) >= count and all(state not in ("pending", "processing") for _, state in rows):
                 return rows
             await anyio.sleep(0.05)
+
+
+@asynccontextmanager
+async def serving_mcp_http(events: Any, name: str = "t") -> AsyncIterator[str]:
+    """``events`` (an EventsExtension, running) in an MCPServer served over Streamable HTTP by uvicorn
+    on a loopback socket; yields its origin (the MCP endpoint is ``<origin>/mcp``)."""
+    import socket
+
+    import uvicorn
+    from mcp.server.mcpserver import MCPServer
+
+    server = MCPServer(name, extensions=[events])
+    events.install(server)
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    http_server = uvicorn.Server(
+        uvicorn.Config(server.streamable_http_app(), log_level="warning", lifespan="on")
+    )
+    try:
+        async with events.running(), anyio.create_task_group() as tg:
+            tg.start_soon(lambda: http_server.serve(sockets=[sock]))
+            try:
+                yield f"http://127.0.0.1:{port}"
+            finally:
+                http_server.should_exit = True
+    finally:
+        sock.close()

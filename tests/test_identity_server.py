@@ -16,7 +16,6 @@ import base64
 import json
 import logging
 import os
-import socket
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -31,12 +30,11 @@ import nacl.exceptions
 import nacl.signing
 import pytest
 import trustme
-import uvicorn
+from _support import serving_mcp_http
 from _webhook_server_support import Caller, FakeNow, Received, Receiver, Wire, new_secret, webhook_settings
 from conftest import QUIET_DEMO, REPO
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.server.mcpserver import MCPServer
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from agentwake.identity import (
@@ -340,27 +338,6 @@ async def test_a_bridge_started_with_identity_keys_serves_their_jwks_at_its_mcp_
 # ---- in process: the overlap ends while the server runs -----------------------------------------------
 
 
-@asynccontextmanager
-async def serving_http(events: EventsExtension) -> AsyncIterator[str]:
-    """``events`` in an MCPServer served by uvicorn on a loopback socket; yields its origin."""
-    server = MCPServer("identity", extensions=[events])
-    events.install(server)
-    sock = socket.create_server(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    http_server = uvicorn.Server(
-        uvicorn.Config(server.streamable_http_app(), log_level="warning", lifespan="on")
-    )
-    try:
-        async with events.running(), anyio.create_task_group() as tg:
-            tg.start_soon(lambda: http_server.serve(sockets=[sock]))
-            try:
-                yield f"http://127.0.0.1:{port}"
-            finally:
-                http_server.should_exit = True
-    finally:
-        sock.close()
-
-
 async def test_the_jwks_is_computed_per_request_so_the_overlap_ends_without_a_restart(
     ca: trustme.CA, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -370,7 +347,7 @@ async def test_the_jwks_is_computed_per_request_so_the_overlap_ends_without_a_re
     identity = ServerIdentity((old, new), overlap=timedelta(hours=1))
     events = EventsExtension(now=clock, webhook=webhook_settings(ca, identity=identity))
     with caplog.at_level(logging.WARNING, logger="agentwake.server._webhook"):
-        async with serving_http(events) as origin:
+        async with serving_mcp_http(events, "identity") as origin:
             _, during = await fetch_jwks(origin)
             clock.advance(hours=1)
             response, after = await fetch_jwks(origin)
@@ -383,7 +360,7 @@ async def test_the_jwks_is_computed_per_request_so_the_overlap_ends_without_a_re
 
 async def test_without_an_identity_the_well_known_path_is_not_found(ca: trustme.CA) -> None:
     for events in (EventsExtension(webhook=webhook_settings(ca)), EventsExtension()):
-        async with serving_http(events) as origin, httpx.AsyncClient() as http:
+        async with serving_mcp_http(events, "identity") as origin, httpx.AsyncClient() as http:
             response = await http.get(origin + JWKS_PATH)
         assert response.status_code == 404
 

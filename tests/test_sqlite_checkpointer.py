@@ -24,19 +24,24 @@ def wal_frames(path: Path) -> tuple[int, int]:
     return int(frames), int(done)
 
 
+async def write_events(store: SqliteStore, batches: int, per_batch: int) -> None:
+    """``batches`` ingests of ``per_batch`` events of about 2 kB each: WAL pages to checkpoint."""
+    await store.register(KEY)
+    body = {"title": "x" * 2000}
+    for batch in range(batches):
+        events = [
+            IncomingEvent(f"T-{batch}-{n}", "ticket.created", "2026-01-01T00:00:00Z", body)
+            for n in range(per_batch)
+        ]
+        await store.ingest(KEY, events, str(batch))
+
+
 async def test_the_writer_leaves_checkpoints_to_the_checkpointer_thread(tmp_path: Path) -> None:
     store = await SqliteStore.open(tmp_path / "aw.db")
     try:
         writer_threshold = store.core.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
         assert writer_threshold == WRITER_BACKSTOP_PAGES
-        await store.register(KEY)
-        body = {"title": "x" * 2000}
-        for batch in range(5):
-            events = [
-                IncomingEvent(f"T-{batch}-{n}", "ticket.created", "2026-01-01T00:00:00Z", body)
-                for n in range(200)
-            ]
-            await store.ingest(KEY, events, str(batch))
+        await write_events(store, 5, 200)
         moved = store.checkpointer.moved
         assert await anyio.to_thread.run_sync(lambda: moved.wait(30)), "no checkpoint within 30 s"
         assert store.checkpointer.checkpoints >= 1
@@ -49,14 +54,7 @@ async def test_without_the_thread_the_writer_does_not_checkpoint_below_its_backs
     store = await SqliteStore.open(tmp_path / "aw.db")
     try:
         await anyio.to_thread.run_sync(store.checkpointer.stop)
-        await store.register(KEY)
-        body = {"title": "x" * 2000}
-        for batch in range(3):
-            events = [
-                IncomingEvent(f"T-{batch}-{n}", "ticket.created", "2026-01-01T00:00:00Z", body)
-                for n in range(300)
-            ]
-            await store.ingest(KEY, events, str(batch))
+        await write_events(store, 3, 300)
         frames, done = wal_frames(tmp_path / "aw.db")
         # Past SQLite's default of 1,000 pages: no commit checkpointed (and so restarted) the WAL.
         assert 1_000 < frames < WRITER_BACKSTOP_PAGES

@@ -9,7 +9,6 @@ refresh's ``truncated: true`` makes the store record a gap that `status` shows.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,10 +17,9 @@ from typing import Any
 import anyio
 import pytest
 import trustme
-import uvicorn
+from _support import serving_mcp_http
 from _webhook_server_support import Caller, Signals, Tickets, declare_tickets, webhook_settings
 from conftest import free_port
-from mcp.server.mcpserver import MCPServer
 
 from agentwake.cli.views import status_snapshot
 from agentwake.config import AgentwakeConfig, parse_config
@@ -32,27 +30,6 @@ from agentwake.supervisor import Supervisor
 
 pytestmark = [pytest.mark.anyio]
 WAIT = 30.0
-
-
-@asynccontextmanager
-async def serving_http(events: EventsExtension) -> AsyncIterator[str]:
-    """The extension inside an MCPServer served over Streamable HTTP on loopback; yields its URL."""
-    server = MCPServer("t", extensions=[events])
-    events.install(server)
-    sock = socket.create_server(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    http_server = uvicorn.Server(
-        uvicorn.Config(server.streamable_http_app(), log_level="warning", lifespan="on")
-    )
-    try:
-        async with events.running(), anyio.create_task_group() as tg:
-            tg.start_soon(lambda: http_server.serve(sockets=[sock]))
-            try:
-                yield f"http://127.0.0.1:{port}/mcp"
-            finally:
-                http_server.should_exit = True
-    finally:
-        sock.close()
 
 
 def agentwake_config(tmp_path: Path, url: str, ca: trustme.CA, port: int) -> AgentwakeConfig:
@@ -116,7 +93,8 @@ async def test_a_delivery_abandoned_while_the_receiver_is_down_is_a_gap_once_it_
     tickets = Tickets()
     events = EventsExtension(webhook=webhook_settings(ca, max_attempts=3), principal_of=Caller("alice"))
     declare_tickets(events, tickets, next_poll_ms=50)
-    async with serving_http(events) as url:
+    async with serving_mcp_http(events) as origin:
+        url = f"{origin}/mcp"
         cfg = agentwake_config(tmp_path, url, ca, free_port())
         async with delivering(cfg) as (store, supervisor):
             await wait_refreshes(supervisor, store, 1)
