@@ -567,3 +567,44 @@ async def test_a_token_in_the_servers_stderr_is_redacted_on_its_way_to_ours(tmp_
                 pass
     assert "abcdefghijklmnopqrstuvwxyz0123" not in errlog.getvalue()
     assert "[leaky] auth with Bearer [REDACTED]" in errlog.getvalue()
+
+
+@pytest.mark.anyio
+async def test_lines_for_a_server_that_reads_nothing_yet_queue_without_holding_their_senders(
+    tmp_path: Path,
+) -> None:
+    """Thousands of quiet polls go out at once to a server slower to read them: each sender hands its
+    line over and goes on (up to WRITE_QUEUE queued) instead of waiting for the pipe; the lines then
+    reach the server whole and in order."""
+    go = tmp_path / "go"
+    os.mkfifo(go)
+    lines = 3000  # about 600 kB: far more than a pipe holds
+    params = script(
+        tmp_path,
+        rf"""
+        import json, sys
+        open({str(go)!r}, "rb").read(1)  # reads nothing from stdin until the test says so
+        seen = [json.loads(sys.stdin.buffer.readline())["params"]["i"] for _ in range({lines})]
+        done = {{"count": len(seen), "ordered": seen == list(range({lines}))}}
+        sys.stdout.write(json.dumps({{"jsonrpc": "2.0", "method": "notifications/done", "params": done}}) + "\n")
+        sys.stdout.flush()
+        sys.stdin.read()
+        """,
+    )
+    async with bounded_stdio_client(params, name="slow", errlog=io.StringIO()) as (read, write):
+        with anyio.fail_after(60):  # a guard: with senders held by the full pipe, this never ends
+            for i in range(lines):
+                note = JSONRPCNotification(
+                    jsonrpc="2.0", method="notifications/n", params={"i": i, "pad": "x" * 150}
+                )
+                await write.send(SessionMessage(note))
+
+        def release() -> None:
+            with open(go, "wb") as fifo:
+                fifo.write(b"1")
+
+        await anyio.to_thread.run_sync(release)
+        with anyio.fail_after(60):
+            reply = await read.receive()
+    assert isinstance(reply, SessionMessage) and isinstance(reply.message, JSONRPCNotification)
+    assert reply.message.params == {"count": lines, "ordered": True}
