@@ -333,12 +333,16 @@ class PushLoop:
                 except anyio.EndOfStream:
                     return
                 except anyio.WouldBlock:
+                    pass
+                if not batch:
+                    # Waited for outside the except block: an idle stream's loop would otherwise keep
+                    # the WouldBlock and its traceback alive for the whole wait.
                     silence_s = liveness.dead_after_s
                     if not await route.wait(silence_s):
                         raise StreamInterrupted(
                             f"no event or heartbeat for {silence_s:g}s ({liveness.basis}); the stream is"
                             f" dead, reconnecting from cursor {peer(stored, CURSOR_SHOWN)}"
-                        ) from None
+                        )
                     continue  # what woke it is taken above, after the overflow check
             while len(batch) < BATCH:
                 try:
