@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from _rig import Rig
+from _support import demo_server_toml
 from fake_anthropic import FakeAnthropic
 from fake_llm import text, tool_calls
 from rich.console import Console
@@ -340,3 +341,44 @@ async def test_cache_reads_are_recorded_priced_at_the_cached_rate_and_shown(
     assert table.exit_code == 0 and "cached" in table.output
     page = TEMPLATES.get_template("macros.html").module.run_block(run_shown(two))  # type: ignore[attr-defined]
     assert f"({read} cached)" in str(page)
+
+
+# ---- check: templates without a cache point ---------------------------------------------------------
+
+
+def cache_point_project(tmp_path: Path, template: str, prompt_cache: str = "auto") -> Path:
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    (prompts / "ticket.created.md.j2").write_text(template)
+    config = tmp_path / "agentwake.toml"
+    config.write_text(
+        f'[store]\npath = "aw.db"\n'
+        f'[agent]\nmodel = "agentwake/offline"\nprompts = "prompts"\nprompt_cache = "{prompt_cache}"\n'
+        f"{demo_server_toml(tmp_path / 'demo.db')}\n"
+        '[[subscriptions]]\nname = "tickets"\nserver = "demo"\nevent = "ticket.created"\n'
+    )
+    return config
+
+
+def cache_warnings(config: Path) -> list[dict[str, Any]]:
+    result = CliRunner().invoke(cli.app, ["check", "--json", "-c", str(config)])
+    report = json.loads(result.stdout)
+    return [f for f in report["findings"] if f["kind"] == "prompt" and "cache_point" in f["message"]]
+
+
+def test_check_warns_of_a_template_without_a_cache_point(tmp_path: Path) -> None:
+    config = cache_point_project(tmp_path, "A ticket:\n{{ event.data_block }}\nLabel it.\n")
+    [warning] = cache_warnings(config)
+    assert warning["severity"] == "warning" and warning["what"] == "ticket.created.md.j2"
+    assert "has no {{ cache_point }}" in warning["message"]
+
+
+@pytest.mark.parametrize(
+    ("template", "prompt_cache"),
+    [("Label it.\n{{ cache_point }}\n{{ event.data_block }}\n", "auto"), ("{{ event.data_block }}\n", "off")],
+    ids=["with a cache point", "caching off"],
+)
+def test_check_is_quiet_with_a_cache_point_or_with_caching_off(
+    tmp_path: Path, template: str, prompt_cache: str
+) -> None:
+    assert cache_warnings(cache_point_project(tmp_path, template, prompt_cache)) == []

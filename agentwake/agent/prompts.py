@@ -152,6 +152,18 @@ class PromptRenderer:
         for name in dict.fromkeys([self.agent.system_prompt, *names]):
             self._template(name)
 
+    def without_cache_point(self, names: list[str]) -> list[str]:
+        """Those of these (loadable) templates that never use ``{{ cache_point }}``: nothing of their
+        text is shared from run to run, so no provider can cache the rule's instructions."""
+        from jinja2 import meta
+
+        missing = []
+        for name in dict.fromkeys(names):
+            source, _, _ = self._env.loader.get_source(self._env, name)  # type: ignore[union-attr]
+            if "cache_point" not in meta.find_undeclared_variables(self._env.parse(source)):
+                missing.append(name)
+        return missing
+
     def render(
         self,
         *,

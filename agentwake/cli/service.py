@@ -333,6 +333,7 @@ def _check_prompts_and_policy(cfg: AgentwakeConfig, report: CheckReport) -> list
         return []
     if renderer is not None:
         prompts = [(r, r.rule.prompt) for r in policy.rules if r.rule.prompt]
+        _check_cache_points(cfg, renderer, [p for _, p in prompts], report)
         for loaded, prompt in prompts:
             try:
                 renderer.check([prompt])
@@ -345,6 +346,29 @@ def _check_prompts_and_policy(cfg: AgentwakeConfig, report: CheckReport) -> list
                     line=loaded.line,
                 )
     return list(policy.rules)
+
+
+def _check_cache_points(
+    cfg: AgentwakeConfig, renderer: Any, rule_prompts: list[str], report: CheckReport
+) -> None:
+    """A warning for each user prompt template without ``{{ cache_point }}`` while caching is on."""
+    assert cfg.agent is not None
+    if cfg.agent.prompt_cache != "auto":
+        return
+    names = [renderer.template_for(s, s.event) for s in cfg.subscriptions if s.agent] + rule_prompts
+    try:
+        missing = renderer.without_cache_point([n for n in names if renderer.has_template(n)])
+    except Exception:  # a broken template is reported by the checks above
+        return
+    for name in missing:
+        report.add(
+            "prompt",
+            name,
+            f"prompt template {name!r} has no {{{{ cache_point }}}}: no run shares any of its text with the"
+            " last, so providers cache none of the rule's instructions; put them first and the event after"
+            ' {{ cache_point }} (README, "Prompt caching")',
+            severity="warning",
+        )
 
 
 async def _check_servers(
