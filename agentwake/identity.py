@@ -29,7 +29,7 @@ from typing import Any, Final
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from agentwake.signing import MAX_SIGNATURE_HEADER
+from agentwake.signing import entries
 
 JWKS_PATH: Final = "/.well-known/mcp-webhook-jwks.json"
 SIGNATURE_VERSION: Final = "v1a"
@@ -256,15 +256,11 @@ def parse_jwks(document: bytes) -> list[PublicKey]:
 def identity_signatures(header: str) -> list[bytes]:
     """The ``v1a`` signatures of a ``webhook-signature`` header, decoded; malformed entries skipped."""
     found: list[bytes] = []
-    if len(header) > MAX_SIGNATURE_HEADER or not header.isascii():
-        return found
-    for entry in header.split(" "):
-        version, comma, encoded = entry.partition(",")
-        if comma and version == SIGNATURE_VERSION and len(encoded) == _ENCODED_SIGNATURE:
-            try:
-                found.append(base64.b64decode(encoded, validate=True))
-            except (binascii.Error, ValueError):
-                continue
+    for encoded in entries(header, SIGNATURE_VERSION, _ENCODED_SIGNATURE):
+        try:
+            found.append(base64.b64decode(encoded, validate=True))
+        except (binascii.Error, ValueError):
+            continue
     return found
 
 

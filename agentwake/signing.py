@@ -100,17 +100,23 @@ def sign(keys: Sequence[bytes], msg_id: str, timestamp: int | str, body: bytes) 
     )
 
 
-def signatures(header: str) -> list[bytes]:
-    """The ``v1`` signatures of a header, still base64 (as ASCII bytes); other versions and malformed
-    entries are skipped. Compared as encodings, so no candidate is ever decoded."""
-    found: list[bytes] = []
+def entries(header: str, version: str, length: int) -> list[str]:
+    """The encoded signatures of one ``version`` in a ``webhook-signature`` header, those of exactly
+    ``length`` characters; other versions, malformed entries and an oversized header are skipped."""
     if len(header) > MAX_SIGNATURE_HEADER or not header.isascii():
-        return found
+        return []
+    found: list[str] = []
     for entry in header.split(" "):
-        version, comma, encoded = entry.partition(",")
-        if comma and version == SIGNATURE_VERSION and len(encoded) == _ENCODED_DIGEST:
-            found.append(encoded.encode("ascii"))
+        named, comma, encoded = entry.partition(",")
+        if comma and named == version and len(encoded) == length:
+            found.append(encoded)
     return found
+
+
+def signatures(header: str) -> list[bytes]:
+    """The ``v1`` signatures of a header, still base64 (as ASCII bytes). Compared as encodings, so
+    no candidate is ever decoded."""
+    return [encoded.encode("ascii") for encoded in entries(header, SIGNATURE_VERSION, _ENCODED_DIGEST)]
 
 
 def verify(
