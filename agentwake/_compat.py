@@ -44,6 +44,8 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 from mcp import Client, ClientSession
 from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types import CONNECTION_CLOSED
 
 if TYPE_CHECKING:
     import httpx2
@@ -64,6 +66,20 @@ class ClaimingTransport(Protocol):
 
 
 HANDSHAKE_METHODS: Final = frozenset({"initialize", "server/discover"})
+# How the SDK words the -32000 errors it makes up itself when an HTTP response stream breaks.
+SDK_STREAM_FAILURES: Final = ("SSE stream failed", "SSE stream ended")
+
+
+def connection_closed(exc: MCPError) -> bool:
+    """The SDK's own "connection closed", not a server's error that happens to use -32000.
+
+    The SDK reports a closed connection or a broken HTTP response stream as code -32000 with a
+    message of its own ("Connection closed", "SSE stream failed: ...", "SSE stream ended ...")
+    and no data; a server's -32000 (say "server busy") is its answer, and its message counts.
+    """
+    if exc.code != CONNECTION_CLOSED or exc.data is not None:
+        return False
+    return exc.message == "Connection closed" or exc.message.startswith(SDK_STREAM_FAILURES)
 
 
 @dataclass(frozen=True, slots=True)

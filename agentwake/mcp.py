@@ -8,7 +8,6 @@ server's name attached.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import math
 import sys
@@ -25,7 +24,6 @@ from mcp.client.stdio import get_default_environment
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
-    CONNECTION_CLOSED,
     REQUEST_TIMEOUT,
     CallToolResult,
     Implementation,
@@ -36,7 +34,13 @@ from mcp_types import (
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from agentwake import protocol
-from agentwake._compat import InterceptingClient, http_client, send_raw_request, stamped_params
+from agentwake._compat import (
+    InterceptingClient,
+    connection_closed,
+    http_client,
+    send_raw_request,
+    stamped_params,
+)
 from agentwake.config import LimitsConfig, ServerConfig
 from agentwake.errors import (
     ConnectError,
@@ -48,6 +52,7 @@ from agentwake.errors import (
 )
 from agentwake.jsontext import encode_json
 from agentwake.logs import CONNECTION_NAME, adapt_sdk_logs
+from agentwake.mcp_streams import EventStreams
 from agentwake.ratelimit import ServerRequestLimit, limit_server_requests
 from agentwake.stdio import (
     BoundedStdioClient,
@@ -57,12 +62,7 @@ from agentwake.stdio import (
     UnparsableMessage,
     bounded_stdio_client,
 )
-from agentwake.streams import (
-    STREAM_BUFFER,
-    StreamItem,
-    StreamRoute,
-    StreamRoutes,
-)
+from agentwake.streams import StreamRoutes
 from agentwake.text import peer
 
 logger = logging.getLogger(__name__)
@@ -71,8 +71,6 @@ adapt_sdk_logs()
 
 T = TypeVar("T")
 MAX_LIST_PAGES: Final = 1000
-# How the SDK words the -32000 errors it makes up itself when an HTTP response stream breaks.
-SDK_STREAM_FAILURES: Final = ("SSE stream failed", "SSE stream ended")
 # Requests in a row that get no answer before the connection is given up and made again.
 DEAD_AFTER_TIMEOUTS: Final = 3
 TOOLS_LIST_CHANGED: Final = "notifications/tools/list_changed"
@@ -116,18 +114,6 @@ def _real_stderr() -> Any:  # kept for callers passing no errlog: the server's s
     return sys.stderr
 
 
-def connection_closed(exc: MCPError) -> bool:
-    """The SDK's own "connection closed", not a server's error that happens to use -32000.
-
-    The SDK reports a closed connection or a broken HTTP response stream as code -32000 with a
-    message of its own ("Connection closed", "SSE stream failed: ...", "SSE stream ended ...")
-    and no data; a server's -32000 (say "server busy") is its answer, and its message counts.
-    """
-    if exc.code != CONNECTION_CLOSED or exc.data is not None:
-        return False
-    return exc.message == "Connection closed" or exc.message.startswith(SDK_STREAM_FAILURES)
-
-
 def _unwrap(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
@@ -165,10 +151,7 @@ def describe_connect_failure(
     return f"{where}: cannot connect: {type(exc).__name__}: {exc}"
 
 
-_stream_ids = itertools.count(1)
-
-
-class ServerConnection:
+class ServerConnection(EventStreams):
     """An open MCP session to one server. Use as ``async with ServerConnection(...)``."""
 
     def __init__(
@@ -606,46 +589,6 @@ class ServerConnection:
         """
         body = params.model_dump(by_alias=True, exclude_none=True)
         return await self.request(protocol.METHOD_POLL, body, subscription=subscription, direct=True)
-
-    def open_stream_route(self) -> StreamRoute:
-        """A route for a new events/stream; register it before sending the request."""
-        _ = self.client  # raises ConnectionLost when not connected
-        send, receive = anyio.create_memory_object_stream[StreamItem](STREAM_BUFFER)
-        route = StreamRoute(f"agentwake-stream-{next(_stream_ids)}", send, receive)
-        self._streams.routes[route.request_id] = route
-        return route
-
-    def close_stream_route(self, route: StreamRoute) -> None:
-        self._streams.routes.pop(route.request_id, None)
-        route.close()
-
-    async def stream(
-        self, route: StreamRoute, params: dict[str, Any], *, subscription: str | None = None
-    ) -> None:
-        """Send events/stream under the route's id and wait for its final frame (the server closed it).
-
-        No read timeout: the heartbeat is the liveness signal. Cancelling this (the
-        caller's scope) cancels the request: notifications/cancelled on stdio, the POST
-        stream aborted on HTTP, as the SDK does for any abandoned request.
-        """
-        session = self.client.session
-        try:
-            await send_raw_request(session, protocol.METHOD_STREAM, params, request_id=route.request_id)
-        except MCPError as exc:
-            if connection_closed(exc):
-                raise ConnectionLost(self._closed_message(), server=self.name) from None
-            raise events_call_error(
-                protocol.METHOD_STREAM,
-                exc.code,
-                exc.message,
-                exc.data,
-                server=self.name,
-                subscription=subscription,
-            ) from None
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, OSError) as exc:
-            raise ConnectionLost(
-                f"server {self.name!r}: {type(exc).__name__}: {exc}", server=self.name
-            ) from None
 
     async def list_tools(self) -> list[Tool]:
         """tools/list, every page."""

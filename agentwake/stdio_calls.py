@@ -6,14 +6,15 @@ integers) through the session's writer, and the transport's reader hands its ans
 the session, whose request machinery costs most of a quiet poll's round trip. It keeps the
 session's contract: the timeout counts from the write, an abandoned request is cancelled with
 ``notifications/cancelled``, an error answer or a closed connection is an ``MCPError`` with the
-SDK's codes. ``agentwake.stdio.BoundedStdioClient`` is the one user of this mixin.
+SDK's codes. ``send`` writes an events/stream request the same way and hands its answer, when it
+comes at the stream's end, to a callback: no task waits for it. ``agentwake.stdio.BoundedStdioClient`` is the one user of this mixin.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import suppress
 from typing import Any, Final
 
@@ -27,8 +28,10 @@ from pydantic_core import from_json, to_json
 
 # The ids of ``call``'s requests: strings, so never one of the session's (integers).
 CALL_ID_PREFIX: Final = "agentwake-call-"
-# Only lines holding this may answer a ``call``.
-CALL_MARK: Final = f'"{CALL_ID_PREFIX}'
+# The ids of events/stream requests (``send``'s, over stdio; the session's, over HTTP).
+STREAM_ID_PREFIX: Final = "agentwake-stream-"
+# Only lines holding this may answer a ``call`` or a ``send``: the prefix both kinds of id share.
+CALL_MARK: Final = '"agentwake-'
 RESULT_KEYS: Final = frozenset({"jsonrpc", "id", "result"})
 # The SDK's bound on writing the cancel of an abandoned request (its _ABANDON_WRITE_TIMEOUT).
 CANCEL_WRITE_S: Final = 5.0
@@ -61,12 +64,24 @@ class _Call:
         self.settle(TIMED_OUT)
 
 
+class _Handed:
+    """A request of ``send``'s: its outcome is handed to ``on_answer`` (once), not waited for."""
+
+    __slots__ = ("on_answer",)
+
+    def __init__(self, on_answer: Callable[[dict[str, Any] | ErrorData], None]) -> None:
+        self.on_answer = on_answer
+
+    def settle(self, outcome: dict[str, Any] | ErrorData) -> None:
+        self.on_answer(outcome)
+
+
 class CallsBesideSession:
     """``call`` and the reader's side of it, for the transport (which sets these attributes)."""
 
     params: StdioServerParameters
     # ``call``'s requests awaiting an answer, by id; None before the start and after the end.
-    _calls: dict[str, _Call] | None
+    _calls: dict[str, _Call | _Handed] | None
     _call_ids: itertools.count[int]
     _write_send: MemoryObjectSendStream[SessionMessage | bytes] | None
     _utf8: bool
@@ -126,14 +141,85 @@ class CallsBesideSession:
             raise MCPError(code=outcome.code, message=outcome.message, data=outcome.data)
         return outcome
 
+    async def send(
+        self,
+        method: str,
+        params: Mapping[str, Any] | None,
+        *,
+        request_id: str,
+        on_answer: Callable[[dict[str, Any] | ErrorData], None],
+    ) -> None:
+        """Send a request beside the session's without waiting for its answer, which goes to ``on_answer``.
+
+        For a request answered only when it ends: an events/stream, whose notifications come
+        meanwhile (routed by ``request_id``, which must start with STREAM_ID_PREFIX). Its outcome
+        is handed over once: the result, the error a server answered, or CONNECTION_CLOSED when
+        the connection ends first. No task waits for it and nothing times it out; ``forget``
+        abandons it. Raises ``MCPError`` (CONNECTION_CLOSED) when the connection has ended.
+        """
+        calls, write = self._calls, self._write_send
+        if calls is None or write is None:
+            raise MCPError(code=CONNECTION_CLOSED, message="Connection closed")
+        request: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+        if params:
+            request["params"] = params
+        line = self._encode(request)
+        calls[request_id] = _Handed(on_answer)
+        try:
+            try:
+                write.send_nowait(line)
+            except anyio.WouldBlock:
+                await write.send(line)  # cancelled here, it may still go: the caller's forget cancels it
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            calls.pop(request_id, None)
+            raise MCPError(code=CONNECTION_CLOSED, message="Connection closed") from None
+
+    async def forget(self, request_id: str, reason: str) -> None:
+        """Abandon a ``send`` request still unanswered: the server is told with ``notifications/cancelled``.
+
+        Safe to call in a cancelled task (the write is shielded, bounded by CANCEL_WRITE_S), and
+        for a request answered already (then it does nothing).
+        """
+        calls = self._calls
+        if calls is None or calls.pop(request_id, None) is None:
+            return
+        write = self._write_send
+        if write is None:
+            return
+        notice = self._cancel_line(request_id, reason)
+        try:
+            write.send_nowait(notice)
+        except anyio.WouldBlock:
+            with anyio.move_on_after(CANCEL_WRITE_S, shield=True):
+                with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    await write.send(notice)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+
+    def forget_now(self, request_id: str, reason: str) -> None:
+        """``forget`` without waiting: the cancel goes if the writer's queue has room now, else it is
+        left to a later ``forget`` (the request stays unanswered until then)."""
+        calls, write = self._calls, self._write_send
+        if calls is None or write is None or request_id not in calls:
+            return
+        try:
+            write.send_nowait(self._cancel_line(request_id, reason))
+        except anyio.WouldBlock:
+            return
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+        calls.pop(request_id, None)
+
+    def _cancel_line(self, request_id: str, reason: str) -> bytes:
+        params = {"requestId": request_id, "reason": reason}
+        return self._encode({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params})
+
     async def _cancel_call(self, request_id: str, reason: str) -> None:
         """The courtesy cancel of an abandoned ``call``; dropped when the connection is gone."""
         if self._calls is None or self._write_send is None:
             return
-        params = {"requestId": request_id, "reason": reason}
-        notice = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
         with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-            await self._write_send.send(self._encode(notice))
+            await self._write_send.send(self._cancel_line(request_id, reason))
 
     def _encode(self, message: Mapping[str, Any]) -> bytes:
         """One line of JSON, by the serializer the SDK's models use (pydantic-core's)."""

@@ -11,11 +11,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from mcp_types import ErrorData
 
 from agentwake import protocol
 
@@ -43,48 +42,66 @@ StreamItem = tuple[str, dict[str, Any], float]
 LOST_NOTIFICATION: Final = "agentwake/transport/unparsable"
 
 
-@dataclass
 class StreamRoute:
     """One events/stream's notifications, in wire order; ``overflowed`` says one was lost.
 
+    A plain list bounded at ``capacity``, filled by ``offer`` on the reader's path and emptied by
+    ``take`` in the stream's loop, which waits with ``wait``: one stream per subscription, so every
+    byte an idle one holds counts ten thousand times, and every notification passes here.
     ``on_overflow`` is called once, at the loss, so the stream can be stopped at once: the
     server need not keep sending what would only be dropped until the queue is stored.
+    ``answer`` is the request's own outcome once ``finish`` ends the route with it (over stdio,
+    where the request is answered off the reader's path: the result, or the error).
     """
 
-    request_id: str
-    send: MemoryObjectSendStream[StreamItem]
-    receive: MemoryObjectReceiveStream[StreamItem]
-    overflowed: bool = False
-    on_overflow: Callable[[], None] | None = None
-    ended: bool = field(default=False, init=False)
-    _ready: asyncio.Future[bool] | None = field(default=None, init=False)
+    __slots__ = ("_ready", "answer", "capacity", "ended", "items", "on_overflow", "overflowed", "request_id")
+
+    def __init__(self, request_id: str, capacity: int = STREAM_BUFFER) -> None:
+        self.request_id = request_id
+        self.capacity = capacity
+        # A list, not a deque: an idle stream's empty list is 56 bytes, a deque's block 600.
+        self.items: list[StreamItem] = []
+        self.overflowed = False
+        self.on_overflow: Callable[[StreamRoute], None] | None = None
+        self.ended = False
+        self.answer: dict[str, Any] | ErrorData | None = None
+        self._ready: asyncio.Future[bool] | None = None
 
     def offer(self, method: str, params: dict[str, Any]) -> None:
-        if self.overflowed:
+        if self.overflowed or self.ended:
             # Keep what is queued a gap-free prefix: nothing after a lost notification is taken.
             return
-        try:
+        items = self.items
+        if len(items) < self.capacity:
             # Stamped as it comes off the wire: liveness measures the server's silences, not ours.
-            self.send.send_nowait((method, params, time.monotonic()))
-        except anyio.WouldBlock:
+            items.append((method, params, time.monotonic()))
+        else:
             # The loop fell this far behind: it stores the prefix and reconnects from its cursor.
             self.overflowed = True
             if self.on_overflow is not None:
-                self.on_overflow()
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            pass
-        self._wake()
+                self.on_overflow(self)
+        if self._ready is not None:
+            _settle(self._ready, True)
+
+    def take(self, limit: int) -> list[StreamItem]:
+        """Up to ``limit`` queued notifications, oldest first; [] when none is queued."""
+        items = self.items
+        if len(items) <= limit:
+            self.items = []
+            return items
+        taken = items[:limit]
+        del items[:limit]
+        return taken
 
     async def wait(self, timeout_s: float | None = None) -> bool:
-        """Until a notification is queued or the sender is ended, without a checkpoint if one already is;
+        """Until a notification is queued or the route is ended, without a checkpoint if one already is;
         False if ``timeout_s`` passed first.
 
-        Used with ``receive.receive_nowait()`` instead of ``receive.receive()``: that one yields to the
-        loop before it waits, so each heartbeat of an idle stream woke its loop twice. The wait is a
-        bare future and its timeout a timer (no cancel scope, no event): an idle stream's loop waits
-        here once per heartbeat. Cancelling the caller cancels the wait as it would any other.
+        The wait is a bare future and its timeout a timer (no cancel scope, no event): an idle
+        stream's loop waits here once per heartbeat. Cancelling the caller cancels the wait as it
+        would any other.
         """
-        if self.ended or self.queued:
+        if self.ended or self.items:
             return True
         loop = asyncio.get_running_loop()
         ready: asyncio.Future[bool] = loop.create_future()
@@ -98,23 +115,25 @@ class StreamRoute:
                 timer.cancel()
 
     def end(self) -> None:
-        """No more notifications: the loop takes what is queued, then sees EndOfStream."""
+        """No more notifications: the loop takes what is queued, then sees ``ended``."""
         self.ended = True
-        self.send.close()
-        self._wake()
-
-    def _wake(self) -> None:
         if self._ready is not None:
             _settle(self._ready, True)
+
+    def finish(self, answer: dict[str, Any] | ErrorData) -> None:
+        """The request was answered (its result or its error): the stream is over once the queue is taken."""
+        if self.answer is None:
+            self.answer = answer
+        self.end()
 
     @property
     def queued(self) -> int:
         """How many notifications wait for the loop."""
-        return self.send.statistics().current_buffer_used
+        return len(self.items)
 
     def close(self) -> None:
         self.end()
-        self.receive.close()
+        self.items = []
 
 
 def _settle(ready: asyncio.Future[bool], woken: bool) -> None:

@@ -548,6 +548,10 @@ class Supervisor(WebhookBookkeeping):
         cursor writes fenced. A lost lease cancels it, a write fenced out stops it: it waits to
         hold the subscription again. With one process per store it is always held."""
         sub = loop.subscription
+        if not self.owners.shared:
+            # Always held and never fenced: no context to keep open for each of ten thousand loops.
+            await self._drive(loop)
+            return
         while True:
             async with self.owners.driving(sub.name) as fence:
                 loop.fence = fence

@@ -151,8 +151,11 @@ class StoreView:
 # ---- the config -------------------------------------------------------------------------------
 
 
-def config_text(subscriptions: int, *, rate: float, agent: bool, filtered: bool) -> str:
-    """The service's config: the demo server over stdio, ``subscriptions`` subscriptions, half push.
+def config_text(
+    subscriptions: int, *, rate: float, agent: bool, filtered: bool, modes: tuple[str, ...] = ("poll", "push")
+) -> str:
+    """The service's config: the demo server over stdio, ``subscriptions`` subscriptions taking
+    ``modes`` in turn (half poll, half push by default).
 
     ``filtered`` spreads them over the (queue, priority) filters; else each one sees every ticket,
     so that a baseline of a few subscriptions stores (and runs the agent on) what the soak does.
@@ -172,7 +175,7 @@ env = {{ DEMO_DB = "demo.db", DEMO_RATE = "{rate:g}", DEMO_ALERT_INTERVAL = "0",
     for n in range(subscriptions):
         queue, priority = filters[n % len(filters)]
         arguments = f'{{ queue = "{queue}", priority = "{priority}" }}' if filtered else "{}"
-        mode = "poll" if n % 2 == 0 else "push"
+        mode = modes[n % len(modes)]
         parts.append(
             f"""[[subscriptions]]
 name = "{subscription_name(n)}"

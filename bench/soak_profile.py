@@ -99,15 +99,33 @@ def print_grown_lines(
 
 def print_held_lines(snapshot: tracemalloc.Snapshot, top: int) -> None:
     """The lines of agentwake, the SDK and anyio holding most: what each subscription costs."""
-    print("\n== lines holding most at the end (agentwake's, the SDK's, anyio's)")
+    print("\n== lines holding most at the end (agentwake's, the SDK's, anyio's, asyncio's)")
     mine = [
         stat
         for stat in snapshot.statistics("lineno")
-        if any(part in stat.traceback[0].filename for part in ("/agentwake/", "/mcp", "/anyio/"))
+        if any(part in stat.traceback[0].filename for part in ("/agentwake/", "/mcp", "/anyio/", "/asyncio/"))
     ]
     for stat in mine[:top]:
         frame = stat.traceback[0]
         print(f"  {stat.size / MIB:8.2f} MB {stat.count:8d}  {frame.filename}:{frame.lineno}")
+    if snapshot.traceback_limit > 1:
+        print(
+            f"\n== the allocations holding most at the end, with their callers (--frames {snapshot.traceback_limit})"
+        )
+        for stat in snapshot.statistics("traceback")[:top]:
+            print(f"  {stat.size / MIB:8.2f} MB {stat.count:8d}")
+            for frame in stat.traceback:
+                print(f"        {_short(frame.filename)}:{frame.lineno}")
+
+
+def _short(filename: str) -> str:
+    """A frame's file without the interpreter's or the venv's prefix."""
+    if "/agentwake/" in filename and "site-packages" not in filename:
+        return "agentwake/" + filename.split("/agentwake/", 1)[1]
+    for marker in ("site-packages/", "/lib/python3."):
+        if marker in filename:
+            return filename.split(marker, 1)[1]
+    return filename
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,6 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-agent", action="store_true")
     parser.add_argument("--top", type=int, default=DEFAULT_TOP, help="rows per table (default 20)")
     parser.add_argument("--frames", type=int, default=1, help="tracemalloc frames kept (default 1)")
+    parser.add_argument(
+        "--mode",
+        choices=("both", "poll", "push"),
+        default="both",
+        help="the subscriptions' delivery: half poll and half push (default), or all one",
+    )
     args = parser.parse_args(argv)
     os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
     tracemalloc.start(args.frames)
@@ -132,7 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="agentwake-soak-profile-") as tmpdir:
         folder = Path(tmpdir)
         filtered = args.subscriptions > BASELINE_SUBSCRIPTIONS
-        text = config_text(args.subscriptions, rate=args.rate, agent=not args.no_agent, filtered=filtered)
+        modes = ("poll", "push") if args.mode == "both" else (args.mode,)
+        text = config_text(
+            args.subscriptions, rate=args.rate, agent=not args.no_agent, filtered=filtered, modes=modes
+        )
         (folder / "agentwake.toml").write_text(text)
         logging.basicConfig(filename=folder / "service.log", level=logging.INFO)
         os.chdir(folder)

@@ -58,6 +58,7 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
         "mcp",
         (
             "agentwake.mcp",
+            "agentwake.mcp_streams",
             "agentwake.ratelimit",
             "agentwake.streams",
             "agentwake.stdio",

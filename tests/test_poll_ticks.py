@@ -6,7 +6,7 @@ import anyio
 import pytest
 
 from agentwake.delivery.ticks import PollTicks
-from agentwake.streams import StreamItem, StreamRoute
+from agentwake.streams import StreamRoute
 
 pytestmark = pytest.mark.anyio
 
@@ -68,8 +68,7 @@ async def test_a_cancelled_wait_ends_at_once_and_the_others_still_wake() -> None
 
 
 async def test_a_route_wait_says_whether_a_notification_came_or_the_time_ran_out() -> None:
-    send, receive = anyio.create_memory_object_stream[StreamItem](10)
-    route = StreamRoute("r1", send, receive)
+    route = StreamRoute("r1", capacity=10)
     assert await route.wait(0.01) is False
 
     async def offer() -> None:

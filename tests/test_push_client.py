@@ -13,7 +13,7 @@ import pytest
 from _support import SteppedSleep, set_cursor
 from conftest import REPO
 
-from agentwake import mcp as mcp_module
+from agentwake import mcp_streams
 from agentwake.config import ServerConfig, SubscriptionConfig, parse_config
 from agentwake.delivery.common import subscription_key
 from agentwake.delivery.push import PushLoop
@@ -286,7 +286,7 @@ async def test_lost_notifications_are_detected_and_recovered_from_the_stored_cur
     tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A small route buffer makes the receive path overrun the loop during a burst.
-    monkeypatch.setattr(mcp_module, "STREAM_BUFFER", 64)
+    monkeypatch.setattr(mcp_streams, "STREAM_BUFFER", 64)
     sub = feed()
     await set_cursor(store, subscription_key(sub), "0")
     progress = Progress()

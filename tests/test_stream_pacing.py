@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from agentwake import protocol, streams
-from agentwake.streams import StreamItem, StreamRoute, StreamRoutes
+from agentwake.streams import StreamRoute, StreamRoutes
 
 pytestmark = pytest.mark.anyio
 
@@ -29,8 +29,7 @@ class Routes(StreamRoutes):
         self.opened: list[StreamRoute] = []
 
     def open(self, request_id: str) -> StreamRoute:
-        send, receive = anyio.create_memory_object_stream[StreamItem](100)
-        route = StreamRoute(request_id, send, receive)
+        route = StreamRoute(request_id, capacity=100)
         self.routes[request_id] = route
         self.opened.append(route)
         return route
@@ -51,8 +50,7 @@ def heartbeat(routes: Routes, request_id: str) -> None:
 
 async def drain_later(route: StreamRoute, taken: list[float]) -> None:
     await anyio.sleep(0.05)
-    while route.queued:
-        route.receive.receive_nowait()
+    while route.take(1):
         taken.append(anyio.current_time())
 
 

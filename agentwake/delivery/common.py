@@ -55,7 +55,7 @@ STALLED_AFTER_FAILURES: Final = 3
 SUMMARY_INTERVAL_S: Final = 60.0
 
 
-@dataclass
+@dataclass(slots=True)
 class Summary:
     """A warning a peer can make us repeat: logged the first time, then counted and summarised
     at most once per SUMMARY_INTERVAL_S, so a server cannot flood the log."""
@@ -75,7 +75,7 @@ class Summary:
             self._since += 1
 
 
-@dataclass
+@dataclass(slots=True)
 class QuietWrites:
     """Whether a loop has written since it started or last failed.
 
@@ -210,7 +210,7 @@ class QuietFlusher:
                 writes.known.remember(batch.key.server, batch.events)
 
 
-@dataclass
+@dataclass(slots=True)
 class DeferredWrites:
     """Which batches a loop writes at once, and what it holds back for a later write.
 

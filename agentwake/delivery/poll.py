@@ -84,7 +84,7 @@ class _Prefetch:
     error: Exception | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class PollLoop:
     subscription: SubscriptionConfig
     connection: ServerConnection

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -50,7 +49,7 @@ from agentwake.errors import DeliveryError, SubscriptionEnded, TransientEventsEr
 from agentwake.logs import event_fields
 from agentwake.mcp import ServerConnection
 from agentwake.store import IncomingEvent, RejectedEvent, Store, SubscriptionKey
-from agentwake.streams import LOST_NOTIFICATION, StreamItem, StreamRoute
+from agentwake.streams import LOST_NOTIFICATION, StreamRoute
 from agentwake.text import peer
 
 logger = logging.getLogger(__name__)
@@ -123,7 +122,7 @@ def error_of(params: dict[str, Any]) -> tuple[int, str, Any]:
     return protocol.INTERNAL_ERROR, peer(error) if error is not None else "no reason given", None
 
 
-@dataclass
+@dataclass(slots=True)
 class Liveness:
     """How long one stream may stay silent before it is dead: the spec's "more than twice the
     heartbeat interval", with the interval inferred from the stream itself.
@@ -138,7 +137,8 @@ class Liveness:
     ceiling_s: float
     floor_s: float = LIVENESS_FLOOR_S
     clock: Callable[[], float] = time.monotonic
-    gaps: deque[float] = field(default_factory=lambda: deque(maxlen=LIVENESS_SAMPLES))
+    # The last LIVENESS_SAMPLES intervals, oldest first (a list: a deque's block is 600 bytes a stream).
+    gaps: list[float] = field(default_factory=list)
     last_beat_at: float | None = None
 
     def __post_init__(self) -> None:
@@ -148,7 +148,10 @@ class Liveness:
         """A notification read (off the wire) at ``at``, on ``clock``'s scale."""
         if heartbeat:
             if self.last_beat_at is not None:
-                self.gaps.append(max(0.0, at - self.last_beat_at))
+                gaps = self.gaps
+                gaps.append(max(0.0, at - self.last_beat_at))
+                if len(gaps) > LIVENESS_SAMPLES:
+                    del gaps[0]
             self.last_beat_at = at
 
     @property
@@ -164,7 +167,7 @@ class Liveness:
         return f"twice the heartbeat interval seen on this stream, about {max(self.gaps):.2g}s"
 
 
-@dataclass
+@dataclass(slots=True)
 class PushLoop:
     subscription: SubscriptionConfig
     connection: ServerConnection
@@ -263,8 +266,25 @@ class PushLoop:
         params: dict[str, Any] = {"name": sub.event, "arguments": dict(sub.arguments), "cursor": cursor}
         if resuming and sub.max_age_ms is not None:
             params["maxAgeMs"] = sub.max_age_ms
-        route = self.connection.open_stream_route()
+        connection = self.connection
+        route = connection.open_stream_route()
         self.streams += 1
+        if connection.streams_beside_session:
+            # stdio: the request is written beside the session and its answer ends the route, so
+            # no task waits for it (an idle stream is a loop waiting on its route, nothing more).
+            try:
+                try:
+                    await connection.send_stream(route, params, subscription=sub.name)
+                except TransientEventsError as exc:
+                    raise StreamInterrupted(str(exc), server=sub.server) from None
+                await self._consume(route, key, cursor)
+            finally:
+                await connection.end_stream(route)
+            try:
+                connection.stream_ended(route, subscription=sub.name)
+            except TransientEventsError as exc:
+                raise StreamInterrupted(str(exc), server=sub.server) from None
+            return
         request_error: BaseException | None = None
         consume_error: BaseException | None = None
         try:
@@ -276,8 +296,8 @@ class PushLoop:
                         with anyio.CancelScope() as overrun:
                             # Notifications are being lost: the server is told to stop at once (the
                             # request is cancelled) rather than send what would be dropped.
-                            route.on_overflow = overrun.cancel
-                            await self.connection.stream(route, params, subscription=sub.name)
+                            route.on_overflow = lambda _: overrun.cancel()
+                            await connection.stream(route, params, subscription=sub.name)
                     except TransientEventsError as exc:
                         request_error = StreamInterrupted(str(exc), server=sub.server)
                     except Exception as exc:  # handed over below, after what came before it is stored
@@ -293,7 +313,7 @@ class PushLoop:
                 # Leaving: cancel the request if it is still open (the server stops streaming).
                 tg.cancel_scope.cancel()
         finally:
-            self.connection.close_stream_route(route)
+            connection.close_stream_route(route)
         if consume_error is not None:
             raise consume_error
         if request_error is not None:
@@ -314,41 +334,23 @@ class PushLoop:
         stored = cursor
         liveness = Liveness(ceiling_s=self.dead_after_s, clock=self.clock)
         while True:
-            batch: list[StreamItem] = []
-            if route.overflowed:
-                # What is still queued is the gap-free prefix before the loss: store it all first.
-                while len(batch) < BATCH:
-                    try:
-                        batch.append(route.receive.receive_nowait())
-                    except (anyio.WouldBlock, anyio.EndOfStream):
-                        break
-                if not batch:
+            batch = route.take(BATCH)
+            if not batch:
+                if route.overflowed:
+                    # All queued before the loss is stored: what came after it was dropped.
                     raise StreamOverrun(
                         f"stream notifications arrived faster than they were stored and some were lost;"
                         f" reconnecting from cursor {peer(stored, CURSOR_SHOWN)}"
                     )
-            else:
-                try:
-                    batch.append(route.receive.receive_nowait())
-                except anyio.EndOfStream:
+                if route.ended:
                     return
-                except anyio.WouldBlock:
-                    pass
-                if not batch:
-                    # Waited for outside the except block: an idle stream's loop would otherwise keep
-                    # the WouldBlock and its traceback alive for the whole wait.
-                    silence_s = liveness.dead_after_s
-                    if not await route.wait(silence_s):
-                        raise StreamInterrupted(
-                            f"no event or heartbeat for {silence_s:g}s ({liveness.basis}); the stream is"
-                            f" dead, reconnecting from cursor {peer(stored, CURSOR_SHOWN)}"
-                        )
-                    continue  # what woke it is taken above, after the overflow check
-            while len(batch) < BATCH:
-                try:
-                    batch.append(route.receive.receive_nowait())
-                except (anyio.WouldBlock, anyio.EndOfStream):
-                    break
+                silence_s = liveness.dead_after_s
+                if not await route.wait(silence_s):
+                    raise StreamInterrupted(
+                        f"no event or heartbeat for {silence_s:g}s ({liveness.basis}); the stream is"
+                        f" dead, reconnecting from cursor {peer(stored, CURSOR_SHOWN)}"
+                    )
+                continue
             pending = _Pending()
             for method, params, read_at in batch:
                 liveness.saw(read_at, heartbeat=method == protocol.NOTIFICATION_HEARTBEAT)
