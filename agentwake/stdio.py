@@ -118,6 +118,7 @@ READ_BYTES: Final = 65_536
 WRITE_BATCH: Final = 256
 # Only lines holding this are worth parsing on the claim path: every MCP notification method has it.
 _NOTIFICATION_MARK: Final = '"notifications/'
+_NOTIFICATION_MARK_BYTES: Final = _NOTIFICATION_MARK.encode()
 _NOTIFICATION_KEYS: Final = frozenset({"jsonrpc", "method", "params"})
 
 StdioStreams = tuple[
@@ -284,9 +285,18 @@ class BoundedStdioClient(CallsBesideSession):
         try:
             async with read_send:
                 try:
+                    # The common line, a notification in UTF-8, is parsed as bytes and claimed here.
+                    claim_line = self._claim_line if self.claim is not None and self._utf8 else None
                     while chunk := await _receive(stdout):
                         for event in splitter.feed(chunk):
-                            item = self._stdout_item(event)
+                            claimed = (
+                                None
+                                if claim_line is None or type(event) is not Line
+                                else claim_line(event.data)
+                            )
+                            if claimed:
+                                continue
+                            item = self._stdout_item(event, claim_tried=claimed is not None)
                             if item is None:
                                 continue
                             if isinstance(item, Exception):
@@ -334,8 +344,11 @@ class BoundedStdioClient(CallsBesideSession):
                 finally:
                     self._request_wait = None
 
-    def _stdout_item(self, event: Line | Overflow | OverflowEnd) -> SessionMessage | Exception | None:
-        """What the session gets for one splitter event, if anything."""
+    def _stdout_item(
+        self, event: Line | Overflow | OverflowEnd, *, claim_tried: bool = False
+    ) -> SessionMessage | Exception | None:
+        """What the session gets for one splitter event, if anything (``claim_tried``: the line was
+        shown to ``claim`` already, which declined it)."""
         limits = self.limits
         if isinstance(event, Overflow):
             self._report_bad_line(
@@ -368,9 +381,9 @@ class BoundedStdioClient(CallsBesideSession):
         except UnicodeDecodeError:
             text = data.decode(self.params.encoding, errors=self._errors)
             replaced = True
-        if (self.claim is not None and _NOTIFICATION_MARK in text and self._claimed(text)) or (
-            self._calls and CALL_MARK in text and self._took_result(text)
-        ):
+        if (
+            self.claim is not None and not claim_tried and _NOTIFICATION_MARK in text and self._claimed(text)
+        ) or (self._calls and CALL_MARK in text and self._took_result(text)):
             if replaced:
                 self._report_bad_line("invalid UTF-8 (replaced with U+FFFD, message kept)", data)
             return None
@@ -386,6 +399,18 @@ class BoundedStdioClient(CallsBesideSession):
             return None
         return SessionMessage(message)
 
+    def _claim_line(self, data: bytes) -> bool | None:
+        """``_claimed`` for a line still in bytes (UTF-8, parsed as such): True if ``claim`` consumed
+        it, False if it declined it, None if the line was not shown to it (not a plain notification,
+        or not valid UTF-8 JSON: the full path then reads it as it reads any other line)."""
+        if _NOTIFICATION_MARK_BYTES not in data:
+            return None
+        try:
+            message = from_json(data)
+        except ValueError:
+            return None
+        return self._offer(message)
+
     def _claimed(self, text: str) -> bool:
         """Whether ``claim`` consumed the line, read as a notification exactly when the session would.
 
@@ -399,16 +424,20 @@ class BoundedStdioClient(CallsBesideSession):
             message = from_json(text)
         except ValueError:
             return False
+        return bool(self._offer(message))
+
+    def _offer(self, message: Any) -> bool | None:
+        """Show a parsed line to ``claim`` if it is a plain notification (None if not): whether it took it."""
         if (
             type(message) is not dict
             or message.get("jsonrpc") != "2.0"
             or not message.keys() <= _NOTIFICATION_KEYS
         ):
-            return False
+            return None
         method = message.get("method")
         params = message.get("params")
         if type(method) is not str or not (params is None or type(params) is dict):
-            return False
+            return None
         assert self.claim is not None
         try:
             return bool(self.claim(method, params))

@@ -279,3 +279,21 @@ async def test_the_flushers_timer_runs_only_while_something_waits(tmp_path: Path
         assert not QuietFlusher(store).can_hold  # never spawned: nothing is held back
     finally:
         await store.close()
+
+
+def test_known_events_keeps_at_least_the_most_recent_kept_and_forgets_what_is_older() -> None:
+    known = KnownEvents(kept=100)
+
+    def events(first: int, count: int) -> list[IncomingEvent]:
+        return [IncomingEvent(f"e-{n}", "t", "2026-01-01T00:00:00Z", {}) for n in range(first, first + count)]
+
+    for first in range(0, 1000, 30):  # batches of 30: generations turn over mid-way, many times
+        known.remember("s", events(first, 30))
+    assert known.all_known("s", events(1020 - 100, 100))  # the 100 most recent, whatever the turns
+    assert not known.all_known("s", events(0, 1))  # long forgotten
+    assert not known.all_known("other", events(1000, 1))  # known per server
+    known.remember("s", events(5000, 250))  # a batch bigger than kept: all of it is known
+    assert known.all_known("s", events(5000, 250))
+    for _ in range(50):  # overlapping subscriptions remember the same events: they count once
+        known.remember("s", events(9000, 10))
+    assert known.all_known("s", events(5000 + 250 - 90, 90))

@@ -11,6 +11,7 @@ import io
 import itertools
 import logging
 import os
+import random
 import resource
 import signal
 import sys
@@ -130,6 +131,34 @@ def test_a_line_at_the_limit_passes_and_one_byte_more_overflows() -> None:
         OverflowEnd(4),
         Line(b"ok"),
     ]
+
+
+def test_splitting_gives_the_same_events_however_the_stream_is_cut_into_chunks() -> None:
+    """The chunk's whole lines are split at once (a fast path): the events must not depend on
+    where the reads cut the stream, overlong lines, empty lines and a line cut mid-way included."""
+    rng = random.Random(7)
+    limit = 8
+    lines = [b"x" * rng.choice([0, 1, 7, 8, 9, 20]) for _ in range(400)]
+    stream = b"".join(line + b"\n" for line in lines) + b"tail"
+    expected: list[Line | Overflow | OverflowEnd] = []
+    for line in lines:
+        if len(line) <= limit:
+            expected.append(Line(line))
+        else:
+            expected += [Overflow(line[:limit], len(line)), OverflowEnd(len(line))]
+    for _ in range(50):
+        splitter = LineSplitter(limit)
+        got: list[Line | Overflow | OverflowEnd] = []
+        start = 0
+        while start < len(stream):
+            size = rng.choice([1, 2, 9, 10, 33, 200, 5000])
+            got += splitter.feed(stream[start : start + size])
+            start += size
+        # An Overflow's size is what was seen of the line when it went over: that one depends on the reads.
+        assert [e.head if isinstance(e, Overflow) else e for e in got] == [
+            e.head if isinstance(e, Overflow) else e for e in expected
+        ]
+        assert splitter.finish() == Line(b"tail")
 
 
 def test_an_overlong_line_is_reported_once_then_skipped_to_its_newline() -> None:

@@ -71,8 +71,14 @@ def refuse(raw: Any, reason: str) -> RejectedEvent:
     )
 
 
-def admit(raw: Any, expected_name: str, limits: LimitsConfig) -> IncomingEvent | RejectedEvent:
-    """One event as a server sent it: admitted, or refused with the reason."""
+def admit(
+    raw: Any, expected_name: str, limits: LimitsConfig, *, routing_key: str | None = None
+) -> IncomingEvent | RejectedEvent:
+    """One event as a server sent it: admitted, or refused with the reason.
+
+    ``routing_key``: a ``_meta`` key that is the transport's, not the event's (a stream
+    notification's subscription id); the event's own ``_meta`` is what remains without it.
+    """
     if not isinstance(raw, Mapping):
         return refuse(raw, f"an event must be a JSON object, not {type(raw).__name__}")
     event_id = raw.get("eventId")
@@ -93,6 +99,9 @@ def admit(raw: Any, expected_name: str, limits: LimitsConfig) -> IncomingEvent |
     meta = raw.get("_meta")
     if meta is not None and not isinstance(meta, dict):
         return refuse(raw, "_meta must be a JSON object")
+    if routing_key is not None and meta and routing_key in meta:
+        # Usually the routing id is all there is: then the event has no _meta of its own.
+        meta = {k: v for k, v in meta.items() if k != routing_key} if len(meta) > 1 else None
     data_json = encode_json(data)
     size = len(data_json) + (len(encode_json(meta)) if meta else 0)
     if size > limits.max_event_bytes:

@@ -55,6 +55,7 @@ from agentwake.text import peer
 logger = logging.getLogger(__name__)
 
 BATCH: Final = 1000
+_EVENT: Final = protocol.NOTIFICATION_EVENT
 # A stream is never called dead sooner than this, however fast its server heartbeats.
 LIVENESS_FLOOR_S: Final = 1.0
 # How many recent heartbeat intervals the inferred one is the longest of.
@@ -87,20 +88,6 @@ class _Pending:
 
     def __bool__(self) -> bool:
         return bool(self.events) or bool(self.rejected) or self.cursor is not None or self.truncated
-
-
-def _without_route(params: dict[str, Any]) -> dict[str, Any]:
-    """An event notification's params as the event: the routing id is ours, not the event's."""
-    meta = params.get("_meta")
-    if isinstance(meta, dict) and protocol.SUBSCRIPTION_ID_META in meta:
-        event = params.copy()
-        if len(meta) == 1:  # the usual case: the routing id is all there is
-            event["_meta"] = None
-        else:
-            rest = {k: v for k, v in meta.items() if k != protocol.SUBSCRIPTION_ID_META}
-            event["_meta"] = rest or None
-        return event
-    return params
 
 
 def usable_cursor(value: Any) -> bool:
@@ -144,15 +131,14 @@ class Liveness:
     def __post_init__(self) -> None:
         self.last_beat_at = self.clock()
 
-    def saw(self, at: float, *, heartbeat: bool) -> None:
-        """A notification read (off the wire) at ``at``, on ``clock``'s scale."""
-        if heartbeat:
-            if self.last_beat_at is not None:
-                gaps = self.gaps
-                gaps.append(max(0.0, at - self.last_beat_at))
-                if len(gaps) > LIVENESS_SAMPLES:
-                    del gaps[0]
-            self.last_beat_at = at
+    def beat(self, at: float) -> None:
+        """A heartbeat read (off the wire) at ``at``, on ``clock``'s scale."""
+        if self.last_beat_at is not None:
+            gaps = self.gaps
+            gaps.append(max(0.0, at - self.last_beat_at))
+            if len(gaps) > LIVENESS_SAMPLES:
+                del gaps[0]
+        self.last_beat_at = at
 
     @property
     def dead_after_s(self) -> float:
@@ -353,20 +339,12 @@ class PushLoop:
                 continue
             pending = _Pending()
             for method, params, read_at in batch:
-                liveness.saw(read_at, heartbeat=method == protocol.NOTIFICATION_HEARTBEAT)
-                if method == LOST_NOTIFICATION:
-                    # A notification the transport could not parse: whatever it was, record the gap.
-                    pending.truncated = True
-                    self._lost.note(
-                        logger,
-                        f"subscription {sub.name}: a stream notification could not be parsed"
-                        f" ({peer(params.get('reason'), 200)}); recording a gap",
-                    )
-                elif method == protocol.NOTIFICATION_EVENT:
-                    admitted = admit(_without_route(params), sub.event, self.limits)
-                    if isinstance(admitted, IncomingEvent):
+                if method == _EVENT:  # the common case first: a backlog is thousands of these
+                    admitted = self._admit(params)
+                    if type(admitted) is IncomingEvent:
                         pending.events.append(admitted)
                     else:
+                        assert isinstance(admitted, RejectedEvent)
                         pending.rejected.append(admitted)
                         self._lost.note(
                             logger,
@@ -378,6 +356,17 @@ class PushLoop:
                         pending.cursor = cursor_sent
                     self._since_quiet += 1
                     self._since_heartbeat += 1
+                    continue
+                if method == protocol.NOTIFICATION_HEARTBEAT:
+                    liveness.beat(read_at)
+                if method == LOST_NOTIFICATION:
+                    # A notification the transport could not parse: whatever it was, record the gap.
+                    pending.truncated = True
+                    self._lost.note(
+                        logger,
+                        f"subscription {sub.name}: a stream notification could not be parsed"
+                        f" ({peer(params.get('reason'), 200)}); recording a gap",
+                    )
                 elif method in (protocol.NOTIFICATION_ACTIVE, protocol.NOTIFICATION_HEARTBEAT):
                     if method == protocol.NOTIFICATION_HEARTBEAT:
                         self._note_heartbeat()
@@ -419,6 +408,11 @@ class PushLoop:
             stored = await self._store(key, pending, stored)
             if self.backlog is not None and await self.backlog.over(sub.name):
                 raise StreamHeldBack
+
+    def _admit(self, params: dict[str, Any]) -> IncomingEvent | RejectedEvent:
+        """An event notification's params as the event, admitted or refused; the routing id in its
+        ``_meta`` is the transport's, not the event's."""
+        return admit(params, self.subscription.event, self.limits, routing_key=protocol.SUBSCRIPTION_ID_META)
 
     def _note_heartbeat(self) -> None:
         """Caught up at the first heartbeat with no event since the one before: a server heartbeats
