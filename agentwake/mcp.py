@@ -581,14 +581,13 @@ class ServerConnection(EventStreams):
         self.listed_events = [d.model_dump(by_alias=True, mode="json") for d in descriptors]
         return descriptors
 
-    async def poll(self, params: protocol.PollParams, *, subscription: str | None = None) -> dict[str, Any]:
-        """events/poll; the result as sent (the poll loop reads it leniently, event by event).
-
-        The hot path of quiet subscriptions: over stdio it is sent beside the session (``direct``).
-        A null cursor is left out, as the SDK's path always did.
+    async def poll(self, params: dict[str, Any], *, subscription: str | None = None) -> dict[str, Any]:
+        """events/poll with ``params`` in their wire form (``protocol.PollParams``, by alias, a null
+        cursor left out, as the SDK's path always did); the result as sent (the poll loop reads it
+        leniently, event by event). The hot path of quiet subscriptions: over stdio it is sent
+        beside the session (``direct``).
         """
-        body = params.model_dump(by_alias=True, exclude_none=True)
-        return await self.request(protocol.METHOD_POLL, body, subscription=subscription, direct=True)
+        return await self.request(protocol.METHOD_POLL, params, subscription=subscription, direct=True)
 
     async def list_tools(self) -> list[Tool]:
         """tools/list, every page."""

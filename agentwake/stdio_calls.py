@@ -26,6 +26,9 @@ from mcp.shared.message import SessionMessage
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, ErrorData, JSONRPCError, JSONRPCResponse
 from pydantic_core import from_json, to_json
 
+from agentwake import coarse_timers
+from agentwake.coarse_timers import Cancellable
+
 # The ids of ``call``'s requests: strings, so never one of the session's (integers).
 CALL_ID_PREFIX: Final = "agentwake-call-"
 # The ids of events/stream requests (``send``'s, over stdio; the session's, over HTTP).
@@ -53,7 +56,7 @@ class _Call:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.answer: asyncio.Future[dict[str, Any] | ErrorData] = loop.create_future()
-        self.timer: asyncio.TimerHandle | None = None
+        self.timer: Cancellable | None = None
 
     def settle(self, outcome: dict[str, Any] | ErrorData) -> None:
         """The first outcome counts: an answer, the closure, or the timeout (TIMED_OUT)."""
@@ -122,7 +125,8 @@ class CallsBesideSession:
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 raise MCPError(code=CONNECTION_CLOSED, message="Connection closed") from None
             if timeout_s is not None and not call.answer.done():
-                call.timer = loop.call_later(timeout_s, call.time_out)
+                # Coarse (at most a quarter second late): each quiet poll arms one, and it rarely fires.
+                call.timer = coarse_timers.for_running_loop().call_later(timeout_s, call.time_out)
             outcome = await call.answer
             if outcome is TIMED_OUT:  # an answer just in time settled it first, and counts
                 with anyio.move_on_after(CANCEL_WRITE_S):

@@ -16,7 +16,7 @@ from typing import Any, Final
 import anyio
 from mcp_types import ErrorData
 
-from agentwake import protocol
+from agentwake import coarse_timers, protocol
 
 logger = logging.getLogger("agentwake.mcp")
 
@@ -97,16 +97,20 @@ class StreamRoute:
         """Until a notification is queued or the route is ended, without a checkpoint if one already is;
         False if ``timeout_s`` passed first.
 
-        The wait is a bare future and its timeout a timer (no cancel scope, no event): an idle
-        stream's loop waits here once per heartbeat. Cancelling the caller cancels the wait as it
+        The wait is a bare future and its timeout a coarse timer (no cancel scope, no event; it
+        fires at most a quarter second late): an idle stream's loop waits here once per heartbeat. Cancelling the caller cancels the wait as it
         would any other.
         """
         if self.ended or self.items:
             return True
-        loop = asyncio.get_running_loop()
-        ready: asyncio.Future[bool] = loop.create_future()
+        ready: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._ready = ready
-        timer = None if timeout_s is None else loop.call_later(timeout_s, _settle, ready, False)
+        # A coarse timer: each heartbeat of each idle stream arms one, and a loop timer costs more.
+        timer = (
+            None
+            if timeout_s is None
+            else coarse_timers.for_running_loop().call_later(timeout_s, _settle, ready, False)
+        )
         try:
             return await ready
         finally:

@@ -698,7 +698,9 @@ def subscribe_params(receiver: Receiver) -> dict[str, Any]:
 
 
 async def poll(conn: ServerConnection, cursor: str | None) -> dict[str, Any]:
-    return await conn.poll(protocol.PollParams(name="issues.opened", cursor=cursor))
+    return await conn.poll(
+        protocol.PollParams(name="issues.opened", cursor=cursor).model_dump(by_alias=True, exclude_none=True)
+    )
 
 
 @pytest.mark.slow

@@ -36,6 +36,7 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
             "agentwake.authority",
             "agentwake.backoff",
             "agentwake.clock",
+            "agentwake.coarse_timers",
             "agentwake.codes",
             "agentwake.commands",
             "agentwake.config",

@@ -17,7 +17,7 @@ import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import pytest
@@ -142,13 +142,15 @@ async def until(predicate: Callable[[], bool], what: str, within: float = 10.0) 
         raise AssertionError(f"not within {within:g}s: {what}") from None
 
 
-def params(cursor: str | None = None) -> protocol.PollParams:
-    return protocol.PollParams(name=EVENT, arguments={"q": "x"}, cursor=cursor, max_events=10)
+def params(cursor: str | None = None) -> dict[str, Any]:
+    """events/poll's params in their wire form, as the poll loop sends them."""
+    model = protocol.PollParams(name=EVENT, arguments={"q": "x"}, cursor=cursor, max_events=10)
+    return model.model_dump(by_alias=True, exclude_none=True)
 
 
 def body(cursor: str | None = None) -> dict[str, Any]:
-    """The same poll, as ``ServerConnection.request`` takes it (the SDK's path)."""
-    return params(cursor).model_dump(by_alias=True, exclude_none=True)
+    """The same poll, as ``ServerConnection.request`` takes it (the SDK's path): a copy of its own."""
+    return dict(params(cursor))
 
 
 def described(exc: BaseException) -> tuple[Any, ...]:
@@ -371,3 +373,29 @@ async def test_the_poll_loop_polls_through_the_fast_path(tmp_path: Path, store: 
     assert [p["params"].get("cursor") for p in polls] == [None, "0"]
     assert len(fast_ids(tmp_path)) == 2
     assert store.core.cursor("s") == "0"
+
+
+@pytest.mark.parametrize("cursor", [None, "c-1"])
+@pytest.mark.parametrize("resuming", [False, True])
+@pytest.mark.parametrize(
+    "bounds", [{}, {"max_events": 50}, {"max_age_ms": 60_000}, {"max_events": 5, "max_age_ms": 0}]
+)
+def test_the_poll_loop_sends_the_params_models_wire_form(
+    cursor: str | None, resuming: bool, bounds: dict[str, int]
+) -> None:
+    """The loop builds events/poll's params as a dict (cheaper than the model each poll): the same
+    members, in the same order, as ``protocol.PollParams`` dumps by alias."""
+    sub = SubscriptionConfig.model_validate(
+        {"name": "s", "server": "x", "event": EVENT, "arguments": {"q": "x"}, "delivery": "poll", **bounds}
+    )
+    loop = PollLoop(sub, cast(Any, None), cast(Any, None))
+    sent = loop._params(cursor, resuming=resuming)
+    model = protocol.PollParams(
+        name=EVENT,
+        arguments={"q": "x"},
+        cursor=cursor,
+        max_events=sub.max_events,
+        max_age_ms=sub.max_age_ms if resuming else None,
+    )
+    wire = model.model_dump(by_alias=True, exclude_none=True)
+    assert list(sent.items()) == list(wire.items())

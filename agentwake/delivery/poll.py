@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Final
+from typing import Any, Final
 
 import anyio
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_never
@@ -197,17 +197,20 @@ class PollLoop:
             raise failure
         return prefetch
 
-    def _params(self, cursor: str | None, *, resuming: bool) -> protocol.PollParams:
+    def _params(self, cursor: str | None, *, resuming: bool) -> dict[str, Any]:
+        """events/poll's params as sent (``protocol.PollParams``'s wire form): a null cursor and the
+        bounds not set are left out. Built as a dict: a quiet poll's model would cost more than it."""
         sub = self.subscription
-        return protocol.PollParams(
-            name=sub.event,
-            arguments=dict(sub.arguments),
-            cursor=cursor,
-            max_events=sub.max_events,
-            max_age_ms=sub.max_age_ms if resuming else None,
-        )
+        params: dict[str, Any] = {"name": sub.event, "arguments": dict(sub.arguments)}
+        if cursor is not None:
+            params["cursor"] = cursor
+        if resuming and sub.max_age_ms is not None:
+            params["maxAgeMs"] = sub.max_age_ms
+        if sub.max_events is not None:
+            params["maxEvents"] = sub.max_events
+        return params
 
-    async def _prefetch(self, params: protocol.PollParams, slot: _Prefetch) -> None:
+    async def _prefetch(self, params: dict[str, Any], slot: _Prefetch) -> None:
         try:
             slot.result = await self._poll_with_retry(params)
         except Exception as exc:  # handed to the loop in order, after the batch before it is stored
@@ -287,7 +290,7 @@ class PollLoop:
             )
             self._drained = 0
 
-    async def _poll(self, params: protocol.PollParams) -> _Polled:
+    async def _poll(self, params: dict[str, Any]) -> _Polled:
         sub = self.subscription
         raw = await self.connection.poll(params, subscription=sub.name)
         try:
@@ -302,7 +305,7 @@ class PollLoop:
             ) from None
         return _Polled(page, admit_all(page.events, sub.event, self.limits))
 
-    async def _poll_with_retry(self, params: protocol.PollParams) -> _Polled:
+    async def _poll_with_retry(self, params: dict[str, Any]) -> _Polled:
         try:
             # Most polls succeed: tenacity's set-up (some 60 calls, 5% of a quiet poll) only after a failure.
             return await self._poll(params)
