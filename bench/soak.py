@@ -48,11 +48,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Final
 
-from _harness import BenchFailure, finish
+from _harness import BenchFailure, busy_loops, finish, loadavg
 
 DEFAULT_SUBSCRIPTIONS: Final = 1000
 DEFAULT_SECONDS: Final = 60.0
@@ -126,6 +126,9 @@ class Figures:
     pass_rss: bool
     pass_cpu: bool
     pass_cpu_per_1000: bool
+    load: int = 0  # busy-looping processes beside both runs (--load)
+    loadavg_before: list[float] = field(default_factory=list)
+    loadavg_after: list[float] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -511,6 +514,11 @@ def report(f: Figures) -> None:
             f"note: a run was not settled (CPU under {SETTLE_CPU_PERCENT:g}%) within {SETTLE_TIMEOUT_S:g} s"
         )
     print(f"start-up: all {s.subscriptions:,} subscriptions active {s.ready_s:.1f} s after the spawn")
+    if f.load:
+        print(
+            f"load: {f.load} busy loop(s) beside both runs; load average"
+            f" {' '.join(map(str, f.loadavg_before))} before, {' '.join(map(str, f.loadavg_after))} after"
+        )
     at = f"at {s.subscriptions:,} subscriptions"
     print(f"target RSS <= {f.target_rss_mb:g} MB {at}: {verdict(f.pass_rss)} ({s.rss_mb:.1f} MB)")
     if f.target_cpu_percent is not None:
@@ -540,14 +548,25 @@ def main(argv: list[str] | None = None) -> int:
         "--rate", type=float, default=DEFAULT_RATE, help="new tickets a second (default 0.05)"
     )
     parser.add_argument("--no-agent", action="store_true", help="no [agent] section: litellm is never loaded")
+    parser.add_argument(
+        "--load",
+        type=int,
+        default=0,
+        help="busy-looping processes beside both runs: a loaded machine (default 0)",
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = parser.parse_args(argv)
-    if args.subscriptions < BASELINE_SUBSCRIPTIONS or args.seconds <= 0 or args.rate < 0:
-        parser.error(f"--subscriptions must be at least {BASELINE_SUBSCRIPTIONS}; --seconds positive")
+    if args.subscriptions < BASELINE_SUBSCRIPTIONS or args.seconds <= 0 or args.rate < 0 or args.load < 0:
+        parser.error(
+            f"--subscriptions must be at least {BASELINE_SUBSCRIPTIONS}; --seconds positive; --load 0 or more"
+        )
     figures: list[Figures] = []
 
     def measure() -> Figures:
-        figures.append(run(args.subscriptions, args.seconds, args.rate, not args.no_agent))
+        with busy_loops(args.load):
+            before = loadavg()
+            measured = run(args.subscriptions, args.seconds, args.rate, not args.no_agent)
+            figures.append(replace(measured, load=args.load, loadavg_before=before, loadavg_after=loadavg()))
         return figures[0]
 
     # A missed target is a FAIL in the report, as in the other benches; exit 1 is for a bench that
