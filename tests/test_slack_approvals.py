@@ -122,6 +122,12 @@ async def rig(tmp_path: Path, *, count: int = 1, socket_mode: bool = False) -> A
                     tg.start_soon(bridge.poll_forever)
                     await slack.wait_connection(1, timeout=60)
                 await slack.wait_for("chat.postMessage", count=count, timeout=60)
+                # The fake records a post as it is asked; the bridge notes it as posted only once the
+                # answer is back. Its first poll holds the approvals lock while it posts: past the lock,
+                # every row is noted, and a click on one is not taken for a click on a stranger's message.
+                assert bridge.approvals is not None
+                async with bridge.approvals._lock:
+                    pass
                 found = Rig(held, slack, bridge, f"http://{host}:{port}/slack/interactions", http)
                 for row in held.rows:
                     found.posted_ts(row)
