@@ -106,10 +106,7 @@ class CallsBesideSession:
         if calls is None or write is None:
             raise MCPError(code=CONNECTION_CLOSED, message="Connection closed")
         request_id = f"{CALL_ID_PREFIX}{next(self._call_ids)}"
-        request: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
-        if params:  # as the SDK: no "params" at all rather than empty ones
-            request["params"] = params
-        line = self._encode(request)
+        line = self._request_line(request_id, method, params)
         loop = asyncio.get_running_loop()
         call = calls[request_id] = _Call(loop)
         written = False
@@ -164,10 +161,7 @@ class CallsBesideSession:
         calls, write = self._calls, self._write_send
         if calls is None or write is None:
             raise MCPError(code=CONNECTION_CLOSED, message="Connection closed")
-        request: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
-        if params:
-            request["params"] = params
-        line = self._encode(request)
+        line = self._request_line(request_id, method, params)
         calls[request_id] = _Handed(on_answer)
         try:
             try:
@@ -213,6 +207,12 @@ class CallsBesideSession:
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass
         calls.pop(request_id, None)
+
+    def _request_line(self, request_id: str, method: str, params: Mapping[str, Any] | None) -> bytes:
+        request: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+        if params:  # as the SDK: no "params" at all rather than empty ones
+            request["params"] = params
+        return self._encode(request)
 
     def _cancel_line(self, request_id: str, reason: str) -> bytes:
         params = {"requestId": request_id, "reason": reason}
