@@ -92,7 +92,7 @@ from agentwake.stdio_limits import DEFAULT_STDERR_WINDOW_S as DEFAULT_STDERR_WIN
 from agentwake.stdio_limits import DEFAULT_STDIN_CLOSE_WAIT_S as DEFAULT_STDIN_CLOSE_WAIT_S
 from agentwake.stdio_limits import DEFAULT_TERMINATE_WAIT_S as DEFAULT_TERMINATE_WAIT_S
 from agentwake.stdio_limits import StdioLimits as StdioLimits
-from agentwake.stdio_lines import UTF8_MAX_BYTES, answered_request
+from agentwake.stdio_lines import JSON_CACHE_STRINGS, UTF8_MAX_BYTES, answered_request
 from agentwake.stdio_lines import Line as Line
 from agentwake.stdio_lines import LineSplitter as LineSplitter
 from agentwake.stdio_lines import Overflow as Overflow
@@ -290,9 +290,7 @@ class BoundedStdioClient(CallsBesideSession):
                     while chunk := await _receive(stdout):
                         for event in splitter.feed(chunk):
                             claimed = (
-                                None
-                                if claim_line is None or type(event) is not Line
-                                else claim_line(event.data)
+                                None if claim_line is None or type(event) is not Line else claim_line(event)
                             )
                             if claimed:
                                 continue
@@ -372,7 +370,7 @@ class BoundedStdioClient(CallsBesideSession):
             return OversizedMessage(event.size, limits.max_message_bytes)
         if isinstance(event, OverflowEnd):
             return None  # reported at its Overflow
-        data = event.data
+        data: bytes = event  # a whole line
         if not data.strip():
             return None  # a blank line carries no message
         try:
@@ -406,7 +404,7 @@ class BoundedStdioClient(CallsBesideSession):
         if _NOTIFICATION_MARK_BYTES not in data:
             return None
         try:
-            message = from_json(data)
+            message = from_json(data, cache_strings=JSON_CACHE_STRINGS)
         except ValueError:
             return None
         return self._offer(message)
@@ -421,7 +419,7 @@ class BoundedStdioClient(CallsBesideSession):
         unparsable lines included, is left to the session's path, unchanged.
         """
         try:
-            message = from_json(text)
+            message = from_json(text, cache_strings=JSON_CACHE_STRINGS)
         except ValueError:
             return False
         return bool(self._offer(message))

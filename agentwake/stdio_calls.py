@@ -28,6 +28,7 @@ from pydantic_core import from_json, to_json
 
 from agentwake import coarse_timers
 from agentwake.coarse_timers import Cancellable
+from agentwake.stdio_lines import JSON_CACHE_STRINGS
 
 # The ids of ``call``'s requests: strings, so never one of the session's (integers).
 CALL_ID_PREFIX: Final = "agentwake-call-"
@@ -241,7 +242,7 @@ class CallsBesideSession:
         included) is left to the full validation every line gets, and ``_answered_call`` after it.
         """
         try:
-            message = from_json(text)
+            message = from_json(text, cache_strings=JSON_CACHE_STRINGS)
         except ValueError:
             return False
         if type(message) is not dict or message.keys() != RESULT_KEYS or message["jsonrpc"] != "2.0":

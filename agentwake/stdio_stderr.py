@@ -59,12 +59,12 @@ class StderrCopier:
                             self._copy(window, head, event.size)
                             head = b""
                         else:
-                            self._copy(window, event.data, len(event.data))
+                            self._copy(window, event, len(event))
                 rest = splitter.finish()
                 if isinstance(rest, OverflowEnd):
                     self._copy(window, head, rest.size)
                 elif isinstance(rest, Line):
-                    self._copy(window, rest.data, len(rest.data))
+                    self._copy(window, rest, len(rest))
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
                 pass  # closed by our shutdown, or the pipe broke: nothing more to copy
             finally:

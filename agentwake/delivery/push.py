@@ -56,6 +56,8 @@ logger = logging.getLogger(__name__)
 
 BATCH: Final = 1000
 _EVENT: Final = protocol.NOTIFICATION_EVENT
+# The routing id in an event notification's ``_meta`` is the transport's, not the event's.
+_ROUTING_META: Final = protocol.SUBSCRIPTION_ID_META
 # A stream is never called dead sooner than this, however fast its server heartbeats.
 LIVENESS_FLOOR_S: Final = 1.0
 # How many recent heartbeat intervals the inferred one is the longest of.
@@ -317,6 +319,7 @@ class PushLoop:
 
     async def _consume_stream(self, route: StreamRoute, key: SubscriptionKey, cursor: str | None) -> None:
         sub = self.subscription
+        event_name, limits = sub.event, self.limits
         stored = cursor
         liveness = Liveness(ceiling_s=self.dead_after_s, clock=self.clock)
         while True:
@@ -338,9 +341,12 @@ class PushLoop:
                     )
                 continue
             pending = _Pending()
+            # Events since the last flush into the counters _note_heartbeat reads (kept local: a
+            # backlog is thousands of events a batch, and a slot write each costs).
+            seen = 0
             for method, params, read_at in batch:
                 if method == _EVENT:  # the common case first: a backlog is thousands of these
-                    admitted = self._admit(params)
+                    admitted = admit(params, event_name, limits, routing_key=_ROUTING_META)
                     if type(admitted) is IncomingEvent:
                         pending.events.append(admitted)
                     else:
@@ -352,11 +358,15 @@ class PushLoop:
                             f" ({admitted.reason}); stored as a 'rejected' summary, with a gap",
                         )
                     cursor_sent = params.get("cursor")
-                    if usable_cursor(cursor_sent):
+                    # usable_cursor, inline
+                    if type(cursor_sent) is str and len(cursor_sent) <= MAX_CURSOR_CHARS:
                         pending.cursor = cursor_sent
-                    self._since_quiet += 1
-                    self._since_heartbeat += 1
+                    seen += 1
                     continue
+                if seen:
+                    self._since_quiet += seen
+                    self._since_heartbeat += seen
+                    seen = 0
                 if method == protocol.NOTIFICATION_HEARTBEAT:
                     liveness.beat(read_at)
                 if method == LOST_NOTIFICATION:
@@ -405,14 +415,12 @@ class PushLoop:
                         server=sub.server,
                         subscription=sub.name,
                     )
+            if seen:
+                self._since_quiet += seen
+                self._since_heartbeat += seen
             stored = await self._store(key, pending, stored)
             if self.backlog is not None and await self.backlog.over(sub.name):
                 raise StreamHeldBack
-
-    def _admit(self, params: dict[str, Any]) -> IncomingEvent | RejectedEvent:
-        """An event notification's params as the event, admitted or refused; the routing id in its
-        ``_meta`` is the transport's, not the event's."""
-        return admit(params, self.subscription.event, self.limits, routing_key=protocol.SUBSCRIPTION_ID_META)
 
     def _note_heartbeat(self) -> None:
         """Caught up at the first heartbeat with no event since the one before: a server heartbeats
