@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/push_latency.py                      # 100,000 events, 100 ev/s for 5 s
     .venv/bin/python bench/push_latency.py --events 20000 --seconds 2 --repeat 1 --json
+    .venv/bin/python bench/push_latency.py --load 1             # beside a busy-looping process
 
 Both figures are agentwake's real paths: ``PushLoop`` (events/stream) or ``PollLoop``
 (events/poll) -> ``ServerConnection`` (the MCP SDK over a stdio subprocess) -> ``SqliteStore``.
@@ -21,6 +22,9 @@ reported too (``server_events_per_s``).
   ``time.time()`` as it is written (push) or becomes available (poll); an item is committed
   when the ``Store.ingest`` that holds it returns. Poll's figure is dominated by its poll
   interval (``poll_floor_ms``, default 1 s): it shows what push is for.
+* ``--load N``: N processes spin on a core each for the whole run, the plain sqlite3 baseline's
+  rounds included (its ratio compares like with like); the load averages before and after are
+  printed.
 """
 
 from __future__ import annotations
@@ -35,12 +39,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 
 import anyio
-from _harness import BenchFailure, finish
+from _harness import BenchFailure, busy_loops, finish, loadavg
 from poll_drain import baseline_sqlite
 
 from agentwake.config import ServerConfig, SubscriptionConfig
@@ -98,6 +102,9 @@ class Figures:
     target_sqlite_ratio: float
     pass_push_vs_sqlite: bool
     pass_poll_vs_sqlite: bool
+    load: int = 0  # busy-looping processes beside the whole run (--load)
+    loadavg_before: list[float] | None = None
+    loadavg_after: list[float] | None = None
 
 
 class TimedStore(SqliteStore):
@@ -396,6 +403,11 @@ def verdict(ok: bool) -> str:
 
 
 def report(f: Figures) -> None:
+    if f.load:
+        print(
+            f"load:                           {f.load} busy loop(s); load average {f.loadavg_before}"
+            f" before, {f.loadavg_after} after"
+        )
     print(
         f"backlog:                        {f.events:,} events (exactly once: {f.duplicates} dup, {f.missing} missing)"
     )
@@ -441,15 +453,28 @@ def main(argv: list[str] | None = None) -> int:
         "--repeat", type=int, default=DEFAULT_REPEAT, help="drain rounds; medians (default 3)"
     )
     parser.add_argument("--no-poll-latency", action="store_true", help="skip the poll latency baseline")
+    parser.add_argument(
+        "--load",
+        type=int,
+        default=0,
+        help="busy-looping processes beside the whole run: a loaded machine (default 0)",
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = parser.parse_args(argv)
     if args.events < 1 or args.rate <= 0 or args.seconds <= 0 or args.repeat < 1:
         parser.error("--events, --rate, --seconds and --repeat must be positive")
-    return finish(
-        lambda: anyio.run(run, args.events, args.rate, args.seconds, args.repeat, not args.no_poll_latency),
-        as_json=args.json,
-        report=report,
-    )
+    if args.load < 0:
+        parser.error("--load must be 0 or more")
+
+    def measure() -> Figures:
+        with busy_loops(args.load):
+            before = loadavg()
+            figures = anyio.run(
+                run, args.events, args.rate, args.seconds, args.repeat, not args.no_poll_latency
+            )
+            return replace(figures, load=args.load, loadavg_before=before, loadavg_after=loadavg())
+
+    return finish(measure, as_json=args.json, report=report)
 
 
 if __name__ == "__main__":

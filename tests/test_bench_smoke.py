@@ -23,8 +23,12 @@ pytestmark = pytest.mark.slow
         ("bench/cli_startup.py", ["--repeat", "1"], {"commands", "slowest_median_s", "within_target"}),
         (
             "bench/push_latency.py",
-            ["--events", "2000", "--seconds", "1", "--repeat", "1", "--no-poll-latency"],
+            ["--events", "2000", "--seconds", "1", "--repeat", "1", "--no-poll-latency", "--load", "1"],
             {
+                "load",
+                "loadavg_before",
+                "push_vs_sqlite",
+                "poll_vs_sqlite",
                 "push_events_per_s",
                 "poll_events_per_s",
                 "ratio",
