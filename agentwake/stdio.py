@@ -119,7 +119,6 @@ WRITE_BATCH: Final = 256
 # Only lines holding this are worth parsing on the claim path: every MCP notification method has it.
 _NOTIFICATION_MARK: Final = '"notifications/'
 _NOTIFICATION_MARK_BYTES: Final = _NOTIFICATION_MARK.encode()
-_NOTIFICATION_KEYS: Final = frozenset({"jsonrpc", "method", "params"})
 
 StdioStreams = tuple[
     MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]
@@ -426,15 +425,15 @@ class BoundedStdioClient(CallsBesideSession):
 
     def _offer(self, message: Any) -> bool | None:
         """Show a parsed line to ``claim`` if it is a plain notification (None if not): whether it took it."""
-        if (
-            type(message) is not dict
-            or message.get("jsonrpc") != "2.0"
-            or not message.keys() <= _NOTIFICATION_KEYS
-        ):
+        if type(message) is not dict or message.get("jsonrpc") != "2.0":
             return None
         method = message.get("method")
         params = message.get("params")
         if type(method) is not str or not (params is None or type(params) is dict):
+            return None
+        # No member but jsonrpc, method and params: with the first two there, the count says it (no
+        # keys view made and compared a line).
+        if len(message) != (3 if "params" in message else 2):
             return None
         assert self.claim is not None
         try:

@@ -303,6 +303,50 @@ async def test_invalid_utf8_in_a_message_becomes_a_replacement_character(tmp_pat
 
 
 @pytest.mark.anyio
+async def test_claim_is_shown_exactly_the_plain_notifications_and_the_rest_reach_the_session(
+    tmp_path: Path,
+) -> None:
+    # A plain notification: jsonrpc "2.0", a string method, params an object, null or absent, no
+    # other member. The SDK reads the others as something else, or refuses them: never the claim.
+    lines = [
+        '{"jsonrpc":"2.0","method":"notifications/ok-1","params":{"k":1}}',
+        '{"jsonrpc":"2.0","method":"notifications/ok-2"}',
+        '{"jsonrpc":"2.0","method":"notifications/ok-3","params":null}',
+        '{"jsonrpc":"2.0","method":"notifications/not-extra","params":{},"extra":1}',
+        '{"jsonrpc":"2.0","method":"notifications/not-extra-no-params","extra":1}',
+        '{"jsonrpc":"2.0","method":"notifications/not-list","params":[1]}',
+        '{"jsonrpc":"1.0","method":"notifications/not-version","params":{}}',
+        '{"method":"notifications/not-no-version","params":{},"other":1}',
+        '{"jsonrpc":"2.0","params":{},"other":"notifications/not-no-method"}',
+        '{"jsonrpc":"2.0","method":7,"params":{}}',
+        '{"jsonrpc":"2.0","method":"notifications/ok-4","params":{"last":true}}',
+        '{"jsonrpc":"2.0","id":"end","result":{}}',  # read in order: all before it was seen
+    ]
+    body = "import sys\nsys.stdout.write(" + repr("".join(f"{line}\n" for line in lines)) + ")\n"
+    params = script(tmp_path, body + "sys.stdout.flush()\nsys.stdin.read()\n")
+    claimed: list[tuple[str, Any]] = []
+
+    def claim(method: str, params: Any) -> bool:
+        claimed.append((method, params))
+        return True
+
+    transport = bounded_stdio_client(params, name="claims", errlog=io.StringIO(), claim=claim)
+    async with transport as (read, _write):
+        with anyio.fail_after(20):
+            while True:
+                item = await read.receive()
+                if isinstance(item, SessionMessage) and isinstance(item.message, JSONRPCResponse):
+                    break
+                assert not isinstance(item, SessionMessage) or "notifications/ok" not in repr(item.message)
+    assert claimed == [
+        ("notifications/ok-1", {"k": 1}),
+        ("notifications/ok-2", None),
+        ("notifications/ok-3", None),
+        ("notifications/ok-4", {"last": True}),
+    ]
+
+
+@pytest.mark.anyio
 async def test_on_lost_hears_of_each_lost_line_before_any_later_line_is_delivered(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
