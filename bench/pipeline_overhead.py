@@ -23,7 +23,6 @@ imports and sets up its HTTP client, which takes seconds.
 from __future__ import annotations
 
 import argparse
-import gc
 import math
 import os
 import sys
@@ -51,6 +50,7 @@ from agentwake.clock import now_iso  # noqa: E402
 from agentwake.config import AgentwakeConfig  # noqa: E402
 from agentwake.decide import Outcome  # noqa: E402
 from agentwake.delivery.common import subscription_key  # noqa: E402
+from agentwake.service import settle_collector  # noqa: E402
 from agentwake.store import IncomingEvent, RunKind, Store, SubscriptionKey  # noqa: E402
 from agentwake.store.sqlite import SqliteStore  # noqa: E402
 from agentwake.worker import Worker  # noqa: E402
@@ -162,8 +162,7 @@ async def run(count: int, warmup: int) -> Figures:
                 # No pool on the worker: it would wait for the never-connected server's tools.
                 worker = Worker(config, store, agent=runner, pool=None)
                 # As `agentwake run` does after start-up (agentwake/service.py).
-                gc.collect()
-                gc.freeze()
+                settle_collector()
                 async with anyio.create_task_group() as tg:
                     await tg.start(worker.run)
                     litellm = await load_litellm_async()

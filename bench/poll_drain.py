@@ -14,7 +14,6 @@ Seeding the upstream database is not measured.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import random
 import sqlite3
@@ -35,6 +34,7 @@ from agentwake.config import ServerConfig, SubscriptionConfig
 from agentwake.delivery.common import subscription_key
 from agentwake.delivery.poll import PollLoop
 from agentwake.mcp import ServerConnection
+from agentwake.service import settle_collector
 from agentwake.store import IncomingEvent
 from agentwake.store.sqlite import SqliteCore, SqliteStore
 from agentwake.store.sqlite.inbox import INSERT_EVENT_SQL
@@ -124,8 +124,7 @@ async def drain(tmp: Path, demo_db: Path, expected: int) -> tuple[float, int, li
 
             loop = PollLoop(sub, conn, store, sleep=sleep_when_drained)
             # As `agentwake run` does after start-up (agentwake/service.py).
-            gc.collect()
-            gc.freeze()
+            settle_collector()
             async with anyio.create_task_group() as tg:
                 start = time.perf_counter()
                 tg.start_soon(loop.run)

@@ -52,6 +52,7 @@ from agentwake.delivery.common import subscription_key
 from agentwake.delivery.poll import PollLoop
 from agentwake.delivery.push import PushLoop
 from agentwake.mcp import ServerConnection
+from agentwake.service import settle_collector
 from agentwake.store import IncomingEvent, IngestResult, RejectedEvent, SubscriptionKey
 from agentwake.store.sqlite import SqliteCore, SqliteStore
 
@@ -206,8 +207,7 @@ async def drain_push(tmp: Path, count: int) -> tuple[float, float, list[Incoming
         try:
             reached = Reached(str(count))
             loop = PushLoop(sub, conn, store, on_stored=reached)
-            gc.collect()
-            gc.freeze()  # as `agentwake run` does after start-up (agentwake/service.py)
+            settle_collector()  # as `agentwake run` does after start-up (agentwake/service.py)
             with anyio.fail_after(DRAIN_TIMEOUT_S):
                 async with anyio.create_task_group() as tg:
                     start, cpu = time.perf_counter(), time.process_time()
@@ -236,8 +236,7 @@ async def drain_poll(tmp: Path, count: int) -> tuple[float, float]:
                 await anyio.sleep_forever()
 
             loop = PollLoop(sub, conn, store, sleep=sleep_when_drained)
-            gc.collect()
-            gc.freeze()
+            settle_collector()
             with anyio.fail_after(DRAIN_TIMEOUT_S):
                 async with anyio.create_task_group() as tg:
                     start, cpu = time.perf_counter(), time.process_time()
@@ -278,8 +277,7 @@ async def live(tmp: Path, mode: str, rate: float, seconds: float) -> list[float]
                 loop = PushLoop(sub, conn, store, on_stored=reached)
             else:
                 loop = PollLoop(sub, conn, store)
-            gc.collect()
-            gc.freeze()
+            settle_collector()
             with anyio.fail_after(seconds * 3 + 30):
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(loop.run)

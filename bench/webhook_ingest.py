@@ -76,6 +76,7 @@ if str(REPO_ROOT) not in sys.path:
 
 from agentwake import signing  # noqa: E402
 from agentwake.config import WebhookConfig  # noqa: E402
+from agentwake.service import settle_collector  # noqa: E402
 from agentwake.store import Store, SubscriptionKey  # noqa: E402
 from agentwake.store.sqlite import SqliteCore, SqliteStore  # noqa: E402
 
@@ -376,8 +377,7 @@ async def serve_real(db: Path, cert: Path | None, key: Path | None) -> None:
         async with anyio.create_task_group() as tg:
             await tg.start(receiver.serve)
             # As `agentwake run` does after start-up (agentwake/service.py).
-            gc.collect()
-            gc.freeze()
+            settle_collector()
             probe.watch_gc()
             announce({"port": receiver.port})
             await until_stdin_closes()
@@ -455,8 +455,7 @@ async def serve_bare(cert: Path | None, key: Path | None, *, lowlevel: bool) -> 
         site = web.TCPSite(runner, HOST, 0, ssl_context=context, backlog=LISTEN_BACKLOG)
         await site.start()
         sockets = getattr(site._server, "sockets", None) or []
-        gc.collect()
-        gc.freeze()
+        settle_collector()
         announce({"port": sockets[0].getsockname()[1]})
         await until_stdin_closes()
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import socket
@@ -46,6 +47,15 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 pytest_plugins = ["_postgres"]
 
 QUIET_DEMO = {"DEMO_RATE": "0", "DEMO_ALERT_INTERVAL": "0", "DEMO_LOAD_INTERVAL": "0"}
+
+
+@pytest.fixture(autouse=True)
+def _collector_thresholds_kept() -> Iterator[None]:
+    """A service run in this process (``run_service``) sets the collector's thresholds for the whole
+    process; the tests after it keep CPython's."""
+    before = gc.get_threshold()
+    yield
+    gc.set_threshold(*before)
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ The second-signal and grace-timeout tests run the service in this process and si
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -165,6 +166,8 @@ async def stop_in_process(
     async with anyio.create_task_group() as tg:
         # Started: the signal handlers are installed (a signal before that would end pytest itself).
         await tg.start(run_service, config)
+        # Started, it lets the collector's young generation grow (a backlog's queue is not rescanned).
+        assert gc.get_threshold()[0] == service_module.COLLECTOR_YOUNG_THRESHOLD
         for n, signum in enumerate(signals):
             os.kill(os.getpid(), signum)
             logged = (
