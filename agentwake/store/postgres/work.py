@@ -34,7 +34,7 @@ from agentwake.store.rows import (
     served_in_order,
     settle_values,
 )
-from agentwake.store.shapes import CLAIMED_COLUMNS, answer_values, inbox_event
+from agentwake.store.shapes import ANY_CLAIMABLE_SQL, CLAIMED_COLUMNS, answer_values, inbox_event
 
 # Held by every claim with limits (ClaimLimits), so each counts the claims committed before it.
 CLAIM_LIMITS_LOCK: Final = lock_key("claim-limits")
@@ -162,6 +162,9 @@ class WorkQueue(PostgresBase):
         """
         now = now or now_iso()
         async with self.transaction() as conn:
+            claimable = await (await conn.execute(ANY_CLAIMABLE_SQL)).fetchone()
+            if claimable is None or not claimable[0]:
+                return []
             allowed = await _quota(conn, limit, now, limits, exclude_servers)
             if allowed.limit <= 0:
                 return []

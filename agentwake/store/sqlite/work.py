@@ -30,7 +30,7 @@ from agentwake.store.rows import (
     served_in_order,
     settle_values,
 )
-from agentwake.store.shapes import CLAIMED_COLUMNS, answer_values, inbox_event
+from agentwake.store.shapes import ANY_CLAIMABLE_SQL, CLAIMED_COLUMNS, answer_values, inbox_event
 from agentwake.store.sqlite.base import SqliteBase
 from agentwake.store.sqlite.runs import agent_usage
 
@@ -110,6 +110,8 @@ class WorkQueue(SqliteBase):
         """
         now = now or now_iso()
         with self.transaction():
+            if not self.conn.execute(ANY_CLAIMABLE_SQL).fetchone()[0]:
+                return []
             allowed = self._quota(limit, now, limits, exclude_servers)
             if allowed.limit <= 0:
                 return []
