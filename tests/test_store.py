@@ -120,6 +120,22 @@ async def test_a_write_that_fails_mid_method_is_a_store_error_and_leaves_nothing
     assert (await store.state_counts())["processing"] == 2
 
 
+# SQLite-only: a batch is inserted many rows a statement, within the connection's bound-parameter limit.
+async def test_a_batch_over_the_connections_parameter_limit_is_stored_whole(tmp_path: Path) -> None:
+    store = await SqliteStore.open(tmp_path / "aw.db")
+    try:
+        # The limit of SQLite builds before 3.32: 999 parameters, 111 rows of 9 a statement.
+        store.core.conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
+        await store.register(KEY)
+        events = [IncomingEvent(f"e-{n}", "ticket.created", "t", {"n": n}) for n in range(2500)]
+        result = await store.ingest(KEY, events, "2500")
+        assert (result.inserted, result.duplicates) == (2500, 0)
+        assert sorted(await store.event_ids("tickets")) == sorted(e.event_id for e in events)
+        assert await store.cursor("tickets") == "2500"
+    finally:
+        await store.close()
+
+
 # SQLite-only: SqliteStore's one writer thread (PostgreSQL's store is natively async, with a pool).
 async def test_store_calls_run_one_at_a_time_off_the_event_loop(tmp_path: Path) -> None:
     store = await SqliteStore.open(tmp_path / "aw.db")

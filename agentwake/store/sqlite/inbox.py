@@ -42,10 +42,11 @@ INSERT_REJECTED_SQL: Final = (
     "INSERT OR IGNORE INTO events (server, subscription, name, event_id, timestamp, data, received_at,"
     " state_changed_at, state, last_error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'rejected', ?)"
 )
-# Ids per SELECT ... IN (...) and rows per INSERT: well under SQLite's limit on bound parameters
-# (32,766 since SQLite 3.32). A delivery loop's batch (up to 1,000) is one INSERT.
+# Ids per SELECT ... IN (...): well under SQLite's limit on bound parameters.
 IN_CHUNK: Final = 500
-ROWS_PER_INSERT: Final = 1000
+# Rows per INSERT, as far as the connection's limit on bound parameters allows (32,766 by default
+# since SQLite 3.32): a push stream's batch is one statement.
+ROWS_PER_INSERT: Final = 2000
 EVENT_COLUMNS: Final = INSERT_EVENT_SQL.count("?")
 
 
@@ -89,9 +90,10 @@ def _batch_values(key: SubscriptionKey, events: Sequence[IncomingEvent], now: st
 
 
 def _insert_events(conn: sqlite3.Connection, values: list[Any]) -> None:
-    """Insert flat ``_event_row`` values, ROWS_PER_INSERT rows a statement: sqlite3 lets go of the
-    GIL once a statement, not once a row, so the event loop's thread seldom waits on this one."""
-    step = ROWS_PER_INSERT * EVENT_COLUMNS
+    """Insert flat ``_event_row`` values, up to ROWS_PER_INSERT rows a statement: sqlite3 lets go of
+    the GIL once a statement, not once a row, so the event loop's thread seldom waits on this one."""
+    step = min(ROWS_PER_INSERT, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // EVENT_COLUMNS)
+    step *= EVENT_COLUMNS
     for start in range(0, len(values), step):
         chunk = values[start : start + step]
         conn.execute(insert_events_sql(len(chunk) // EVENT_COLUMNS), chunk)
